@@ -1,0 +1,106 @@
+"""Linear maps and embeddings whose weights are unit vectors, declared on the Sphere.
+
+Every weight here is a ``geoopt.ManifoldParameter`` on :class:`spherenet.manifolds.Sphere`,
+stored with its sphere dimension **last** (geoopt's Sphere normalizes the last dimension, and
+FSDP2 shards dim 0, so a unit vector is never split across ranks). The owning module also
+declares the manifold by name (:func:`spherenet.manifolds.declare_manifold`), so optimizers
+still find it after the parameter is re-wrapped by FSDP2 or ``load_state_dict(assign=True)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..manifolds import Sphere, declare_manifold
+from ..manifolds.sphere import geoopt
+
+__all__ = ["SphereLinear", "SphereEmbedding", "SPHERE"]
+
+#: The manifold shared by all sphere weights (stateless: no projector).
+SPHERE = Sphere()
+
+
+def _check_size(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _sphere_parameter(shape: tuple[int, ...]) -> geoopt.ManifoldParameter:
+    # Normal init then Norm (Section A.5: the std does not matter once normalized).
+    return geoopt.ManifoldParameter(SPHERE.random_point(*shape), manifold=SPHERE)
+
+
+class SphereLinear(nn.Module):
+    """``y = x W`` with W made of unit vectors along its d_model-sized side.
+
+    ``sphere="in"``: the input side is the embedding dimension (W_q, W_k, W_v, W_u, W_v-gate,
+    and E_out for the logits): each output feature is a cosine similarity between ``x`` and a
+    unit vector of size ``in_features``. Stored as ``(out_features, in_features)``.
+
+    ``sphere="out"``: the output side is the embedding dimension (W_o, W_o_mlp): each input
+    feature contributes a unit vector of size ``out_features``. Stored **transposed**, as
+    ``(in_features, out_features)``, so the unit vectors are the rows.
+
+    No bias (nGPT has none; a bias would not live on the sphere).
+    """
+
+    def __init__(self, in_features: int, out_features: int, sphere: str = "in"):
+        super().__init__()
+        _check_size("in_features", in_features)
+        _check_size("out_features", out_features)
+        if sphere not in ("in", "out"):
+            raise ValueError(f"SphereLinear sphere must be 'in' or 'out', got {sphere!r}")
+        self.in_features, self.out_features, self.sphere = in_features, out_features, sphere
+        shape = (out_features, in_features) if sphere == "in" else (in_features, out_features)
+        self.weight = _sphere_parameter(shape)
+        declare_manifold(self, "weight", SPHERE)
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.copy_(SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device))
+
+    def matrix(self) -> torch.Tensor:
+        """The weight in torch's ``(out_features, in_features)`` convention."""
+        return self.weight if self.sphere == "in" else self.weight.t()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"SphereLinear expected input with last dimension {self.in_features}, got shape {tuple(x.shape)}"
+            )
+        return F.linear(x, self.matrix())
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, sphere={self.sphere}"
+
+
+class SphereEmbedding(nn.Module):
+    """An embedding table whose rows are unit vectors of size ``dim`` (E_input, Section 2.1)."""
+
+    def __init__(self, num_embeddings: int, dim: int):
+        super().__init__()
+        _check_size("num_embeddings", num_embeddings)
+        _check_size("dim", dim)
+        self.num_embeddings, self.dim = num_embeddings, dim
+        self.weight = _sphere_parameter((num_embeddings, dim))
+        declare_manifold(self, "weight", SPHERE)
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.copy_(SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+            raise TypeError(f"SphereEmbedding expects integer token ids, got dtype {ids.dtype}")
+        # Checked eagerly only: a data-dependent check would break torch.compile's graph.
+        if not torch.compiler.is_compiling() and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
+            raise IndexError(
+                f"token id out of range: ids span [{int(ids.min())}, {int(ids.max())}] but the "
+                f"vocabulary has {self.num_embeddings} entries"
+            )
+        return F.embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.dim}"

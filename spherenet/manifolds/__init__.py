@@ -1,0 +1,24 @@
+"""Geometry on the unit hypersphere.
+
+Layout: the last dimension of a tensor is the vector on the sphere; leading dimensions are
+batch; ``alpha`` is a scalar or a tensor that broadcasts against the input.
+"""
+
+from .geodesic import angle, lerp, normalize, riemannian_update, slerp, tangent
+from .registry import ManifoldEntry, declare_manifold, declared_manifolds, named_manifold_parameters
+from .sphere import Sphere, point_tolerance
+
+__all__ = [
+    "Sphere",
+    "point_tolerance",
+    "normalize",
+    "tangent",
+    "angle",
+    "lerp",
+    "slerp",
+    "riemannian_update",
+    "declare_manifold",
+    "declared_manifolds",
+    "named_manifold_parameters",
+    "ManifoldEntry",
+]

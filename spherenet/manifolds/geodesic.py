@@ -1,0 +1,141 @@
+"""Moving points along the unit sphere: the hidden-state updates of nGPT.
+
+Same layout as :mod:`spherenet.manifolds.sphere`: the last dimension is the vector; leading
+dimensions are batch. ``alpha`` is a Python float or a tensor that broadcasts against the input
+(nGPT's per-dimension eigen learning rates are a tensor of shape ``(d,)``).
+
+Equation numbers are those of Loshchilov et al., "nGPT: Normalized Transformer with
+Representation Learning on the Hypersphere" (2024).
+
+Every function computes in at least float32 (bf16/fp16 inputs are upcast, the result cast
+back), and is free of NaN/inf in the forward and backward pass, including a == b and a == -b.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["normalize", "tangent", "angle", "lerp", "slerp", "riemannian_update"]
+
+_TINY = {torch.float64: 1e-300, torch.float32: 1e-30}
+# Below this sin(theta) we treat a and b as antipodal: the geodesic from a to b is not unique.
+_ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
+
+
+def _work_dtype(*tensors) -> torch.dtype:
+    dtypes = [t.dtype for t in tensors if isinstance(t, torch.Tensor)]
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def _up(x, dtype):
+    return x.to(dtype) if isinstance(x, torch.Tensor) else x
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * b).sum(dim=-1, keepdim=True)
+
+
+def normalize(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
+    """``Norm(x) = x / ‖x‖`` over the last dimension, with no learnable gain.
+
+    This is the retraction onto the sphere (Section 2.2.2). A zero vector has no direction: it
+    maps to zero (the norm is clamped at ``eps``) rather than to NaN.
+    """
+    work = _work_dtype(x)
+    xw = x.to(work)
+    eps = _TINY[work] if eps is None else eps
+    return (xw / xw.norm(dim=-1, keepdim=True).clamp_min(eps)).to(x.dtype)
+
+
+def tangent(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Projection of ``u`` onto the tangent space of the sphere at ``a``: ``u - (a·u) a``.
+
+    ``a`` must be unit. Idempotent: ``tangent(a, tangent(a, u)) == tangent(a, u)``.
+    """
+    work = _work_dtype(a, u)
+    aw, uw = a.to(work), u.to(work)
+    return (uw - _dot(aw, uw) * aw).to(torch.promote_types(a.dtype, u.dtype))
+
+
+def angle(a: torch.Tensor, b: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """Geodesic distance ``theta = arccos(a·b)`` in [0, pi] between unit vectors.
+
+    Computed as ``2 atan2(‖a - b‖, ‖a + b‖)``, which equals arccos(a·b) for unit vectors but
+    stays accurate near 0 and pi, where arccos loses half the digits and has an infinite
+    derivative. Inputs slightly off the sphere are fine.
+    """
+    work = _work_dtype(a, b)
+    aw, bw = a.to(work), b.to(work)
+    theta = 2 * torch.atan2((aw - bw).norm(dim=-1, keepdim=keepdim), (aw + bw).norm(dim=-1, keepdim=keepdim))
+    return theta.to(torch.promote_types(a.dtype, b.dtype))
+
+
+def lerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
+    """LERP then retract: ``Norm(a + alpha (b - a))`` (eq. 7, 8; nGPT's update, eq. 10, 11).
+
+    With ``a = h`` and ``b = h_A`` (or ``h_M``), this is the paper's default residual update.
+    For a == -b and alpha == 0.5 the sum is zero and so is the result (no direction exists).
+    """
+    work = _work_dtype(a, b, alpha)
+    aw, bw = a.to(work), b.to(work)
+    return normalize(aw + _up(alpha, work) * (bw - aw)).to(a.dtype)
+
+
+def riemannian_update(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
+    """The Riemannian variable-metric step of Appendix A.3 (eq. 24-26).
+
+    ``g = a (a·b) - b`` is the Euclidean "gradient" ``a - b`` projected onto the tangent space
+    at ``a`` (eq. 24); the step is ``Norm(a - alpha g)`` (eq. 25, 26), ``Norm`` being the
+    retraction. For a == ±b the projected gradient is zero and the result is ``a``.
+    """
+    work = _work_dtype(a, b, alpha)
+    aw, bw = a.to(work), b.to(work)
+    g = aw * _dot(aw, bw) - bw
+    return normalize(aw - _up(alpha, work) * g).to(a.dtype)
+
+
+def _fallback_direction(a: torch.Tensor) -> torch.Tensor:
+    """A unit tangent vector at ``a``, fixed and deterministic: the direction, within the tangent
+    space, of the coordinate axis on which ``a`` has its smallest absolute component."""
+    axis = a.detach().abs().argmin(dim=-1, keepdim=True)
+    e = torch.zeros_like(a).scatter_(-1, axis, 1.0)
+    w = e - _dot(a, e) * a
+    return w / w.norm(dim=-1, keepdim=True).clamp_min(_TINY[a.dtype])
+
+
+def slerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
+    """Spherical linear interpolation (Shoemake 1985; eq. 6), then retraction.
+
+    ``SLERP(a, b; alpha) = sin((1-alpha) theta)/sin(theta) a + sin(alpha theta)/sin(theta) b``
+    with ``theta = angle(a, b)``, evaluated in the equivalent tangent form
+    ``cos(alpha theta) a + sin(alpha theta)/sin(theta) (b - (a·b) a)``. For a scalar alpha the
+    point lies on the geodesic, at angle ``alpha theta`` from ``a``; with a tensor alpha the
+    coefficients are applied per dimension and the result retracted with ``Norm``.
+
+    Numerics: ``sin(alpha theta)/sin(theta)`` is evaluated as ``alpha sinc(alpha theta) /
+    sinc(theta)``, exact and smooth as theta -> 0 (including a == b exactly, where the result is
+    a). Antipodal points (sin(theta) < 1e-5 in float32, 1e-12 in float64, with a·b < 0) have no
+    unique geodesic: then the path is the great circle from ``a`` towards a fixed tangent
+    direction, that of the coordinate axis least aligned with ``a``; alpha = 1 still gives -a = b.
+    """
+    work = _work_dtype(a, b, alpha)
+    aw, bw = a.to(work), b.to(work)
+    alpha = _up(alpha, work)
+    theta = angle(aw, bw, keepdim=True)
+    u = bw - _dot(aw, bw) * aw  # tangent at a, ‖u‖ = sin(theta)
+    sin_theta = u.norm(dim=-1, keepdim=True)
+    antipodal = (sin_theta < _ANTIPODAL_SIN[work]) & (theta > math.pi / 2)
+
+    # Regular branch; theta is replaced where antipodal so that no inf/NaN reaches the backward
+    # pass through the unselected side of torch.where.
+    theta_safe = torch.where(antipodal, torch.zeros_like(theta), theta)
+    sinc = lambda x: torch.sinc(x / math.pi)  # noqa: E731  sin(x)/x, smooth at 0
+    ratio = alpha * sinc(alpha * theta_safe) / sinc(theta_safe)  # sin(alpha theta)/sin(theta)
+    regular = torch.cos(alpha * theta) * aw + ratio * u
+
+    # Antipodal branch: rotate by alpha*theta towards the fallback direction.
+    along = torch.cos(alpha * theta) * aw + torch.sin(alpha * theta) * _fallback_direction(aw)
+    out = torch.where(antipodal, along, regular)
+    return normalize(out).to(a.dtype)

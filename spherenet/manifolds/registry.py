@@ -1,0 +1,63 @@
+"""Which parameters of a model lie on which manifold, declared by the module that owns them.
+
+geoopt marks a manifold parameter by its tensor subclass (``ManifoldParameter``). That mark is
+lost whenever a parameter is re-wrapped: FSDP2's ``fully_shard`` replaces it with
+``nn.Parameter(DTensor)``, and ``load_state_dict(assign=True)`` with a plain ``nn.Parameter``.
+An optimizer that relies on the subclass then silently runs Euclidean updates.
+
+So each module also records, by attribute name, which of its own parameters lie on which
+manifold. The record lives on the module, not on the tensor, and survives any re-wrapping:
+``named_manifold_parameters`` looks the parameter up by name at call time.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple
+
+import torch
+from torch import nn
+
+__all__ = ["declare_manifold", "declared_manifolds", "named_manifold_parameters", "ManifoldEntry"]
+
+_ATTR = "_spherenet_manifolds"
+
+
+class ManifoldEntry(NamedTuple):
+    name: str  # qualified parameter name, as in model.named_parameters()
+    param: torch.Tensor  # the parameter object the model holds now (possibly re-wrapped)
+    manifold: nn.Module  # e.g. spherenet.manifolds.Sphere()
+    module: nn.Module  # the owning module
+    attr: str  # the attribute name on the owning module
+
+
+def declare_manifold(module: nn.Module, attr: str, manifold: nn.Module) -> None:
+    """Record that ``module.<attr>`` (a direct parameter of ``module``) lies on ``manifold``."""
+    if attr not in module._parameters:
+        raise KeyError(f"{type(module).__name__} has no direct parameter named {attr!r} to declare")
+    # object.__setattr__: a dict must not be registered as a submodule or buffer.
+    table = module.__dict__.setdefault(_ATTR, {})
+    table[attr] = manifold
+
+
+def declared_manifolds(module: nn.Module) -> dict[str, nn.Module]:
+    """The ``{attr: manifold}`` declarations of ``module`` itself (not of its children)."""
+    return dict(module.__dict__.get(_ATTR, {}))
+
+
+def named_manifold_parameters(model: nn.Module) -> Iterator[ManifoldEntry]:
+    """Every declared manifold parameter of ``model``, found through the owning modules.
+
+    Works after ``fully_shard`` and ``load_state_dict(assign=True)``: the parameter is looked up
+    by name on its module each time, so the current object is returned whatever its class.
+    Raises ``RuntimeError`` when a declared parameter has disappeared from its module.
+    """
+    for mod_name, module in model.named_modules(remove_duplicate=True):
+        for attr, manifold in declared_manifolds(module).items():
+            param = module._parameters.get(attr)
+            if param is None:
+                raise RuntimeError(
+                    f"{mod_name or type(model).__name__}.{attr} is declared on {manifold} "
+                    "but the module no longer holds such a parameter"
+                )
+            full = f"{mod_name}.{attr}" if mod_name else attr
+            yield ManifoldEntry(full, param, manifold, module, attr)
