@@ -1,0 +1,230 @@
+"""Training-run configuration: TOML files plus ``section.key=value`` overrides.
+
+A run is described by four sections, each a dataclass: ``[model]`` (a preset name plus any
+field of its model config), ``[data]``, ``[optim]`` and ``[train]``. Every key is checked: an
+unknown key or a value of the wrong type is a ``ConfigError`` that names it, raised before any
+work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = [
+    "ConfigError",
+    "ModelSection",
+    "DataSection",
+    "OptimSection",
+    "TrainSection",
+    "RunConfig",
+    "load_config",
+    "parse_override",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value or key that cannot work; the message names it."""
+
+
+@dataclass
+class ModelSection:
+    preset: str = "ngpt-tiny"
+    # Any other key of [model] overrides a field of the preset's model config (NGPTConfig or
+    # GPTConfig), e.g. update = "slerp", n_layers = 6. Checked against that dataclass.
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataSection:
+    source: str = "stdlib"  # "stdlib" (embedded), a local text/json/jsonl/parquet file, or a hub dataset
+    tokenizer: str = "byte"  # "byte", "bpe:<vocab size or tokenizer.json>", "hf:<name or tokenizer.json>"
+    text_field: str = "text"
+    split: str = "train"  # hub datasets: which split to read
+    subset: str = ""  # hub datasets: configuration name
+    max_docs: int = 0  # 0 = all
+    val_fraction: float = 0.01
+    num_proc: int = 1
+    cache_dir: str = ""  # "" = <out_dir>/../data_cache
+    seed: int = 1234
+
+
+@dataclass
+class OptimSection:
+    method: str = "riemannian_adam"  # riemannian_adam | adam_normalize | adamw
+    lr: float = 3e-3
+    weight_decay: float = -1.0  # < 0: the recipe's default (Table 3: 0 for nGPT, 0.1 for GPT)
+    warmup_steps: int = -1  # < 0: the recipe's default (Table 3: 0 for nGPT, 2000 for GPT)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    second_moment: str = "element"  # riemannian_adam: element | row
+    grad_clip: float = 0.0  # 0 = off
+
+
+@dataclass
+class TrainSection:
+    steps: int = 300
+    batch_size: int = 16  # global, in sequences, per optimizer step
+    micro_batch_size: int = 0  # per rank and forward pass; 0 = batch_size / world_size
+    block_size: int = 0  # context length; 0 = the model's max_seq_len
+    eval_every: int = 100
+    eval_batches: int = 8
+    log_every: int = 10
+    checkpoint_every: int = 100
+    keep_last: int = 3
+    seed: int = 1337
+    out_dir: str = "runs/default"
+    parallel: str = "none"  # none | ddp | fsdp
+    compile: bool = False
+    autocast: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
+    nonfinite: str = "skip"  # skip | stop: what to do with a NaN/inf loss or gradient
+    max_nonfinite: int = 10  # stop after this many skipped steps in a row
+    sample_tokens: int = 200  # tokens of text printed at the end (0 = none)
+    progress: bool = True  # tqdm bar on rank 0
+
+
+_SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, "train": TrainSection}
+
+_CHOICES = {
+    ("optim", "method"): ("riemannian_adam", "adam_normalize", "adamw"),
+    ("optim", "second_moment"): ("element", "row"),
+    ("train", "parallel"): ("none", "ddp", "fsdp"),
+    ("train", "autocast"): ("auto", "bf16", "off"),
+    ("train", "nonfinite"): ("skip", "stop"),
+}
+_POSITIVE = {
+    ("optim", "lr"),
+    ("optim", "eps"),
+    ("train", "steps"),
+    ("train", "batch_size"),
+    ("train", "eval_every"),
+    ("train", "eval_batches"),
+    ("train", "log_every"),
+    ("train", "checkpoint_every"),
+    ("train", "keep_last"),
+    ("train", "max_nonfinite"),
+    ("data", "num_proc"),
+}
+_NON_NEGATIVE = {
+    ("train", "micro_batch_size"),
+    ("train", "block_size"),
+    ("train", "sample_tokens"),
+    ("optim", "grad_clip"),
+    ("data", "max_docs"),
+}
+
+
+@dataclass
+class RunConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        model = out.pop("model")
+        out["model"] = {"preset": model["preset"], **model["overrides"]}
+        return out
+
+    def validate(self) -> "RunConfig":
+        for (section, key), choices in _CHOICES.items():
+            value = getattr(getattr(self, section), key)
+            if value not in choices:
+                raise ConfigError(f"{section}.{key} = {value!r} is not one of {', '.join(choices)}")
+        for section, key in _POSITIVE:
+            value = getattr(getattr(self, section), key)
+            if not value > 0:
+                raise ConfigError(f"{section}.{key} must be > 0, got {value!r}")
+        for section, key in _NON_NEGATIVE:
+            value = getattr(getattr(self, section), key)
+            if value < 0:
+                raise ConfigError(f"{section}.{key} must be >= 0, got {value!r}")
+        if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
+            raise ConfigError(f"optim.beta1/beta2 must be in [0, 1), got {self.optim.beta1}, {self.optim.beta2}")
+        if not 0.0 < self.data.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.data.val_fraction!r}")
+        if not self.data.source:
+            raise ConfigError("data.source is empty")
+        return self
+
+
+def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+    """Check ``value`` against the type of the field's default; ints are accepted for floats."""
+    where = f"{section}.{key}"
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where} must be a number, got {value!r}")
+    if isinstance(default, str):
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def _set(cfg: RunConfig, section: str, key: str, value: Any) -> None:
+    if section not in _SECTIONS:
+        raise ConfigError(f"unknown config section [{section}] (valid: {', '.join(_SECTIONS)})")
+    obj = getattr(cfg, section)
+    if section == "model" and key != "preset":
+        obj.overrides[key] = value  # checked against the model config when the model is built
+        return
+    names = {f.name: f for f in fields(obj) if f.name != "overrides"}
+    if key not in names:
+        raise ConfigError(f"unknown config key {section}.{key} (valid keys of [{section}]: {', '.join(names)})")
+    setattr(obj, key, _coerce(section, key, value, getattr(obj, key)))
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``"optim.lr=1e-3"`` -> ``("optim", "lr", 0.001)``; the value is read as a TOML value,
+    falling back to a plain string (so ``data.source=my.txt`` needs no quotes)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    dotted, raw = text.split("=", 1)
+    if dotted.count(".") != 1:
+        raise ConfigError(f"override key {dotted!r} must be section.key (e.g. optim.lr)")
+    section, key = (s.strip() for s in dotted.split("."))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return section, key, value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read a TOML file (optional), apply ``section.key=value`` overrides, validate."""
+    cfg = RunConfig()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        for section, table in data.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: top-level key {section!r} must be a [section] table")
+            for key, value in table.items():
+                _set(cfg, section, key, value)
+    for text in overrides:
+        _set(cfg, *parse_override(text))
+    return cfg.validate()
