@@ -1,6 +1,29 @@
 """Reusable spherical layers (and the baseline's plain parts) for nGPT-style models."""
 
+from .attention import GPTAttention, KVCache, NGPTAttention
+from .blocks import GPTBlock, NGPTBlock
 from .linear import SPHERE, SphereEmbedding, SphereLinear
+from .mlp import GPTMLP, NGPTMLP
+from .norm import RMSNorm
+from .residual import RESIDUAL_UPDATES, SphericalResidual
+from .rotary import RotaryEmbedding, apply_rotary
 from .scale import Scale
 
-__all__ = ["Scale", "SphereLinear", "SphereEmbedding", "SPHERE"]
+__all__ = [
+    "Scale",
+    "SphereLinear",
+    "SphereEmbedding",
+    "SPHERE",
+    "SphericalResidual",
+    "RESIDUAL_UPDATES",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "KVCache",
+    "NGPTAttention",
+    "GPTAttention",
+    "NGPTMLP",
+    "GPTMLP",
+    "RMSNorm",
+    "NGPTBlock",
+    "GPTBlock",
+]

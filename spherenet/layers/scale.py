@@ -40,9 +40,11 @@ class Scale(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.param is not None:
-            with torch.no_grad():
+        with torch.no_grad():
+            if self.param is not None:
                 self.param.fill_(self.scale)
+            else:  # the constant, e.g. after materializing from the meta device
+                self.value.fill_(self.init)
 
     def forward(self) -> torch.Tensor:
         if self.param is None:

@@ -1,0 +1,246 @@
+"""Multi-head attention: nGPT's (Section 2.3.2, eq. 15, 16) and the baseline's (eq. 12-14).
+
+Shared conventions of both classes:
+
+- ``forward(x, context=None, cache=None, causal=None)``, ``x`` of shape ``(B, T, d_model)``.
+- Self-attention (``context=None``): queries, keys and values come from ``x``; RoPE is applied
+  to q and k at positions ``offset .. offset + T - 1``, where ``offset`` is the number of tokens
+  already held in ``cache``. ``causal`` (default: the module's) masks the future.
+- Cross-attention (``context`` of shape ``(B, S, d_model)``): keys and values come from
+  ``context``. **No RoPE and no mask** are applied: the two sequences share no position axis,
+  so a relative position between a query and a context token has no meaning, and every query
+  may see the whole context. The module's ``causal`` setting does not apply to it, and an
+  explicit ``causal=True`` is rejected.
+- ``cache`` (a :class:`KVCache`) makes incremental decoding possible. In self-attention it
+  holds the keys (after RoPE, and for nGPT after ``Norm``/``s_qk``) and values of all tokens
+  seen so far; new ones are appended. In cross-attention it stores the context's keys and
+  values at the first call and reuses them afterwards (``context`` is then ignored).
+
+The causal mask with a cache: queries are the last ``T`` of ``offset + T`` positions, so query
+``i`` may see keys ``j <= offset + i``. SDPA's ``is_causal=True`` would align the mask top-left
+(query ``i`` sees keys ``j <= i``) when there are more keys than queries, which is wrong here;
+the bottom-right mask is built explicitly whenever ``offset > 0``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from ..manifolds import normalize
+from .linear import SphereLinear
+from .rotary import RotaryEmbedding
+from .scale import Scale
+
+__all__ = ["NGPTAttention", "GPTAttention", "KVCache"]
+
+
+class KVCache:
+    """Keys and values already computed by one attention layer, shape ``(B, H, T_cached, d_k)``.
+
+    A plain container (not a module, nothing to save). ``append`` concatenates, so each step
+    copies the cache: simple and exact; fine for the sequence lengths of this project.
+    """
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    @property
+    def length(self) -> int:
+        """Number of positions held (the position offset of the next token)."""
+        return len(self)
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add new keys/values along the sequence dimension; return all keys/values held."""
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat((self.keys, keys), dim=-2)
+            self.values = torch.cat((self.values, values), dim=-2)
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+
+    def __repr__(self) -> str:
+        return f"KVCache(length={len(self)})"
+
+
+def _causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
+    """Boolean ``(n_queries, n_keys)`` mask, True = may attend. The queries are the *last*
+    ``n_queries`` positions of ``n_keys``: query ``i`` sees keys ``j <= i + n_keys - n_queries``."""
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_queries)
+
+
+class _Attention(nn.Module):
+    """What both attentions share: heads, RoPE, cache handling, masking, SDPA.
+
+    Subclasses define ``w_q``, ``w_k``, ``w_v``, ``w_o`` (maps of the last dimension),
+    ``softmax_scale`` and ``_scale_qk(x)``, applied to q and to k after RoPE (identity for the
+    baseline; Norm and s_qk for nGPT). Heads are laid out as ``(B, H, T, d_k)``.
+    """
+
+    softmax_scale: float
+
+    def __init__(self, d_model: int, n_heads: int, rope: RotaryEmbedding | None, rope_base: float, causal: bool):
+        super().__init__()
+        for name, value in (("d_model", d_model), ("n_heads", n_heads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{type(self).__name__} {name} must be a positive int, got {value!r}")
+        if d_model % n_heads:
+            raise ValueError(f"{type(self).__name__}: d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.causal = bool(causal)
+        if rope is None:
+            rope = RotaryEmbedding(self.head_dim, rope_base)
+        elif rope.head_dim != self.head_dim:
+            raise ValueError(f"{type(self).__name__}: rope.head_dim={rope.head_dim} but d_model/n_heads={self.head_dim}")
+        self.rope = rope
+
+    def _scale_qk(self, x: torch.Tensor) -> torch.Tensor:
+        """What happens to q and to k after RoPE: nothing here (the baseline)."""
+        return x
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return rearrange(x, "b t (h d) -> b h t d", h=self.n_heads)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        causal: bool | None = None,
+    ) -> torch.Tensor:
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"{type(self).__name__} expected x of shape (B, T, {self.d_model}), got {tuple(x.shape)}")
+        q = self._split_heads(self.w_q(x))
+
+        if context is None:  # self-attention
+            causal = self.causal if causal is None else causal
+            offset = 0 if cache is None else cache.length
+            k = self._split_heads(self.w_k(x))
+            v = self._split_heads(self.w_v(x))
+            q = self._scale_qk(self.rope(q, offset))
+            k = self._scale_qk(self.rope(k, offset))
+            if cache is not None:
+                k, v = cache.append(k, v)
+            n_queries, n_keys = q.shape[-2], k.shape[-2]
+            if not causal or n_queries == 1:
+                mask, is_causal = None, False  # a single newest query may see every key
+            elif n_queries == n_keys:
+                mask, is_causal = None, True  # square: SDPA's own causal mask is right
+            else:
+                mask, is_causal = _causal_mask(n_queries, n_keys, x.device), False
+        else:  # cross-attention: no RoPE, no mask
+            if causal:
+                raise ValueError(f"{type(self).__name__}: cross-attention (context given) cannot be causal")
+            q = self._scale_qk(q)
+            if cache is not None and cache.length > 0:
+                k, v = cache.keys, cache.values
+            else:
+                if context.ndim != 3 or context.shape[-1] != self.d_model or context.shape[0] != x.shape[0]:
+                    raise ValueError(
+                        f"{type(self).__name__} expected context of shape ({x.shape[0]}, S, {self.d_model}), got {tuple(context.shape)}"
+                    )
+                k = self._scale_qk(self._split_heads(self.w_k(context)))
+                v = self._split_heads(self.w_v(context))
+                if cache is not None:
+                    cache.append(k, v)
+            mask, is_causal = None, False
+
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.softmax_scale)
+        return self.w_o(rearrange(out, "b h t d -> b t (h d)"))
+
+
+class NGPTAttention(_Attention):
+    """nGPT attention (Section 2.3.2).
+
+    ``W_q``, ``W_k``, ``W_v`` are unit vectors along their d_model-sized input side (so q, k, v
+    are cosine similarities with ``h``); ``W_o`` is unit along its d_model-sized output side
+    (stored transposed). After RoPE, each head's q and k are normalized over ``d_k`` and scaled
+    (eq. 15, 16)::
+
+        q <- Norm(q) * s_qk,    k <- Norm(k) * s_qk
+
+    with ``s_qk = Scale(d_model, init=1, scale=1/sqrt(d_model))``: ``d_k`` factors per head,
+    ``d_model`` in all. The softmax scale is ``sqrt(d_k)`` instead of ``1/sqrt(d_k)``: the dot
+    product of two random unit vectors of size d_k has variance 1/d_k.
+
+    ``qk_norm=False`` drops the ``Norm`` of eq. 15, 16 (keeping ``s_qk``; Table 6). The output is
+    not normalized here: the block applies ``Norm`` (``h_A = Norm(ATTN(h))``).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        rope: RotaryEmbedding | None = None,
+        rope_base: float = 10000.0,
+        causal: bool = True,
+        qk_norm: bool = True,
+        s_qk_mode: str = "vector",
+        s_qk_init: float = 1.0,
+        s_qk_scale: float | None = None,
+    ):
+        super().__init__(d_model, n_heads, rope, rope_base, causal)
+        self.qk_norm = bool(qk_norm)
+        self.softmax_scale = math.sqrt(self.head_dim)
+        self.w_q = SphereLinear(d_model, d_model, sphere="in")
+        self.w_k = SphereLinear(d_model, d_model, sphere="in")
+        self.w_v = SphereLinear(d_model, d_model, sphere="in")
+        self.w_o = SphereLinear(d_model, d_model, sphere="out")
+        s_qk_scale = 1 / math.sqrt(d_model) if s_qk_scale is None else s_qk_scale
+        self.s_qk = Scale(d_model, s_qk_init, s_qk_scale, mode=s_qk_mode)
+
+    def _s_qk_per_head(self) -> torch.Tensor:
+        """s_qk shaped to broadcast over ``(B, H, T, d_k)``: ``(H, 1, d_k)`` (or ``(1,)``)."""
+        s_qk = self.s_qk()
+        if s_qk.numel() == 1:
+            return s_qk
+        return rearrange(s_qk, "(h d) -> h 1 d", h=self.n_heads)
+
+    def _scale_qk(self, x: torch.Tensor) -> torch.Tensor:
+        """eq. 15, 16 for q or k of shape (B, H, T, d_k): ``Norm(x) * s_qk`` per head."""
+        if self.qk_norm:
+            x = normalize(x)
+        return x * self._s_qk_per_head()
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, qk_norm={self.qk_norm}"
+
+
+class GPTAttention(_Attention):
+    """The baseline's multi-head attention (eq. 12-14): ``nn.Linear`` projections without bias,
+    RoPE on q and k, softmax scale ``1/sqrt(d_k)``.
+
+    Weights keep ``nn.Linear``'s default init; :class:`spherenet.models.GPT` re-initializes
+    them (normal 0.02, and 0.02/sqrt(2L) for ``w_o``).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        rope: RotaryEmbedding | None = None,
+        rope_base: float = 10000.0,
+        causal: bool = True,
+    ):
+        super().__init__(d_model, n_heads, rope, rope_base, causal)
+        self.softmax_scale = 1 / math.sqrt(self.head_dim)
+        self.w_q = nn.Linear(d_model, d_model, bias=False)
+        self.w_k = nn.Linear(d_model, d_model, bias=False)
+        self.w_v = nn.Linear(d_model, d_model, bias=False)
+        self.w_o = nn.Linear(d_model, d_model, bias=False)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}"

@@ -1,0 +1,63 @@
+"""SwiGLU MLP blocks: the baseline's (eq. 17-19) and nGPT's (eq. 20, 21)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .linear import SphereLinear
+from .scale import Scale
+
+__all__ = ["NGPTMLP", "GPTMLP"]
+
+
+class GPTMLP(nn.Module):
+    """The baseline SwiGLU MLP: ``u = h W_u``, ``v = h W_v`` (eq. 17),
+    ``h_M = (u * SiLU(v)) W_o_mlp`` (eq. 18, 19). No biases.
+
+    ``w_v`` is the gate: its output goes through SiLU. Weights keep ``nn.Linear``'s default
+    init; :class:`spherenet.models.GPT` re-initializes them (normal 0.02, and 0.02/sqrt(2L) for
+    ``w_o``).
+    """
+
+    def __init__(self, d_model: int, d_mlp: int):
+        super().__init__()
+        self.w_u = nn.Linear(d_model, d_mlp, bias=False)
+        self.w_v = nn.Linear(d_model, d_mlp, bias=False)
+        self.w_o = nn.Linear(d_mlp, d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.w_o(self.w_u(h) * F.silu(self.w_v(h)))
+
+
+class NGPTMLP(nn.Module):
+    """nGPT's SwiGLU MLP (Section 2.4.2).
+
+    ``W_u``, ``W_v`` (the gate) are unit vectors along their d_model-sized input side, so
+    ``u`` and ``v`` are cosine similarities; they are rescaled (eq. 20, 21)::
+
+        u <- u * s_u
+        v <- v * s_v * sqrt(d_model)     # brings v to unit variance, where SiLU is non-linear (A.1)
+        out = (u * SiLU(v)) W_o_mlp
+
+    ``W_o_mlp`` is unit along its d_model-sized output side (stored transposed,
+    ``(d_mlp, d_model)``). ``s_u``, ``s_v`` are ``Scale(d_mlp, init=1, scale=1)``. The output is
+    not normalized here: the block applies ``Norm`` (``h_M = Norm(MLP(h))``).
+    """
+
+    def __init__(self, d_model: int, d_mlp: int, s_uv_mode: str = "vector", s_uv_init: float = 1.0, s_uv_scale: float = 1.0):
+        super().__init__()
+        self.d_model, self.d_mlp = d_model, d_mlp
+        self.w_u = SphereLinear(d_model, d_mlp, sphere="in")
+        self.w_v = SphereLinear(d_model, d_mlp, sphere="in")
+        self.w_o = SphereLinear(d_mlp, d_model, sphere="out")
+        self.s_u = Scale(d_mlp, s_uv_init, s_uv_scale, mode=s_uv_mode)
+        self.s_v = Scale(d_mlp, s_uv_init, s_uv_scale, mode=s_uv_mode)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        u = self.w_u(h) * self.s_u()  # eq. 20
+        v = self.w_v(h) * (self.s_v() * math.sqrt(self.d_model))  # eq. 21
+        return self.w_o(u * F.silu(v))

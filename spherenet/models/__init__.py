@@ -1,0 +1,19 @@
+"""The two language models compared in the nGPT paper, and named presets of their sizes."""
+
+from .common import generate, sample_next_token
+from .gpt import GPT, GPTConfig
+from .ngpt import NGPT, NGPTConfig
+from .presets import PRESETS, from_preset, model_from_config, preset_config
+
+__all__ = [
+    "NGPT",
+    "NGPTConfig",
+    "GPT",
+    "GPTConfig",
+    "PRESETS",
+    "preset_config",
+    "from_preset",
+    "model_from_config",
+    "generate",
+    "sample_next_token",
+]

@@ -1,0 +1,170 @@
+"""What NGPT and GPT share: config checks, input checks, and KV-cached generation."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..layers import KVCache
+
+__all__ = ["generate", "sample_next_token", "check_input_ids"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Config checks (each error names the config class, the field and the value)
+
+
+def check_positive_int(config, name: str) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
+
+
+def check_positive_float(config, name: str, allow_none: bool = False) -> None:
+    value = getattr(config, name)
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise ValueError(f"{type(config).__name__}.{name} must be a finite number > 0, got {value!r}")
+
+
+def check_finite_float(config, name: str) -> None:
+    value = getattr(config, name)
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        raise ValueError(f"{type(config).__name__}.{name} must be a finite number, got {value!r}")
+
+
+def check_choice(config, name: str, choices) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"{type(config).__name__}.{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_bool(config, name: str) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, bool):
+        raise ValueError(f"{type(config).__name__}.{name} must be True or False, got {value!r}")
+
+
+def check_transformer_shape(config) -> None:
+    """Sizes positive, ``d_mlp`` resolved (None -> 4 d_model), heads that divide d_model into
+    even head dims (RoPE rotates pairs)."""
+    name = type(config).__name__
+    for field in ("vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len"):
+        check_positive_int(config, field)
+    if config.d_mlp is None:
+        config.d_mlp = 4 * config.d_model
+    check_positive_int(config, "d_mlp")
+    if config.d_model % config.n_heads:
+        raise ValueError(f"{name}: d_model={config.d_model} is not divisible by n_heads={config.n_heads}")
+    head_dim = config.d_model // config.n_heads
+    if head_dim % 2:
+        raise ValueError(
+            f"{name}: head dim d_model/n_heads = {config.d_model}/{config.n_heads} = {head_dim} is odd; "
+            "RoPE rotates pairs of coordinates and needs an even head dim"
+        )
+    check_positive_float(config, "rope_base")
+    check_bool(config, "causal")
+
+
+# ---------------------------------------------------------------------------------------------
+# Input checks
+
+
+def check_input_ids(input_ids: torch.Tensor, vocab_size: int, max_seq_len: int, offset: int = 0) -> None:
+    """Token ids must be an integer tensor of shape ``(B, T)`` with ``T >= 1``, ids in
+    ``[0, vocab_size)``, and ``offset + T <= max_seq_len`` (``offset``: tokens already cached)."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must be an integer tensor (e.g. torch.long), got dtype {input_ids.dtype}")
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must have shape (batch, seq_len), got {input_ids.ndim} dims: {tuple(input_ids.shape)}")
+    seq_len = input_ids.shape[1]
+    if seq_len < 1:
+        raise ValueError(f"input_ids must hold at least one token per sequence, got shape {tuple(input_ids.shape)}")
+    if offset + seq_len > max_seq_len:
+        cached = f" after {offset} cached tokens" if offset else ""
+        raise ValueError(f"sequence length {seq_len}{cached} exceeds max_seq_len={max_seq_len}")
+    # A data-dependent check: eager only (it would break a torch.compile graph).
+    if not torch.compiler.is_compiling() and input_ids.numel():
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab_size:
+            raise IndexError(f"token id out of vocabulary: ids span [{low}, {high}] but vocab_size={vocab_size}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row of ``logits`` (shape ``(B, V)``); returns ``(B, 1)`` long.
+
+    ``temperature == 0`` is greedy (argmax). Otherwise logits are divided by ``temperature``,
+    restricted to the ``top_k`` largest when given, and sampled with ``generator``. ``top_k=1``
+    is greedy too.
+    """
+    logits = logits.float()
+    if temperature == 0 or top_k == 1:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Append ``max_new_tokens`` sampled tokens to ``input_ids`` (``(B, T)``); returns
+    ``(B, T + max_new_tokens)``.
+
+    The prompt is run once and the keys/values of every layer kept in a :class:`KVCache`;
+    each new token then costs one forward pass of length 1. The result is the same as running
+    the whole sequence again at every step (what the tests check). ``model`` is an NGPT or GPT
+    (anything with ``config``, ``blocks`` and ``forward(ids, kv_caches=...)``).
+    """
+    config = model.config
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    if not config.causal:
+        raise ValueError("generate needs a causal model; this one was built with causal=False")
+    check_input_ids(input_ids, config.vocab_size, config.max_seq_len)
+    total = input_ids.shape[1] + max_new_tokens
+    if total > config.max_seq_len:
+        raise ValueError(
+            f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds "
+            f"max_seq_len={config.max_seq_len}"
+        )
+    if max_new_tokens == 0:
+        return input_ids.clone()
+
+    caches = [KVCache() for _ in model.blocks]
+    logits = model(input_ids, kv_caches=caches)[:, -1, :]  # prefill: the whole prompt at once
+    new_tokens = []
+    for step in range(max_new_tokens):
+        next_ids = sample_next_token(logits, temperature, top_k, generator).to(input_ids.dtype)
+        new_tokens.append(next_ids)
+        if step + 1 < max_new_tokens:
+            logits = model(next_ids, kv_caches=caches)[:, -1, :]
+    return torch.cat([input_ids, *new_tokens], dim=1)

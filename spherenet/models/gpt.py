@@ -1,0 +1,104 @@
+"""The baseline GPT of the nGPT paper (Section 2): pre-norm, RMSNorm, RoPE, SwiGLU, untied.
+
+Kept deliberately plain, since it is half of every comparison: ``h += ATTN(RMSNorm(h))``,
+``h += MLP(RMSNorm(h))`` (eq. 4, 5), a final RMSNorm, and untied input/output embeddings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..layers import GPTBlock, KVCache, RMSNorm, RotaryEmbedding
+from . import common
+
+__all__ = ["GPTConfig", "GPT"]
+
+
+@dataclass
+class GPTConfig:
+    """Sizes of the baseline. Init: normal ``init_std`` for every matrix, and
+    ``init_std / sqrt(2 n_layers)`` for the output projections W_o and W_o_mlp (A.5)."""
+
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_mlp: int | None = None  # None -> 4 * d_model
+    max_seq_len: int = 1024
+    rope_base: float = 10000.0
+    causal: bool = True
+    init_std: float = 0.02
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        common.check_transformer_shape(self)
+        common.check_positive_float(self, "init_std")
+        common.check_positive_float(self, "norm_eps")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+class GPT(nn.Module):
+    """The baseline Transformer decoder: ``h = E_in[ids]``, L pre-norm blocks, RMSNorm,
+    logits ``z = E_out h`` (eq. 1)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = c = config
+        self.embed_in = nn.Embedding(c.vocab_size, c.d_model)
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_base, initial_length=c.max_seq_len)  # shared by all blocks, stateless
+        self.blocks = nn.ModuleList(
+            GPTBlock(c.d_model, c.n_heads, c.d_mlp, rope=self.rope, causal=c.causal, norm_eps=c.norm_eps)
+            for _ in range(c.n_layers)
+        )
+        self.norm_out = RMSNorm(c.d_model, c.norm_eps)
+        self.embed_out = nn.Linear(c.d_model, c.vocab_size, bias=False)  # untied from embed_in
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """Normal(0, init_std) for embeddings and every matrix; init_std / sqrt(2 L) for the
+        output projections W_o and W_o_mlp (Radford et al. 2018; A.5); RMSNorm gains 1."""
+        std = self.config.init_std
+        out_std = std / math.sqrt(2 * self.config.n_layers)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                elif isinstance(module, RMSNorm):
+                    module.reset_parameters()
+            for block in self.blocks:
+                nn.init.normal_(block.attn.w_o.weight, mean=0.0, std=out_std)
+                nn.init.normal_(block.mlp.w_o.weight, mean=0.0, std=out_std)
+
+    def forward(self, input_ids: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        """Token ids ``(B, T)`` -> logits ``(B, T, vocab_size)``; ``kv_caches`` as in
+        :meth:`spherenet.models.NGPT.forward`."""
+        if kv_caches is not None and len(kv_caches) != len(self.blocks):
+            raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.blocks)} blocks")
+        offset = 0 if kv_caches is None else kv_caches[0].length
+        common.check_input_ids(input_ids, self.config.vocab_size, self.config.max_seq_len, offset)
+        caches = kv_caches if kv_caches is not None else [None] * len(self.blocks)
+
+        h = self.embed_in(input_ids)
+        for block, cache in zip(self.blocks, caches):
+            h = block(h, cache=cache)
+        h = self.norm_out(h)
+        return self.embed_out(h)
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Sample ``max_new_tokens`` tokens after ``input_ids`` with a KV cache; see
+        :func:`spherenet.models.common.generate`."""
+        return common.generate(self, input_ids, max_new_tokens, temperature, top_k, generator)

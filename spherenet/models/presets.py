@@ -1,0 +1,67 @@
+"""Named model sizes: the paper's (Table 2) and small ones that run on a CPU.
+
+``preset_config(name, **overrides)`` returns the config; ``from_preset(name, **overrides)``
+builds the model. Build on the meta device to count parameters without allocating::
+
+    with torch.device("meta"):
+        model = from_preset("ngpt-1b")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from .gpt import GPT, GPTConfig
+from .ngpt import NGPT, NGPTConfig
+
+__all__ = ["PRESETS", "preset_config", "from_preset", "model_from_config"]
+
+# Table 2: 0.5B = 24 layers, d 1024, 16 heads; 1B = 36 layers, d 1280, 20 heads;
+# d_MLP = 4 d (the configs' default), LLaMA-2 vocabulary of 32k tokens.
+_SIZES = {
+    "0.5b": dict(vocab_size=32000, n_layers=24, d_model=1024, n_heads=16, max_seq_len=4096),
+    "1b": dict(vocab_size=32000, n_layers=36, d_model=1280, n_heads=20, max_seq_len=4096),
+    "tiny": dict(vocab_size=256, n_layers=2, d_model=64, n_heads=4, max_seq_len=128),
+    "small": dict(vocab_size=256, n_layers=4, d_model=256, n_heads=4, max_seq_len=256),
+}
+
+#: ``{name: (config class, fields)}``
+PRESETS: dict[str, tuple[type, dict]] = {
+    f"{family}-{size}": (config_cls, fields)
+    for family, config_cls in (("ngpt", NGPTConfig), ("gpt", GPTConfig))
+    for size, fields in _SIZES.items()
+}
+
+
+def preset_config(name: str, **overrides) -> NGPTConfig | GPTConfig:
+    """The config of preset ``name`` with any field replaced by ``overrides``.
+
+    Raises ``ValueError`` for an unknown preset or an unknown field, listing the valid ones.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+    config_cls, fields = PRESETS[name]
+    valid = [f.name for f in dataclasses.fields(config_cls)]
+    unknown = [key for key in overrides if key not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown override(s) {', '.join(map(repr, unknown))} for preset {name!r} "
+            f"({config_cls.__name__}); valid fields: {', '.join(valid)}"
+        )
+    return config_cls(**{**fields, **overrides})
+
+
+def model_from_config(config: NGPTConfig | GPTConfig) -> nn.Module:
+    """``NGPT(config)`` or ``GPT(config)``, by the config's type."""
+    if isinstance(config, NGPTConfig):
+        return NGPT(config)
+    if isinstance(config, GPTConfig):
+        return GPT(config)
+    raise TypeError(f"expected an NGPTConfig or GPTConfig, got {type(config).__name__}")
+
+
+def from_preset(name: str, **overrides) -> nn.Module:
+    """Build the model of preset ``name`` (see :func:`preset_config`)."""
+    return model_from_config(preset_config(name, **overrides))

@@ -1,0 +1,424 @@
+"""Layers of nGPT and of the baseline: RoPE, residual updates, attention, MLP, norm, blocks.
+
+References are written here from the paper's equations, in float64, independently of the
+layers' code paths (explicit rotation matrices, explicit masks and softmax).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spherenet.layers import (
+    GPTMLP,
+    NGPTMLP,
+    GPTAttention,
+    GPTBlock,
+    KVCache,
+    NGPTAttention,
+    NGPTBlock,
+    RMSNorm,
+    RotaryEmbedding,
+    SphericalResidual,
+)
+from spherenet.manifolds import angle, normalize
+
+SETTINGS = settings(max_examples=15, deadline=None)
+
+
+def unit(*shape, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return normalize(torch.randn(*shape, dtype=dtype, generator=g))
+
+
+def rotation_matrix(position: float, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """The documented RoPE convention as an explicit (head_dim x head_dim) rotation: pair i is
+    coordinates (i, i + head_dim/2), turned by position * base^(-2i/head_dim)."""
+    half = head_dim // 2
+    R = torch.zeros(head_dim, head_dim, dtype=torch.float64)
+    for i in range(half):
+        theta = position * base ** (-2 * i / head_dim)
+        c, s = math.cos(theta), math.sin(theta)
+        R[i, i], R[i, i + half] = c, -s
+        R[i + half, i], R[i + half, i + half] = s, c
+    return R
+
+
+def randomize_scales(module: torch.nn.Module, seed: int = 0) -> None:
+    """Move every 1-D (scaling) parameter away from its constant init, so that a wrong
+    reshape or broadcast of a per-element scaling shows up in the outputs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.ndim == 1:
+                p.mul_(1 + 0.5 * torch.rand(p.shape, generator=g, dtype=p.dtype))
+
+
+# ------------------------------------------------------------------------------------- RoPE
+
+
+@SETTINGS
+@given(head_dim=st.sampled_from([2, 4, 8, 16]), offset=st.integers(0, 5000), seed=st.integers(0, 1000))
+def test_rope_is_a_rotation_that_keeps_norms(head_dim, offset, seed):
+    rope = RotaryEmbedding(head_dim)
+    x = torch.randn(2, 3, 5, head_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    y = rope(x, offset)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(y, x) or offset == 0
+
+
+@pytest.mark.parametrize("offset", [0, 1, 7, 300, 4095])
+def test_rope_matches_explicit_rotation_matrix(offset):
+    head_dim, T = 8, 6
+    rope = RotaryEmbedding(head_dim, initial_length=4)  # the table must be extended
+    x = torch.randn(T, head_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(offset))
+    expected = torch.stack([rotation_matrix(offset + t, head_dim) @ x[t] for t in range(T)])
+    torch.testing.assert_close(rope(x, offset), expected, rtol=0, atol=1e-12)
+    # The float32 path (what models run) agrees to float32 precision.
+    torch.testing.assert_close(rope(x.float(), offset), expected.float(), rtol=0, atol=2e-6)
+
+
+def test_rope_position_zero_is_identity_and_positions_advance():
+    rope = RotaryEmbedding(4)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(rope(x[:1], 0), x[:1])
+    # Row t of one call at offset 0 equals a single-row call at offset t (KV-cache decoding).
+    full = rope(x, 0)
+    for t in range(3):
+        torch.testing.assert_close(rope(x[t : t + 1], t), full[t : t + 1])
+
+
+@SETTINGS
+@given(p=st.integers(0, 3000), q_pos=st.integers(0, 3000), shift=st.integers(0, 3000), seed=st.integers(0, 100))
+def test_rope_dot_product_depends_only_on_relative_offset(p, q_pos, shift, seed):
+    head_dim = 16
+    rope = RotaryEmbedding(head_dim)
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(1, head_dim, dtype=torch.float64, generator=g), torch.randn(1, head_dim, dtype=torch.float64, generator=g)
+    dot = (rope(q, p) * rope(k, q_pos)).sum()
+    dot_shifted = (rope(q, p + shift) * rope(k, q_pos + shift)).sum()
+    # Explicitly: <R(p) q, R(p') k> = <q, R(p' - p) k>.
+    dot_relative = (q * (k @ rotation_matrix(q_pos - p, head_dim).T)).sum()
+    torch.testing.assert_close(dot, dot_shifted, rtol=0, atol=1e-9)
+    torch.testing.assert_close(dot, dot_relative, rtol=0, atol=1e-9)
+
+
+def test_rope_extends_past_its_table_consistently():
+    rope = RotaryEmbedding(8, initial_length=16)
+    x = torch.randn(1, 1, 40, 8)
+    short = rope(x[..., :10, :], 0)  # builds a short table
+    long = rope(x, 0)  # longer than the table: recomputed
+    torch.testing.assert_close(long[..., :10, :], short)
+    torch.testing.assert_close(rope(x[..., 35:, :], 35), long[..., 35:, :])
+
+
+def test_rope_rejects_odd_head_dim():
+    with pytest.raises(ValueError, match="7"):
+        RotaryEmbedding(7)
+
+
+# ----------------------------------------------------------------------------- residual update
+
+
+def _residual(update, alpha, dim, alpha_abs=True):
+    """A residual with a fixed (scalar) alpha."""
+    return SphericalResidual(dim, update=update, alpha_init=alpha, alpha_mode="fixed", alpha_abs=alpha_abs).double()
+
+
+def test_residual_alpha_parametrization():
+    r = SphericalResidual(64)
+    assert r.alpha.param.shape == (64,)
+    torch.testing.assert_close(r.alpha.param.detach(), torch.full((64,), 1 / 8.0))  # stored at 1/sqrt(d)
+    torch.testing.assert_close(r.effective_alpha().detach(), torch.full((64,), 0.05))  # used at alpha_init
+
+
+def test_residual_three_updates_differ_and_stay_unit():
+    dim = 16
+    h, h_block = unit(4, dim, seed=1), unit(4, dim, seed=2)
+    outs = {u: SphericalResidual(dim, update=u, alpha_init=0.3).double()(h, h_block) for u in ("lerp", "slerp", "riemannian")}
+    for out in outs.values():
+        torch.testing.assert_close(out.norm(dim=-1), torch.ones(4, dtype=torch.float64))
+    names = list(outs)
+    for i in range(3):
+        for j in range(i + 1, 3):
+            assert (outs[names[i]] - outs[names[j]]).abs().max() > 1e-3, (names[i], names[j])
+    # The paper's lerp, eq. 10 (vector alpha), written out:
+    alpha = torch.full((dim,), 0.3, dtype=torch.float64)
+    torch.testing.assert_close(outs["lerp"], normalize(h + alpha * (h_block - h)))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000))
+def test_lerp_and_riemannian_agree_to_second_order_in_alpha(seed):
+    dim = 8
+    h, h_block = unit(3, dim, seed=seed), unit(3, dim, seed=seed + 1)
+    gaps = []
+    for alpha in (1e-2, 5e-3):
+        lerp_out = _residual("lerp", alpha, dim)(h, h_block)
+        riem_out = _residual("riemannian", alpha, dim)(h, h_block)
+        gaps.append((lerp_out - riem_out).norm(dim=-1))
+        # First order is the same step: both moved about alpha*sin(theta), the gap is far smaller.
+        assert (gaps[-1] < 10 * alpha**2).all()
+    ratio = gaps[0] / gaps[1]  # halving alpha quarters an O(alpha^2) gap
+    assert ((ratio > 3.5) & (ratio < 4.5)).all(), ratio
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000))
+def test_slerp_moves_theta_over_sin_theta_faster_than_lerp(seed):
+    dim, alpha = 8, 2.0**-13  # exact in float32 (a fixed Scale stores its value in float32)
+    h, h_block = unit(3, dim, seed=seed), unit(3, dim, seed=seed + 1)
+    theta = angle(h, h_block)
+    step_slerp = angle(h, _residual("slerp", alpha, dim)(h, h_block))
+    step_lerp = angle(h, _residual("lerp", alpha, dim)(h, h_block))
+    step_riem = angle(h, _residual("riemannian", alpha, dim)(h, h_block))
+    torch.testing.assert_close(step_slerp, alpha * theta, rtol=1e-9, atol=0)  # exact geodesic
+    torch.testing.assert_close(step_slerp / step_lerp, theta / torch.sin(theta), rtol=1e-3, atol=0)
+    torch.testing.assert_close(step_riem / step_lerp, torch.ones_like(theta), rtol=1e-3, atol=0)
+    assert (step_slerp > step_lerp).all()
+
+
+def test_residual_alpha_abs_option():
+    dim = 16
+    h, h_block = unit(2, dim, seed=3), unit(2, dim, seed=4)
+    toward = _residual("lerp", 0.2, dim)(h, h_block)
+    abs_of_negative = _residual("lerp", -0.2, dim, alpha_abs=True)(h, h_block)
+    unconstrained = _residual("lerp", -0.2, dim, alpha_abs=False)(h, h_block)
+    torch.testing.assert_close(abs_of_negative, toward)
+    # Unconstrained negative alpha steps away from h_block.
+    assert (angle(unconstrained, h_block) > angle(h, h_block)).all()
+    assert (angle(toward, h_block) < angle(h, h_block)).all()
+
+
+def test_residual_rejects_unknown_update():
+    with pytest.raises(ValueError, match="geodesic"):
+        SphericalResidual(8, update="geodesic")
+
+
+# ------------------------------------------------------------------------------- attention
+
+
+def ngpt_attention_reference(attn: NGPTAttention, x: torch.Tensor, causal=True, qk_norm=True) -> torch.Tensor:
+    """eq. 12 (with unit-row weights), RoPE, eq. 15, 16, eq. 13 with scale sqrt(d_k), eq. 14."""
+    B, T, d = x.shape
+    H, dk = attn.n_heads, d // attn.n_heads
+    Wq, Wk, Wv = attn.w_q.weight, attn.w_k.weight, attn.w_v.weight  # (d_out, d_model), unit rows
+    Wo = attn.w_o.weight  # stored transposed: (H*d_k, d_model), unit rows
+    s_qk = attn.s_qk().expand(d)
+    out = torch.zeros(B, T, d, dtype=torch.float64)
+    for b in range(B):
+        heads = []
+        for hd in range(H):
+            cols = slice(hd * dk, (hd + 1) * dk)
+            q = x[b] @ Wq[cols].T  # (T, d_k)
+            k = x[b] @ Wk[cols].T
+            v = x[b] @ Wv[cols].T
+            q = torch.stack([rotation_matrix(t, dk) @ q[t] for t in range(T)])
+            k = torch.stack([rotation_matrix(t, dk) @ k[t] for t in range(T)])
+            if qk_norm:
+                q = q / q.norm(dim=-1, keepdim=True)
+                k = k / k.norm(dim=-1, keepdim=True)
+            q, k = q * s_qk[cols], k * s_qk[cols]
+            scores = math.sqrt(dk) * (q @ k.T)
+            if causal:
+                scores = scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+            heads.append(torch.softmax(scores, dim=-1) @ v)
+        out[b] = torch.cat(heads, dim=-1) @ Wo
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_ngpt_attention_matches_float64_reference(causal, qk_norm):
+    torch.manual_seed(0)
+    attn = NGPTAttention(16, 4, causal=causal, qk_norm=qk_norm).double()
+    randomize_scales(attn)
+    x = unit(2, 7, 16, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), ngpt_attention_reference(attn, x, causal, qk_norm), rtol=1e-10, atol=1e-12)
+
+
+def test_ngpt_attention_softmax_scale_is_sqrt_dk():
+    attn = NGPTAttention(32, 2)
+    assert attn.softmax_scale == pytest.approx(math.sqrt(16))
+    assert GPTAttention(32, 2).softmax_scale == pytest.approx(1 / math.sqrt(16))
+
+
+def test_gpt_attention_matches_float64_reference():
+    torch.manual_seed(0)
+    attn = GPTAttention(16, 2).double()
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    dk, T = 8, 5
+    heads = []
+    for hd in range(2):
+        cols = slice(hd * dk, (hd + 1) * dk)
+        q, k, v = (x[0] @ w.weight[cols].T for w in (attn.w_q, attn.w_k, attn.w_v))
+        q = torch.stack([rotation_matrix(t, dk) @ q[t] for t in range(T)])
+        k = torch.stack([rotation_matrix(t, dk) @ k[t] for t in range(T)])
+        scores = (q @ k.T) / math.sqrt(dk)
+        scores = scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+        heads.append(torch.softmax(scores, -1) @ v)
+    expected = torch.cat(heads, -1) @ attn.w_o.weight.T
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x)[0], expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [NGPTAttention, GPTAttention])
+def test_attention_kv_cache_matches_full_sequence(cls):
+    """Prefill, a multi-token chunk after an offset (where a top-left causal mask would be
+    wrong), then single tokens: the same outputs as one full causal pass."""
+    torch.manual_seed(1)
+    attn = cls(16, 2).double()
+    x = unit(2, 9, 16, seed=6)
+    with torch.no_grad():
+        full = attn(x)
+        cache = KVCache()
+        pieces = [attn(x[:, :3], cache=cache), attn(x[:, 3:7], cache=cache)]
+        pieces += [attn(x[:, t : t + 1], cache=cache) for t in (7, 8)]
+    assert cache.length == 9
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [NGPTAttention, GPTAttention])
+def test_attention_causal_masks_the_future_and_noncausal_sees_it(cls):
+    torch.manual_seed(2)
+    attn = cls(16, 2).double()
+    x = unit(1, 6, 16, seed=7)
+    x2 = x.clone()
+    x2[:, 4] = unit(16, seed=8)  # change token 4
+    with torch.no_grad():
+        causal_a, causal_b = attn(x), attn(x2)
+        free_a, free_b = attn(x, causal=False), attn(x2, causal=False)
+    torch.testing.assert_close(causal_a[:, :4], causal_b[:, :4], rtol=0, atol=0)
+    assert (causal_a[:, 4] - causal_b[:, 4]).abs().max() > 1e-6
+    assert (free_a[:, :4] - free_b[:, :4]).abs().amax(dim=-1).min() > 1e-8  # every earlier token sees it
+
+
+@pytest.mark.parametrize("cls", [NGPTAttention, GPTAttention])
+def test_cross_attention(cls):
+    torch.manual_seed(3)
+    attn = cls(16, 4, causal=False).double()
+    x, context = unit(2, 5, 16, seed=9), unit(2, 11, 16, seed=10)
+    with torch.no_grad():
+        out = attn(x, context=context)
+        assert out.shape == (2, 5, 16)
+        other = attn(x, context=unit(2, 11, 16, seed=11))
+        assert (out - other).abs().max() > 1e-6  # the output reads the context
+        # No mask and no RoPE: permuting the context tokens changes nothing.
+        torch.testing.assert_close(attn(x, context=context.flip(1)), out, rtol=1e-10, atol=1e-12)
+        # The cache stores the context's keys/values once and reuses them.
+        cache = KVCache()
+        first = attn(x[:, :2], context=context, cache=cache)
+        second = attn(x[:, 2:], context=context[:, :1], cache=cache)  # cached: this context is unused
+        assert cache.length == 11
+        torch.testing.assert_close(torch.cat([first, second], 1), out, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="causal"):
+        attn(x, context=context, causal=True)
+    # A causal (decoder) module's own setting does not mask cross-attention.
+    causal_module = cls(16, 4, causal=True).double()
+    causal_module.load_state_dict(attn.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(causal_module(x, context=context), out, rtol=1e-10, atol=1e-12)
+
+
+def test_ngpt_cross_attention_matches_reference():
+    """Cross-attention per the same equations, without RoPE and without a mask."""
+    torch.manual_seed(4)
+    attn = NGPTAttention(8, 2, causal=False).double()
+    randomize_scales(attn)
+    x, ctx = unit(1, 3, 8, seed=12), unit(1, 4, 8, seed=13)
+    dk, s_qk = 4, attn.s_qk()
+    heads = []
+    for hd in range(2):
+        cols = slice(hd * dk, (hd + 1) * dk)
+        q = normalize(x[0] @ attn.w_q.weight[cols].T) * s_qk[cols]
+        k = normalize(ctx[0] @ attn.w_k.weight[cols].T) * s_qk[cols]
+        v = ctx[0] @ attn.w_v.weight[cols].T
+        heads.append(torch.softmax(math.sqrt(dk) * q @ k.T, -1) @ v)
+    expected = torch.cat(heads, -1) @ attn.w_o.weight
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, context=ctx)[0], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_attention_rejects_bad_heads():
+    with pytest.raises(ValueError, match="n_heads=3"):
+        NGPTAttention(16, 3)
+
+
+# ------------------------------------------------------------------------------------- MLP
+
+
+def test_ngpt_mlp_matches_float64_reference():
+    torch.manual_seed(5)
+    d, d_mlp = 16, 24
+    mlp = NGPTMLP(d, d_mlp).double()
+    randomize_scales(mlp)
+    h = unit(3, 4, d, seed=14)
+    u = (h @ mlp.w_u.weight.T) * mlp.s_u()  # eq. 17 with unit rows, eq. 20
+    v = (h @ mlp.w_v.weight.T) * mlp.s_v() * math.sqrt(d)  # eq. 21
+    expected = (u * v * torch.sigmoid(v)) @ mlp.w_o.weight  # eq. 18, 19; W_o_mlp stored (d_mlp, d)
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(h), expected, rtol=1e-10, atol=1e-12)
+    assert mlp.w_o.weight.shape == (d_mlp, d)
+
+
+def test_gpt_mlp_is_swiglu():
+    torch.manual_seed(6)
+    mlp = GPTMLP(8, 12).double()
+    h = torch.randn(2, 8, dtype=torch.float64)
+    u, v = h @ mlp.w_u.weight.T, h @ mlp.w_v.weight.T
+    expected = (u * v * torch.sigmoid(v)) @ mlp.w_o.weight.T
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(h), expected)
+    assert all(m.bias is None for m in (mlp.w_u, mlp.w_v, mlp.w_o))
+
+
+# ------------------------------------------------------------------------------ norm, blocks
+
+
+def test_rmsnorm_formula_and_gain():
+    norm = RMSNorm(6, eps=1e-5).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.arange(1, 7, dtype=torch.float64))
+    x = torch.randn(3, 6, dtype=torch.float64)
+    expected = x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    torch.testing.assert_close(norm(x), expected)
+
+
+def test_ngpt_block_keeps_hidden_state_unit():
+    torch.manual_seed(7)
+    for update in ("lerp", "slerp", "riemannian"):
+        block = NGPTBlock(16, 2, 32, update=update, alpha_init=0.5)
+        h = unit(2, 6, 16, dtype=torch.float32, seed=15)
+        out = block(h)
+        torch.testing.assert_close(out.norm(dim=-1), torch.ones(2, 6), rtol=0, atol=1e-5)
+        assert (out - h).abs().max() > 1e-3
+
+
+def test_ngpt_block_equations():
+    """eq. 10, 11 spelled out with the block's own attention and MLP."""
+    torch.manual_seed(8)
+    block = NGPTBlock(16, 2, 32).double()
+    randomize_scales(block)
+    h = unit(1, 5, 16, seed=16)
+    with torch.no_grad():
+        alpha_a = block.residual_attn.alpha().abs()
+        alpha_m = block.residual_mlp.alpha().abs()
+        h1 = normalize(h + alpha_a * (normalize(block.attn(h)) - h))
+        expected = normalize(h1 + alpha_m * (normalize(block.mlp(h1)) - h1))
+        torch.testing.assert_close(block(h), expected)
+
+
+def test_gpt_block_is_prenorm_with_raw_residual():
+    """With both output projections zeroed, a pre-norm block is the identity. (The bug
+    ``x = norm(x) + attn(norm(x))`` would return norm(x) instead.)"""
+    block = GPTBlock(16, 2, 32)
+    with torch.no_grad():
+        block.attn.w_o.weight.zero_()
+        block.mlp.w_o.weight.zero_()
+    h = 3.0 * torch.randn(2, 4, 16)
+    torch.testing.assert_close(block(h), h, rtol=0, atol=0)

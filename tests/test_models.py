@@ -1,0 +1,333 @@
+"""NGPT and GPT: sphere declarations, unit hidden states, causality, gradients, parameter counts,
+KV-cached generation, configs and presets, torch.compile."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spherenet.layers import KVCache
+from spherenet.manifolds import Sphere, named_manifold_parameters
+from spherenet.manifolds.sphere import geoopt
+from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, from_preset, preset_config, sample_next_token
+
+SETTINGS = settings(max_examples=10, deadline=None)
+
+TINY = dict(vocab_size=32, n_layers=2, d_model=16, n_heads=2, d_mlp=24, max_seq_len=16)
+
+
+def tiny(kind: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    fields = {**TINY, **overrides}
+    return NGPT(NGPTConfig(**fields)) if kind == "ngpt" else GPT(GPTConfig(**fields))
+
+
+def ids(*shape, vocab=32, seed=0):
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def recompute_generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    """Generation without a cache: the whole sequence is run again for every new token."""
+    tokens = prompt
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(tokens)[:, -1, :]
+            tokens = torch.cat([tokens, sample_next_token(logits, temperature, top_k, generator)], dim=1)
+    return tokens
+
+
+# ----------------------------------------------------------------------- sphere declarations
+
+# Module attribute path (inside a block, or at top level) -> the paper's name of the matrix.
+SPHERE_KINDS = {
+    "embed_in": "E_in",
+    "embed_out": "E_out",
+    "attn.w_q": "W_q",
+    "attn.w_k": "W_k",
+    "attn.w_v": "W_v",
+    "attn.w_o": "W_o",
+    "mlp.w_u": "W_u",
+    "mlp.w_v": "W_v-gate",
+    "mlp.w_o": "W_o_mlp",
+}
+
+
+def test_every_ngpt_sphere_weight_is_a_declared_unit_manifold_parameter():
+    model = tiny("ngpt", n_layers=3)
+    d = model.config.d_model
+    entries = list(named_manifold_parameters(model))
+    kinds = set()
+    for entry in entries:
+        assert isinstance(entry.param, geoopt.ManifoldParameter), entry.name
+        assert isinstance(entry.param.manifold, Sphere) and isinstance(entry.manifold, Sphere), entry.name
+        assert entry.param.shape[-1] == d, (entry.name, entry.param.shape)
+        torch.testing.assert_close(entry.param.detach().norm(dim=-1), torch.ones(entry.param.shape[0]), rtol=0, atol=1e-6)
+        path = entry.name.removesuffix(".weight")
+        kinds.add(SPHERE_KINDS[path.split(".", 2)[-1] if path.startswith("blocks.") else path])
+    assert kinds == set(SPHERE_KINDS.values())
+    assert len(entries) == 2 + 7 * 3
+    # Nothing else is a matrix: every other parameter is a 1-D scaling (alpha, s_qk, s_u, s_v, s_z).
+    declared = {e.name for e in entries}
+    for name, p in model.named_parameters():
+        if name not in declared:
+            assert p.ndim == 1 and not isinstance(p, geoopt.ManifoldParameter), name
+    # The two square-but-different cases: W_v (input side is d) and W_o (output side is d)
+    # have the same shape, so the stored orientation must come from the role.
+    block = model.blocks[0]
+    assert block.attn.w_v.sphere == "in" and block.attn.w_o.sphere == "out"
+    assert block.mlp.w_u.weight.shape == (24, d) and block.mlp.w_o.weight.shape == (24, d)
+
+
+def test_hidden_state_is_unit_after_every_ngpt_block():
+    model = tiny("ngpt", n_layers=3, alpha_init=0.4)
+    norms = []
+    hooks = [b.register_forward_hook(lambda m, inp, out: norms.append(out.detach().norm(dim=-1))) for b in model.blocks]
+    model(ids(2, 10))
+    for hook in hooks:
+        hook.remove()
+    assert len(norms) == 3
+    for n in norms:
+        torch.testing.assert_close(n, torch.ones_like(n), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("update", ["lerp", "slerp", "riemannian"])
+def test_ngpt_update_modes_run_and_differ(update):
+    # (Not alpha = 0.5: Norm(a + b) is exactly the geodesic midpoint, so lerp == slerp there.)
+    base = tiny("ngpt", seed=3, alpha_init=0.3)(ids(1, 8))
+    other = tiny("ngpt", seed=3, alpha_init=0.3, update=update)(ids(1, 8))
+    assert torch.isfinite(other).all()
+    if update == "lerp":
+        torch.testing.assert_close(other, base)
+    else:
+        assert (other - base).abs().max() > 1e-4
+
+
+# ------------------------------------------------------------------------------- causality
+
+
+@SETTINGS
+@given(kind=st.sampled_from(["ngpt", "gpt"]), t=st.integers(0, 10), new_token=st.integers(0, 31))
+def test_changing_a_future_token_never_changes_past_logits(kind, t, new_token):
+    model = tiny(kind)
+    x = ids(2, 12, seed=t)
+    y = x.clone()
+    y[:, t + 1] = new_token
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], rtol=0, atol=0)
+    if (x[:, t + 1] != new_token).any():
+        assert (a[:, t + 1 :] - b[:, t + 1 :]).abs().max() > 0
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_noncausal_model_sees_the_future(kind):
+    model = tiny(kind, causal=False)
+    x = ids(1, 8)
+    y = x.clone()
+    y[:, -1] = (x[:, -1] + 1) % 32
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert a.shape == (1, 8, 32)
+    assert (a[:, 0] - b[:, 0]).abs().max() > 1e-6  # the first position sees the last token
+    with pytest.raises(ValueError, match="causal"):
+        model.generate(x, 2)
+
+
+# ------------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_every_parameter_gets_a_gradient(kind):
+    model = tiny(kind)
+    x = torch.arange(32).reshape(2, 16)  # every token id used, so every embedding row is reached
+    logits = model(x)
+    torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 32), x[:, 1:].reshape(-1)).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().max() > 0, name
+
+
+# -------------------------------------------------------------------------- parameter counts
+
+
+@pytest.mark.parametrize(
+    "name, millions",
+    [("gpt-0.5b", 468.2), ("gpt-1b", 1025.7), ("ngpt-0.5b", 468.4), ("ngpt-1b", 1026.1)],
+)
+def test_paper_preset_parameter_counts_on_meta(name, millions):
+    with torch.device("meta"):
+        model = from_preset(name)
+    assert all(p.is_meta for p in model.parameters())
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count / 1e6 - millions) / millions < 1e-3, count
+    c = model.config
+    assert c.vocab_size == 32000 and c.d_mlp == 4 * c.d_model and c.max_seq_len == 4096
+    if name.startswith("ngpt"):
+        assert len(list(named_manifold_parameters(model))) == 2 + 7 * c.n_layers
+
+
+def test_meta_model_materializes_with_init_weights():
+    with torch.device("meta"):
+        model = from_preset("ngpt-tiny", s_qk_mode="fixed")
+    model.to_empty(device="cpu")
+    model.init_weights()
+    for entry in named_manifold_parameters(model):
+        torch.testing.assert_close(entry.param.detach().norm(dim=-1), torch.ones(entry.param.shape[0]), rtol=0, atol=1e-5)
+    assert model.blocks[0].attn.s_qk().item() == 1.0  # a fixed scale's constant buffer is refilled
+    assert torch.isfinite(model(ids(1, 8, vocab=256))).all()
+
+
+def test_gpt_init_stds():
+    model = from_preset("gpt-small")  # d 256, 4 layers
+    std, out_std = 0.02, 0.02 / math.sqrt(2 * 4)
+    assert model.embed_in.weight.std().item() == pytest.approx(std, rel=0.05)
+    assert model.embed_out.weight.std().item() == pytest.approx(std, rel=0.05)
+    assert model.blocks[0].attn.w_q.weight.std().item() == pytest.approx(std, rel=0.05)
+    assert model.blocks[0].mlp.w_u.weight.std().item() == pytest.approx(std, rel=0.05)
+    assert model.blocks[0].attn.w_o.weight.std().item() == pytest.approx(out_std, rel=0.05)
+    assert model.blocks[0].mlp.w_o.weight.std().item() == pytest.approx(out_std, rel=0.05)
+    assert torch.equal(model.norm_out.weight, torch.ones(256))
+
+
+# ------------------------------------------------------------------------------- generation
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_kv_cache_forward_in_chunks_matches_full_forward(kind):
+    model = tiny(kind)
+    x = ids(2, 11)
+    with torch.no_grad():
+        full = model(x)
+        caches = [KVCache() for _ in model.blocks]
+        chunks = [model(x[:, a:b], kv_caches=caches) for a, b in ((0, 4), (4, 9), (9, 10), (10, 11))]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_greedy_generation_with_cache_equals_recompute(kind):
+    # Large steps (nGPT) / weights (GPT), so that the context changes the greedy choices.
+    model = tiny(kind, seed=4, **(dict(alpha_init=0.5) if kind == "ngpt" else dict(init_std=0.5)))
+    if kind == "ngpt":  # sharpen the logits so that greedy choices are not near-ties
+        with torch.no_grad():
+            model.s_z.param.mul_(20)
+    prompt = ids(2, 3, seed=1)
+    cached = model.generate(prompt, 10, top_k=1)
+    assert cached.shape == (2, 13) and torch.equal(cached[:, :3], prompt)
+    torch.testing.assert_close(cached, recompute_generate(model, prompt, 10, top_k=1), rtol=0, atol=0)
+    torch.testing.assert_close(model.generate(prompt, 10, temperature=0.0), cached, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_sampled_generation_with_cache_equals_recompute(kind):
+    model = tiny(kind, seed=5)
+    prompt = ids(3, 2, seed=2)
+    cached = model.generate(prompt, 12, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(7))
+    again = recompute_generate(model, prompt, 12, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(cached, again, rtol=0, atol=0)
+    other_seed = model.generate(prompt, 12, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(8))
+    assert not torch.equal(cached, other_seed)  # the generator is actually used
+
+
+def test_generation_limits():
+    model = tiny("ngpt")
+    with pytest.raises(ValueError, match="max_seq_len=16"):
+        model.generate(ids(1, 10), 7)
+    assert model.generate(ids(1, 10), 6, top_k=1).shape == (1, 16)
+    assert torch.equal(model.generate(ids(1, 4), 0), ids(1, 4))
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(ids(1, 4), 2, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(ids(1, 4), 2, top_k=0)
+
+
+# ---------------------------------------------------------------------------- input checks
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_forward_input_errors(kind):
+    model = tiny(kind)
+    with pytest.raises(TypeError, match="float32"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="1 dims"):
+        model(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(IndexError, match="vocab_size=32"):
+        model(torch.tensor([[1, 32]]))
+    with pytest.raises(IndexError, match="-1"):
+        model(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match="17 exceeds max_seq_len=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    assert model(torch.zeros(1, 16, dtype=torch.int32)).shape == (1, 16, 32)
+
+
+# ------------------------------------------------------------------------- configs, presets
+
+
+@pytest.mark.parametrize(
+    "cls, overrides, expected",
+    [
+        (NGPTConfig, dict(d_model=18, n_heads=4), "d_model=18"),
+        (GPTConfig, dict(d_model=18, n_heads=4), "n_heads=4"),
+        (NGPTConfig, dict(d_model=12, n_heads=4), "= 3 is odd"),
+        (GPTConfig, dict(d_model=12, n_heads=4), "= 3 is odd"),
+        (NGPTConfig, dict(vocab_size=0), "vocab_size must be a positive int, got 0"),
+        (GPTConfig, dict(n_layers=-2), "n_layers must be a positive int, got -2"),
+        (NGPTConfig, dict(d_mlp=2.5), "d_mlp must be a positive int, got 2.5"),
+        (NGPTConfig, dict(max_seq_len=0), "max_seq_len"),
+        (NGPTConfig, dict(update="geodesic"), "update must be one of .* got 'geodesic'"),
+        (NGPTConfig, dict(alpha_mode="matrix"), "alpha_mode .* 'matrix'"),
+        (NGPTConfig, dict(s_qk_mode="per-head"), "s_qk_mode .* 'per-head'"),
+        (NGPTConfig, dict(s_uv_mode="x"), "s_uv_mode .* 'x'"),
+        (NGPTConfig, dict(s_z_mode=None), "s_z_mode .* None"),
+        (NGPTConfig, dict(alpha_scale=-1.0), "alpha_scale .* -1.0"),
+        (NGPTConfig, dict(qk_norm="yes"), "qk_norm .* 'yes'"),
+        (GPTConfig, dict(init_std=0.0), "init_std .* 0.0"),
+        (GPTConfig, dict(norm_eps=-1e-5), "norm_eps"),
+    ],
+)
+def test_config_errors_name_field_and_value(cls, overrides, expected):
+    with pytest.raises(ValueError, match=expected):
+        cls(**{**TINY, **overrides})
+
+
+def test_config_defaults():
+    c = NGPTConfig(vocab_size=10, n_layers=1, d_model=8, n_heads=2)
+    assert c.d_mlp == 32 and c.rope_base == 10000 and c.update == "lerp" and c.alpha_abs and c.qk_norm
+    assert GPTConfig(vocab_size=10, n_layers=1, d_model=8, n_heads=2).d_mlp == 32
+
+
+def test_presets():
+    c = preset_config("ngpt-tiny")
+    assert (c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.max_seq_len) == (256, 64, 2, 4, 128)
+    c = preset_config("gpt-small", max_seq_len=64)
+    assert isinstance(c, GPTConfig) and (c.d_model, c.n_layers, c.max_seq_len) == (256, 4, 64)
+    c = preset_config("ngpt-1b", update="slerp")
+    assert (c.n_layers, c.d_model, c.n_heads, c.update) == (36, 1280, 20, "slerp")
+    assert isinstance(from_preset("gpt-tiny"), GPT)
+    with pytest.raises(ValueError, match="'ngpt-2b'.*gpt-0.5b.*ngpt-tiny"):
+        preset_config("ngpt-2b")
+    with pytest.raises(ValueError, match="'dmodel'.*valid fields.*d_model"):
+        preset_config("gpt-tiny", dmodel=32)
+    with pytest.raises(ValueError, match="'update'"):  # an nGPT-only field given to GPT
+        preset_config("gpt-tiny", update="slerp")
+
+
+# --------------------------------------------------------------------------------- compile
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's inductor imports
+def test_torch_compile_matches_eager():
+    """The compiled forward agrees with eager (the design doc warns of compounding error through
+    repeated normalizations in compiled code). Tiny model: compilation dominates the time."""
+    torch._dynamo.reset()
+    model = tiny("ngpt", n_layers=1, d_model=16, n_heads=2)
+    x = ids(2, 8)
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True)(x)  # fullgraph: no silent eager fallback
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
