@@ -1,0 +1,53 @@
+"""Data for spherenet: tokenizers, dataset preparation into token files, and training windows.
+
+Typical use::
+
+    from spherenet.data import prepare_dataset
+
+    data = prepare_dataset("stdlib", "byte", "data")           # cached after the first call
+    train = data.windows("train", block_size=256, batch_size=32, seed=0, rank=rank, world_size=ws)
+    x, y = train.next_batch()                                  # int64, (32, 256) each
+    for x, y in data.windows("val", block_size=256, batch_size=32).eval_batches(): ...
+
+``datasets`` is imported only when data is prepared, so training code that reads prepared files
+does not pay for it.
+"""
+
+from .errors import DataError, DataFileNotFoundError, TokenizerError
+from .prepare import PreparedData, default_corpus, load_prepared, prepare_dataset, token_dtype
+from .sources import DEFAULT_STDLIB_BYTES, SOURCE_KINDS, Source, load_documents, resolve_source, stdlib_files
+from .tokenizer import (
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    load_pretrained,
+    load_tokenizer,
+    train_bpe,
+)
+from .windows import TokenWindows
+
+__all__ = [
+    "DEFAULT_STDLIB_BYTES",
+    "SOURCE_KINDS",
+    "ByteTokenizer",
+    "DataError",
+    "DataFileNotFoundError",
+    "HFTokenizer",
+    "PreparedData",
+    "Source",
+    "TokenWindows",
+    "Tokenizer",
+    "TokenizerError",
+    "build_tokenizer",
+    "default_corpus",
+    "load_documents",
+    "load_prepared",
+    "load_pretrained",
+    "load_tokenizer",
+    "prepare_dataset",
+    "resolve_source",
+    "stdlib_files",
+    "token_dtype",
+    "train_bpe",
+]

@@ -1,0 +1,686 @@
+"""Tokenizers behind one small interface, all usable offline.
+
+Three families:
+
+* :class:`ByteTokenizer` -- the UTF-8 bytes of the text. ``"byte"`` has a vocabulary of 256 and
+  uses id 255 as the end-of-text (EOS) id: the byte 0xFF never occurs in UTF-8, so the id can never
+  be confused with text. ``"byte:257"`` instead adds a separate id 256 for EOS.
+* BPE trained locally with the ``tokenizers`` library (:func:`train_bpe`): byte-level BPE with
+  one special token ``<|endoftext|>`` as EOS.
+* Pretrained ``tokenizer.json`` files (:func:`load_pretrained`): from a local path, or from a Hub
+  repository (e.g. the LLaMA-2 tokenizer of the paper) when the machine has network.
+
+Every tokenizer encodes *plain text*: special-token strings that appear inside a document (say
+a literal ``"<|endoftext|>"``) are encoded as ordinary text, never as the EOS id. Document
+separation is done by the data pipeline, which appends ``eos_id`` after every document.
+``decode`` drops EOS and other special ids and replaces invalid UTF-8 with U+FFFD.
+
+:meth:`Tokenizer.spec` is a small JSON-able dict that records which tokenizer was used (a
+checkpoint can store it); :func:`build_tokenizer` rebuilds the tokenizer from it, and
+:meth:`Tokenizer.save` / :func:`load_tokenizer` store a self-contained copy in a directory.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._files import check_text_file, existing_file
+from ._hub import hub_endpoint, hub_offline, hub_unreachable
+from .errors import DataFileNotFoundError, TokenizerError
+
+__all__ = [
+    "SPEC_FILE",
+    "ByteTokenizer",
+    "HFTokenizer",
+    "Tokenizer",
+    "build_tokenizer",
+    "load_pretrained",
+    "load_tokenizer",
+    "train_bpe",
+]
+
+SPEC_FILE = "tokenizer_spec.json"
+TOKENIZER_JSON = "tokenizer.json"
+BPE_EOS = "<|endoftext|>"
+# Special tokens that mark the end of a document in common tokenizer.json files, in order of preference.
+_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
+
+
+class Tokenizer(abc.ABC):
+    """The interface every spherenet tokenizer offers.
+
+    Attributes (read-only properties): ``name`` (short, file-name safe), ``vocab_size`` (ids are
+    ``0 .. vocab_size-1``), ``eos_id`` (appended after every document when preparing data).
+    """
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str: ...
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def eos_id(self) -> int: ...
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no EOS added)."""
+
+    @abc.abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; EOS and other special ids are dropped."""
+
+    @abc.abstractmethod
+    def spec(self) -> dict[str, Any]:
+        """A JSON-able description that :func:`build_tokenizer` turns back into this tokenizer."""
+
+    @property
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """A hex digest that changes whenever the text -> ids mapping changes."""
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Like :meth:`encode_batch` but returns int64 arrays (the fast path used by data preparation)."""
+        return [np.asarray(ids, dtype=np.int64) for ids in self.encode_batch(texts)]
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write a self-contained copy into ``directory`` (``tokenizer_spec.json`` and, for
+        ``tokenizers``-based ones, ``tokenizer.json``); returns the spec file's path."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        spec = self._saved_spec(d)
+        _atomic_write_text(d / SPEC_FILE, json.dumps(spec, indent=2, sort_keys=True) + "\n")
+        return d / SPEC_FILE
+
+    def _saved_spec(self, directory: Path) -> dict[str, Any]:
+        return self.spec()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+        )
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as token ids.
+
+    ``ByteTokenizer()`` has ``vocab_size == 256`` and ``eos_id == 255`` (0xFF, a byte that valid
+    UTF-8 never contains). ``ByteTokenizer(extra_eos=True)`` has ``vocab_size == 257`` and
+    ``eos_id == 256``. Text that cannot be encoded (lone surrogates) becomes ``?``.
+    """
+
+    def __init__(self, extra_eos: bool = False) -> None:
+        self.extra_eos = bool(extra_eos)
+
+    @property
+    def name(self) -> str:
+        return "byte257" if self.extra_eos else "byte"
+
+    @property
+    def vocab_size(self) -> int:
+        return 257 if self.extra_eos else 256
+
+    @property
+    def eos_id(self) -> int:
+        return 256 if self.extra_eos else 255
+
+    def encode(self, text: str) -> list[int]:
+        return list(_utf8(text))
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.frombuffer(_utf8(t), dtype=np.uint8).astype(np.int64) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
+            bad = int(arr[(arr < 0) | (arr >= self.vocab_size)][0])
+            raise TokenizerError(
+                f"token id {bad} is out of range for the {self.name} tokenizer (vocab {self.vocab_size})"
+            )
+        arr = arr[arr != self.eos_id]
+        return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "byte", "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(f"spherenet-byte-{self.vocab_size}-eos{self.eos_id}".encode()).hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ByteTokenizer) and other.extra_eos == self.extra_eos
+
+    def __hash__(self) -> int:
+        return hash(("byte", self.extra_eos))
+
+
+def _utf8(text: str) -> bytes:
+    if not isinstance(text, str):
+        raise TokenizerError(f"expected text (str) to encode, got {type(text).__name__}")
+    return text.encode("utf-8", errors="replace")
+
+
+class HFTokenizer(Tokenizer):
+    """A ``tokenizers.Tokenizer`` (from a ``tokenizer.json``) behind the spherenet interface.
+
+    ``kind`` is ``"bpe"`` for tokenizers trained here and ``"hf"`` for pretrained ones; ``origin``
+    records where it came from (``{"path": ...}`` or ``{"name": hub id, "revision": ...}``).
+    Encoding never adds the tokenizer's own BOS/EOS (``add_special_tokens=False``) and treats
+    special-token strings inside the text as text.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        kind: str = "hf",
+        origin: Mapping[str, Any] | None = None,
+        eos_token: str | None = None,
+        label: str | None = None,
+    ) -> None:
+        if kind not in ("hf", "bpe"):
+            raise TokenizerError(f"HFTokenizer kind must be 'hf' or 'bpe', got {kind!r}")
+        self._tok = tokenizer
+        self.kind = kind
+        self.origin = dict(origin or {})
+        self._label = label or self.origin.get("name") or self.origin.get("path") or kind
+        self.eos_token = eos_token if eos_token is not None else _find_eos(tokenizer, self._label)
+        eos = tokenizer.token_to_id(self.eos_token)
+        if eos is None:
+            raise TokenizerError(
+                f"EOS token {self.eos_token!r} is not in the vocabulary of tokenizer {self._label}"
+            )
+        self._eos_id = int(eos)
+        # Special-token strings inside documents are text, never control ids (tokenizers >= 0.19).
+        if hasattr(tokenizer, "encode_special_tokens"):
+            tokenizer.encode_special_tokens = True
+        self._fingerprint: str | None = None
+
+    @property
+    def backend(self) -> Any:
+        """The wrapped ``tokenizers.Tokenizer``."""
+        return self._tok
+
+    @property
+    def name(self) -> str:
+        if self.kind == "bpe":
+            return f"bpe{self.vocab_size}"
+        base = self.origin.get("name") or Path(str(self.origin.get("path", "hf"))).parent.name or "hf"
+        return "hf-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", str(base)).strip("-")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos_id
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TokenizerError(f"expected text (str) to encode, got {type(text).__name__}")
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(e.ids) for e in self._encode_batch(texts)]
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.asarray(e.ids, dtype=np.int64) for e in self._encode_batch(texts)]
+
+    def _encode_batch(self, texts: Sequence[str]) -> list[Any]:
+        texts = list(texts)
+        for t in texts:
+            if not isinstance(t, str):
+                raise TokenizerError(f"expected text (str) to encode, got {type(t).__name__}")
+        fast = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
+        return fast(texts, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if i < 0 or i >= self.vocab_size]
+        if bad:
+            raise TokenizerError(
+                f"token id {bad[0]} is out of range for tokenizer {self.name} (vocab {self.vocab_size})"
+            )
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = _hf_fingerprint(self._tok)
+        return self._fingerprint
+
+    def spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"kind": self.kind, **self.origin}
+        spec.update(
+            vocab_size=self.vocab_size,
+            eos_token=self.eos_token,
+            eos_id=self.eos_id,
+            fingerprint=self.fingerprint,
+        )
+        return spec
+
+    def _saved_spec(self, directory: Path) -> dict[str, Any]:
+        self._tok.save(str(directory / (TOKENIZER_JSON + ".tmp")))
+        os.replace(directory / (TOKENIZER_JSON + ".tmp"), directory / TOKENIZER_JSON)
+        spec = self.spec()
+        if "path" in spec:
+            spec["original_path"] = spec.pop("path")
+        spec["path"] = TOKENIZER_JSON  # relative to the directory holding the spec
+        return spec
+
+    def __getstate__(self) -> dict[str, Any]:
+        # tokenizers.Tokenizer pickles itself as JSON; keep the flag that pickling may lose.
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if hasattr(self._tok, "encode_special_tokens"):
+            self._tok.encode_special_tokens = True
+
+
+def _find_eos(tokenizer: Any, label: str) -> str:
+    added = {}
+    try:
+        added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
+    except Exception:  # older tokenizers
+        pass
+    for cand in _EOS_CANDIDATES:
+        if cand in added or tokenizer.token_to_id(cand) is not None:
+            return cand
+    raise TokenizerError(
+        f"tokenizer {label} has no end-of-text token (looked for {', '.join(_EOS_CANDIDATES)}); "
+        "pass eos_token='<its EOS string>'"
+    )
+
+
+def _hf_fingerprint(tok: Any) -> str:
+    """Digest of what decides tokenization: model (vocab, merges), added tokens, normalizer, pre-tokenizer.
+
+    Merges are normalized to pairs, so the digest survives the ``"a b"`` -> ``["a", "b"]`` change of
+    the tokenizer.json format between ``tokenizers`` releases.
+    """
+    j = json.loads(tok.to_str())
+    model = dict(j.get("model") or {})
+    merges = model.get("merges")
+    if isinstance(merges, list):
+        model["merges"] = [m.split(" ", 1) if isinstance(m, str) else list(m) for m in merges]
+    ident = {
+        "model": model,
+        "added": sorted(
+            (t.get("id"), t.get("content"), bool(t.get("special"))) for t in j.get("added_tokens") or []
+        ),
+        "normalizer": j.get("normalizer"),
+        "pre_tokenizer": j.get("pre_tokenizer"),
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# construction
+
+
+def train_bpe(
+    data: Iterable[str] | Sequence[str | os.PathLike],
+    vocab_size: int,
+    *,
+    files: bool | None = None,
+    min_frequency: int = 2,
+    eos_token: str = BPE_EOS,
+    length: int | None = None,
+) -> HFTokenizer:
+    """Train a byte-level BPE tokenizer offline with the ``tokenizers`` library.
+
+    ``data`` is an iterable of documents (str), or a sequence of paths to UTF-8 text files
+    (``files=True``, or detected when every item is a ``pathlib.Path``). The vocabulary
+    is the 256 bytes, ``eos_token``, and merges up to ``vocab_size`` ids in all; a corpus too small
+    to find that many merges gives fewer, with a warning. ``length`` (number of documents) only
+    feeds the progress estimate.
+    """
+    from tokenizers import Tokenizer as _Tok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    vocab_size = _as_int(vocab_size, "BPE vocab_size")
+    floor = 256 + 1
+    if vocab_size < floor:
+        raise TokenizerError(
+            f"BPE vocab_size {vocab_size} is too small: byte-level BPE needs at least {floor} (256 bytes + "
+            "EOS)"
+        )
+    if files is None and isinstance(data, Sequence) and not isinstance(data, str) and len(data) > 0:
+        files = all(isinstance(x, os.PathLike) for x in data)
+    if isinstance(data, (str, os.PathLike)):
+        raise TokenizerError(
+            "train_bpe expects an iterable of documents or a list of file paths, not a single string"
+        )
+
+    tok = _Tok(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[eos_token],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    if files:
+        paths = [str(check_text_file(p, "BPE training file")) for p in data]  # type: ignore[union-attr]
+        tok.train(paths, trainer)
+        origin: dict[str, Any] = {"trained_on": [Path(p).name for p in paths]}
+    else:
+        seen = {"docs": 0}
+
+        def docs() -> Iterator[str]:
+            for t in data:  # type: ignore[union-attr]
+                if not isinstance(t, str):
+                    raise TokenizerError(f"BPE training data must be text (str), got {type(t).__name__}")
+                seen["docs"] += 1
+                yield t
+
+        tok.train_from_iterator(docs(), trainer, length=length)
+        if seen["docs"] == 0:
+            raise TokenizerError("BPE training data is empty: no documents were given")
+        origin = {}
+    got = tok.get_vocab_size(with_added_tokens=True)
+    if got <= floor:
+        raise TokenizerError("BPE training found no merges: the training text is empty or too small")
+    if got < vocab_size:
+        warnings.warn(
+            f"BPE training reached a vocabulary of {got}, less than the {vocab_size} asked for: the "
+            "training text is too small",
+            stacklevel=2,
+        )
+    return HFTokenizer(tok, kind="bpe", origin=origin, eos_token=eos_token)
+
+
+def load_pretrained(
+    name_or_path: str | os.PathLike,
+    *,
+    revision: str | None = None,
+    token: str | None = None,
+    eos_token: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    timeout: float = 5.0,
+    kind: str = "hf",
+) -> HFTokenizer:
+    """Load a pretrained ``tokenizer.json``: a local file, a directory holding one, or a Hub repo id.
+
+    Hub ids (e.g. ``"meta-llama/Llama-2-7b-hf"``, the paper's 32k tokenizer; gated, needs an
+    ``HF_TOKEN``) are fetched with ``huggingface_hub`` into its usual cache; a cached copy is used
+    without network. Without network the call fails within about ``timeout`` seconds with a
+    :class:`TokenizerError` that says how to pass a local ``tokenizer.json`` instead.
+    """
+    from tokenizers import Tokenizer as _Tok
+
+    text = os.fspath(name_or_path)
+    p = Path(text).expanduser()
+    looks_local = (
+        isinstance(name_or_path, os.PathLike)
+        or text.startswith((".", "/", "~"))
+        or text.endswith(".json")
+        or p.exists()
+    )
+    if looks_local:
+        if p.is_dir():
+            if not (p / TOKENIZER_JSON).is_file():
+                extra = (
+                    " (a SentencePiece tokenizer.model must first be converted to tokenizer.json)"
+                    if (p / "tokenizer.model").exists()
+                    else ""
+                )
+                raise DataFileNotFoundError(f"no {TOKENIZER_JSON} in directory {p}{extra}")
+            p = p / TOKENIZER_JSON
+        f = existing_file(p, "tokenizer file")
+        try:
+            tok = _Tok.from_file(str(f))
+        except Exception as exc:
+            raise TokenizerError(f"{f} is not a valid tokenizer.json: {_short(exc)}") from None
+        return HFTokenizer(tok, kind=kind, origin={"path": str(f)}, eos_token=eos_token)
+
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", text):
+        raise TokenizerError(
+            f"{text!r} is neither an existing tokenizer.json path nor a Hub repository id like 'owner/name'"
+        )
+    local = _hub_tokenizer_file(text, revision=revision, token=token, cache_dir=cache_dir, timeout=timeout)
+    try:
+        tok = _Tok.from_file(local)
+    except Exception as exc:
+        raise TokenizerError(
+            f"tokenizer.json of Hub repo {text} could not be parsed: {_short(exc)}"
+        ) from None
+    return HFTokenizer(tok, kind=kind, origin={"name": text, "revision": revision}, eos_token=eos_token)
+
+
+def _hub_tokenizer_file(
+    repo: str, *, revision: str | None, token: str | None, cache_dir: Any, timeout: float
+) -> str:
+    how = (
+        f"To use it without network, download its {TOKENIZER_JSON} on a machine that has network "
+        f"(e.g. `hf download {repo} {TOKENIZER_JSON} --local-dir DIR`) and pass the path: "
+        f"'hf:DIR/{TOKENIZER_JSON}'. Offline alternatives: 'byte' or 'bpe:<vocab size>'."
+    )
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:  # pragma: no cover - huggingface_hub ships with datasets
+        hf_hub_download = None
+    if hf_hub_download is not None:
+        kw = dict(
+            repo_id=repo,
+            filename=TOKENIZER_JSON,
+            revision=revision,
+            token=token,
+            cache_dir=None if cache_dir is None else str(cache_dir),
+        )
+        try:
+            return hf_hub_download(**kw, local_files_only=True)  # already cached: no network needed
+        except Exception:
+            pass
+        if hub_offline():
+            raise TokenizerError(
+                f"cannot fetch tokenizer '{repo}': offline mode is on (HF_HUB_OFFLINE) and it is not in the "
+                f"local Hugging Face cache. {how}"
+            )
+    reason = hub_unreachable(timeout)
+    if reason is not None:
+        raise TokenizerError(
+            f"cannot fetch tokenizer '{repo}' from the Hugging Face Hub ({hub_endpoint()}): no network "
+            f"({reason}). {how}"
+        )
+    if hf_hub_download is None:  # pragma: no cover
+        from tokenizers import Tokenizer as _Tok
+
+        try:
+            tok = _Tok.from_pretrained(repo, revision=revision or "main", token=token)
+        except Exception as exc:
+            raise TokenizerError(
+                f"cannot fetch tokenizer '{repo}' from the Hub: {_short(exc)}. {how}"
+            ) from None
+        tmp = (
+            Path(cache_dir or Path.home() / ".cache" / "spherenet")
+            / re.sub(r"\W+", "-", repo)
+            / TOKENIZER_JSON
+        )
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(str(tmp))
+        return str(tmp)
+    try:
+        return hf_hub_download(**kw, etag_timeout=timeout)
+    except Exception as exc:
+        cls = type(exc).__name__
+        if cls == "GatedRepoError":
+            why = "it is a gated repository: accept its licence on the Hub and set HF_TOKEN"
+        elif cls == "RepositoryNotFoundError":
+            why = "no such repository (or it is private: set HF_TOKEN)"
+        elif cls in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+            why = f"the repository has no {TOKENIZER_JSON}"
+        elif cls == "RevisionNotFoundError":
+            why = f"no revision {revision!r}"
+        else:
+            why = _short(exc)
+        raise TokenizerError(
+            f"cannot fetch tokenizer '{repo}' from the Hugging Face Hub: {why}. {how}"
+        ) from None
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    msg = " ".join(str(exc).split()) or type(exc).__name__
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _as_int(value: Any, what: str) -> int:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        out = int(value)
+        if isinstance(value, float) and out != value:
+            raise ValueError
+        return out
+    except (TypeError, ValueError):
+        raise TokenizerError(f"{what} must be an integer, got {value!r}") from None
+
+
+def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
+    """Load a tokenizer written by :meth:`Tokenizer.save` (or a prepared-data directory)."""
+    d = Path(directory).expanduser()
+    spec_file = d / SPEC_FILE
+    if not spec_file.is_file():
+        if (d / TOKENIZER_JSON).is_file():
+            return load_pretrained(d / TOKENIZER_JSON)
+        raise DataFileNotFoundError(f"no {SPEC_FILE} in {d}: not a directory written by Tokenizer.save()")
+    try:
+        spec = json.loads(spec_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"cannot read tokenizer spec {spec_file}: {_short(exc)}") from None
+    return build_tokenizer(spec, base_dir=d)
+
+
+def build_tokenizer(
+    spec: str | os.PathLike | Mapping[str, Any] | Tokenizer,
+    *,
+    train_data: Iterable[str] | None = None,
+    base_dir: str | os.PathLike | None = None,
+    timeout: float = 5.0,
+) -> Tokenizer:
+    """Build a tokenizer from a spec.
+
+    Strings: ``"byte"`` (vocab 256, EOS 255), ``"byte:257"`` (vocab 257, EOS 256),
+    ``"bpe:<vocab size>"`` (trained on ``train_data``; :func:`~spherenet.data.prepare_dataset`
+    trains it on the train split), ``"bpe:<path to tokenizer.json>"``, ``"hf:<hub id>"`` or
+    ``"hf:<path to tokenizer.json or its directory>"``; a directory written by
+    :meth:`Tokenizer.save`. Dicts: the output of :meth:`Tokenizer.spec` (relative paths resolve
+    against ``base_dir``; a recorded ``fingerprint`` must match). A :class:`Tokenizer` is returned as is.
+    """
+    if isinstance(spec, Tokenizer):
+        return spec
+    if isinstance(spec, Mapping):
+        return _from_dict(spec, base_dir=base_dir, timeout=timeout, train_data=train_data)
+    if isinstance(spec, os.PathLike):
+        return load_tokenizer(spec)
+    if not isinstance(spec, str):
+        raise TokenizerError(f"tokenizer spec must be a string, dict or Tokenizer, got {type(spec).__name__}")
+    s = spec.strip()
+    kind, _, arg = s.partition(":")
+    kind = kind.lower()
+    if kind == "byte":
+        if arg in ("", "256"):
+            return ByteTokenizer()
+        if arg == "257":
+            return ByteTokenizer(extra_eos=True)
+        raise TokenizerError(
+            f"unknown byte tokenizer {s!r}: use 'byte' (vocab 256, EOS id 255) or 'byte:257' (EOS id 256)"
+        )
+    if kind == "bpe":
+        if not arg:
+            raise TokenizerError(
+                "'bpe' needs a vocabulary size or a path: 'bpe:8192' or 'bpe:/path/tokenizer.json'"
+            )
+        if arg.isdigit():
+            if train_data is None:
+                raise TokenizerError(
+                    f"{s!r} asks for a BPE tokenizer to be trained, which needs text: pass train_data=..., "
+                    "or give it to prepare_dataset(), which trains it on the train split"
+                )
+            return train_bpe(train_data, int(arg))
+        return load_pretrained(arg, kind="bpe", timeout=timeout)
+    if kind in ("hf", "hub", "pretrained"):
+        if not arg:
+            raise TokenizerError(
+                f"{s!r} needs a Hub id or a path, e.g. 'hf:meta-llama/Llama-2-7b-hf' or "
+                "'hf:/path/tokenizer.json'"
+            )
+        return load_pretrained(arg, timeout=timeout)
+    p = Path(s).expanduser()
+    if p.is_dir() and (p / SPEC_FILE).is_file():
+        return load_tokenizer(p)
+    raise TokenizerError(
+        f"unknown tokenizer spec {spec!r}: expected 'byte', 'byte:257', 'bpe:<vocab size or "
+        "tokenizer.json>', "
+        "'hf:<hub id or tokenizer.json>', or a directory written by Tokenizer.save()"
+    )
+
+
+def _from_dict(spec: Mapping[str, Any], *, base_dir: Any, timeout: float, train_data: Any) -> Tokenizer:
+    kind = str(spec.get("kind", "")).lower()
+    if kind == "byte":
+        vocab = spec.get("vocab_size", 256)
+        if vocab not in (256, 257):
+            raise TokenizerError(f"byte tokenizer spec has vocab_size {vocab!r}; expected 256 or 257")
+        return ByteTokenizer(extra_eos=vocab == 257)
+    if kind not in ("bpe", "hf"):
+        raise TokenizerError(
+            f"unknown tokenizer kind {spec.get('kind')!r} in spec {dict(spec)}; expected 'byte', 'bpe' or "
+            "'hf'"
+        )
+    eos_token = spec.get("eos_token")
+    path = spec.get("path")
+    if path is not None:
+        p = Path(path).expanduser()
+        if not p.is_absolute() and base_dir is not None:
+            p = Path(base_dir) / p
+        tok = load_pretrained(p, kind=kind, eos_token=eos_token)
+        if "name" in spec or "original_path" in spec or "trained_on" in spec:
+            tok.origin = {
+                k: spec[k] for k in ("name", "revision", "original_path", "trained_on") if k in spec
+            }
+            tok.origin["path"] = str(p.resolve())
+    elif spec.get("name"):
+        tok = load_pretrained(
+            str(spec["name"]), revision=spec.get("revision"), kind=kind, eos_token=eos_token, timeout=timeout
+        )
+    elif kind == "bpe" and spec.get("vocab_size") is not None:
+        if train_data is None:
+            raise TokenizerError("a BPE spec without a path needs train_data to train on")
+        return train_bpe(train_data, spec["vocab_size"], eos_token=eos_token or BPE_EOS)
+    else:
+        raise TokenizerError(f"tokenizer spec {dict(spec)} has neither 'path' nor 'name'")
+    want = spec.get("fingerprint")
+    if want and want != tok.fingerprint:
+        raise TokenizerError(
+            f"tokenizer loaded from {spec.get('path') or spec.get('name')} differs from the one recorded "
+            f"(fingerprint {tok.fingerprint[:12]} != recorded {str(want)[:12]}): the data or checkpoint was "
+            "made with another tokenizer"
+        )
+    return tok
