@@ -24,6 +24,8 @@ _SIZES = {
     "0.5b": dict(vocab_size=32000, n_layers=24, d_model=1024, n_heads=16, max_seq_len=4096),
     "1b": dict(vocab_size=32000, n_layers=36, d_model=1280, n_heads=20, max_seq_len=4096),
     "tiny": dict(vocab_size=256, n_layers=2, d_model=64, n_heads=4, max_seq_len=128),
+    # the README's main job: a few minutes of training on a laptop CPU
+    "cpu": dict(vocab_size=256, n_layers=4, d_model=128, n_heads=4, max_seq_len=128),
     "small": dict(vocab_size=256, n_layers=4, d_model=256, n_heads=4, max_seq_len=256),
 }
 

@@ -89,7 +89,8 @@ class TrainSection:
     nonfinite: str = "skip"  # skip | stop: what to do with a NaN/inf loss or gradient
     max_nonfinite: int = 10  # stop after this many skipped steps in a row
     sample_tokens: int = 200  # tokens of text printed at the end (0 = none)
-    progress: bool = True  # tqdm bar on rank 0
+    progress: bool = True  # tqdm bar on rank 0 (plain log lines when stderr is not a terminal)
+    halt_after: int = 0  # stop this invocation after this step (0 = run to train.steps); resume later
 
 
 _SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, "train": TrainSection}
@@ -118,6 +119,7 @@ _NON_NEGATIVE = {
     ("train", "micro_batch_size"),
     ("train", "block_size"),
     ("train", "sample_tokens"),
+    ("train", "halt_after"),
     ("optim", "grad_clip"),
     ("data", "max_docs"),
 }

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistInfo", "init_distributed", "wrap_model", "unwrap_model", "all_reduce_mean", "barrier", "shutdown"]
+__all__ = ["DistInfo", "init_distributed", "wrap_model", "unwrap_model", "all_reduce_mean", "all_reduce_max", "barrier", "shutdown"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,14 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         value /= dist.get_world_size()
+    return value
+
+
+def all_reduce_max(value: torch.Tensor) -> torch.Tensor:
+    """Max over ranks (identity with one process); gloo and NCCL both reduce on the tensor's device."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return value
 
 

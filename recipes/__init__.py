@@ -1,0 +1,1 @@
+"""Recipes: runnable assemblies of spherenet's parts (train, sample, compare, analyze)."""

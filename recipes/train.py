@@ -1,0 +1,273 @@
+"""Train nGPT or the baseline GPT: ``python -m recipes.train`` or
+``torchrun --nproc_per_node=N -m recipes.train``.
+
+With no arguments it trains a small nGPT on the embedded default corpus (the Python standard
+library's source, byte level) on the CPU for a few minutes, then prints a sample.
+
+    python -m recipes.train --config recipes/configs/ngpt-0.5b.toml optim.lr=1e-3
+    python -m recipes.train data.source=my_text.txt train.steps=2000
+    torchrun --nproc_per_node=8 -m recipes.train --config recipes/configs/gpt-1b.toml --parallel fsdp
+    python -m recipes.train --resume            # continue from the newest sound checkpoint
+
+Overrides are ``section.key=value`` (sections: model, data, optim, train); an unknown key is
+an error that names it. The recipe assembles library parts: config (spherenet.train.config),
+data (spherenet.data), model (spherenet.models), optimizer (spherenet.optim), parallelism
+(spherenet.train.distributed), the step (spherenet.train.loop), checkpoints
+(spherenet.checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from spherenet.checkpoint import CheckpointError, CheckpointManager
+from spherenet.data import DataError, prepare_dataset
+from spherenet.models import from_preset
+from spherenet.optim import build_optimizer
+from spherenet.train.config import ConfigError, RunConfig, load_config
+from spherenet.train.distributed import barrier, init_distributed, shutdown, unwrap_model, wrap_model
+from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m recipes.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=None, help=f"TOML config (default: {DEFAULT_CONFIG.name})")
+    p.add_argument("--resume", action="store_true", help="continue from the newest sound checkpoint in train.out_dir")
+    p.add_argument("--parallel", choices=["none", "ddp", "fsdp"], help="shortcut for train.parallel")
+    p.add_argument("--compile", action="store_true", help="shortcut for train.compile=true")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> RunConfig:
+    overrides = list(args.overrides)
+    if args.parallel:
+        overrides.append(f"train.parallel={args.parallel}")
+    if args.compile:
+        overrides.append("train.compile=true")
+    return load_config(args.config or DEFAULT_CONFIG, overrides)
+
+
+def batch_geometry(cfg: RunConfig, world_size: int) -> tuple[int, int]:
+    """(micro-batch size per rank, gradient-accumulation steps) for the global batch."""
+    batch = cfg.train.batch_size
+    if batch % world_size:
+        raise ConfigError(f"train.batch_size {batch} is not divisible by the world size {world_size}")
+    per_rank = batch // world_size
+    micro = cfg.train.micro_batch_size or per_rank
+    if per_rank % micro:
+        raise ConfigError(
+            f"train.micro_batch_size {micro} does not divide the per-rank batch {per_rank} "
+            f"(train.batch_size {batch} / {world_size} ranks)"
+        )
+    return micro, per_rank // micro
+
+
+def prepare_data(cfg: RunConfig, is_main: bool):
+    d = cfg.data
+    cache = Path(d.cache_dir) if d.cache_dir else Path(cfg.train.out_dir).parent / "data_cache"
+    kwargs = dict(
+        text_field=d.text_field,
+        hub_config=d.subset or None,
+        hub_split=d.split,
+        max_documents=d.max_docs or None,
+        val_fraction=d.val_fraction,
+        seed=d.seed,
+        num_proc=d.num_proc,
+    )
+    # Rank 0 tokenizes; the others wait, then read the cached files.
+    if is_main:
+        data = prepare_dataset(d.source, d.tokenizer, cache, progress=True, **kwargs)
+    barrier()
+    if not is_main:
+        data = prepare_dataset(d.source, d.tokenizer, cache, **kwargs)
+    return data
+
+
+def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.nn.Module:
+    overrides = dict(cfg.model.overrides)
+    overrides.setdefault("vocab_size", vocab_size)  # the data's vocabulary unless set explicitly
+    try:
+        model = from_preset(cfg.model.preset, **overrides)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
+    return model.to(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = build_config(args)
+    info = init_distributed(args.device)
+    t = cfg.train
+    out_dir = Path(t.out_dir)
+    micro, accum = batch_geometry(cfg, info.world_size)
+    if info.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    data = prepare_data(cfg, info.is_main)
+    tokenizer = data.tokenizer()
+    torch.manual_seed(t.seed)  # identical initial weights on every rank
+    model = build_model(cfg, data.vocab_size, info.device)
+    block = t.block_size or model.config.max_seq_len
+    if block > model.config.max_seq_len:
+        raise ConfigError(f"train.block_size {block} exceeds the model's max_seq_len {model.config.max_seq_len}")
+    train_windows = data.windows(
+        "train", block_size=block, batch_size=micro, seed=t.seed, rank=info.rank, world_size=info.world_size,
+        vocab_size=model.config.vocab_size,
+    )  # fmt: skip
+    val_windows = data.windows(
+        "val", block_size=block, batch_size=micro, seed=t.seed, rank=info.rank, world_size=info.world_size,
+        vocab_size=model.config.vocab_size,
+    )  # fmt: skip
+
+    wrapped = wrap_model(model, t.parallel, info)
+    o = cfg.optim
+    optimizer, scheduler = build_optimizer(
+        model, o.method, lr=o.lr, total_steps=t.steps,
+        weight_decay=None if o.weight_decay < 0 else o.weight_decay,
+        warmup_steps=None if o.warmup_steps < 0 else o.warmup_steps,
+        betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment,
+    )  # fmt: skip
+    step_model = torch.compile(wrapped) if t.compile else wrapped
+
+    ckpt = CheckpointManager(out_dir / "checkpoints", keep_last=t.keep_last)
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "train_windows": train_windows,
+             "config": cfg.to_dict(), "tokenizer": tokenizer.spec()}  # fmt: skip
+    start = 0
+    if args.resume:
+        loaded = ckpt.load_latest(state)
+        if loaded is not None:
+            start = loaded.step
+            if info.is_main:
+                print(f"resumed from {loaded.path} at step {start}", flush=True)
+        elif info.is_main:
+            print(f"--resume: no checkpoint in {ckpt.directory}, starting from step 0", flush=True)
+
+    n_params = sum(p.numel() for p in model.parameters())
+    tokens_per_step = t.batch_size * block
+    log = MetricsLog(out_dir / "metrics.jsonl", enabled=info.is_main)
+    if info.is_main:
+        print(
+            f"{cfg.model.preset}: {n_params / 1e6:.2f}M parameters | data {data.num_tokens('train'):,} train tokens "
+            f"({tokenizer.name}, vocab {data.vocab_size}) | {t.steps} steps x {tokens_per_step:,} tokens | "
+            f"world {info.world_size} ({t.parallel}), micro-batch {micro} x {accum} | {o.method} lr {o.lr:g} | "
+            f"update {getattr(model.config, 'update', 'residual')}",
+            flush=True,
+        )
+        log.log(event="start", step=start, params=n_params, world_size=info.world_size, config=cfg.to_dict())
+
+    bar = None
+    if info.is_main and t.progress and start < t.steps and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=t.steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
+    last_step = min(t.steps, t.halt_after) if t.halt_after else t.steps
+
+    model.train()
+    skipped_in_row, last_val = 0, float("nan")
+    t_last, step = time.time(), start
+    try:
+        for step in range(start + 1, last_step + 1):
+            lr = scheduler.get_last_lr()[0]
+            batches = [tuple(x.to(info.device) for x in train_windows.next_batch()) for _ in range(accum)]
+            result = train_step(
+                step_model, batches, optimizer, autocast=t.autocast, grad_clip=o.grad_clip,
+                nonfinite=t.nonfinite, sharded=t.parallel == "fsdp" and info.enabled,
+            )  # fmt: skip
+            scheduler.step()
+            skipped_in_row = skipped_in_row + 1 if result.skipped else 0
+            if skipped_in_row >= t.max_nonfinite:
+                raise NonFiniteError(f"{skipped_in_row} non-finite steps in a row (train.max_nonfinite); stopping")
+            now = time.time()
+            tok_s = tokens_per_step / max(now - t_last, 1e-9)
+            t_last = now
+            record = dict(step=step, loss=result.loss, lr=lr, grad_norm=result.grad_norm, skipped=result.skipped,
+                          tokens=step * tokens_per_step, tok_per_s=round(tok_s, 1))  # fmt: skip
+            if step % t.eval_every == 0 or step == t.steps:
+                last_val = evaluate(step_model, val_windows.eval_batches(t.eval_batches), autocast=t.autocast)
+                record["val_loss"] = last_val
+            if step % t.log_every == 0 or "val_loss" in record or result.skipped:
+                log.log(**record)
+            if bar is not None:
+                bar.set_postfix(loss=f"{result.loss:.4f}", val=f"{last_val:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
+                bar.update(1)
+            elif info.is_main and t.progress and (step % t.log_every == 0 or "val_loss" in record):
+                val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
+                print(f"step {step}/{t.steps} loss {result.loss:.4f}{val} lr {lr:.2e} {tok_s:,.0f} tok/s", flush=True)
+            if step % t.checkpoint_every == 0 or step == last_step:
+                ckpt.save(step, state)
+    except NonFiniteError as exc:
+        if bar is not None:
+            bar.close()
+        if info.is_main:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            log.log(event="stopped", step=step, reason=str(exc))
+        return 3
+    if bar is not None:
+        bar.close()
+
+    norm_err = sphere_norm_error(model)
+    if info.is_main:
+        what = "done" if last_step == t.steps else f"halted (train.halt_after={t.halt_after}; continue with --resume)"
+        print(f"{what}: step {last_step}, val loss {last_val:.4f}, max |row norm - 1| of sphere weights "
+              f"{norm_err:.2e}, checkpoints in {ckpt.directory}", flush=True)  # fmt: skip
+        log.log(event="done" if last_step == t.steps else "halted", step=last_step, val_loss=last_val,
+                sphere_norm_error=norm_err)  # fmt: skip
+    if t.sample_tokens > 0 and last_step == t.steps:
+        sample = generate_sample(model, tokenizer, val_windows, t.sample_tokens, info.device)
+        if info.is_main:
+            print("--- sample ---\n" + sample + "\n--------------", flush=True)
+    return 0
+
+
+def sphere_norm_error(model: torch.nn.Module) -> float:
+    """max |‖row‖ - 1| over every declared sphere weight, across ranks (FSDP: local shards hold
+    whole rows). 0.0 for a model without sphere weights."""
+    from spherenet.manifolds import named_manifold_parameters
+    from spherenet.train.distributed import all_reduce_max
+
+    worst = torch.zeros((), dtype=torch.float64)
+    for entry in named_manifold_parameters(model):
+        p = entry.param.detach()
+        p = p.to_local() if hasattr(p, "to_local") else p
+        if p.numel():
+            worst = torch.maximum(worst, (p.double().norm(dim=-1) - 1).abs().max().cpu())
+    return float(all_reduce_max(worst))
+
+
+def generate_sample(model, tokenizer, val_windows, n_tokens: int, device: torch.device) -> str:
+    """Continue the first 32 tokens of the validation split (every rank runs it: under FSDP the
+    forward pass is collective; the seeded generator makes all ranks agree)."""
+    prompt_len = min(32, model.config.max_seq_len // 2)
+    n_tokens = min(n_tokens, model.config.max_seq_len - prompt_len)
+    prompt = torch.as_tensor(val_windows.tokens[:prompt_len].astype("int64"), device=device)[None]
+    gen = torch.Generator(device=device).manual_seed(0)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(prompt, n_tokens, temperature=0.8, top_k=50, generator=gen)
+    return tokenizer.decode(out[0].tolist())
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """Entry point: user errors (config, data, checkpoints) print one clear line, exit code 2."""
+    try:
+        return main(argv)
+    except (ConfigError, DataError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
