@@ -1,0 +1,212 @@
+"""End-to-end tests of recipes/train.py on CPU: the main job, local files, resume, bad input,
+and DDP / FSDP2 with two gloo processes launched by torchrun."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipes.train import cli
+
+REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+# A tiny, fast run: 2-layer nGPT, context 32, batch 8.
+TINY = [
+    "model.preset=ngpt-tiny",
+    "model.max_seq_len=32",
+    "train.batch_size=8",
+    "train.log_every=1",
+    "train.eval_every=5",
+    "train.eval_batches=2",
+    "train.checkpoint_every=5",
+    "train.sample_tokens=0",
+    "train.progress=false",
+]
+
+
+def read_log(out_dir: Path) -> list[dict]:
+    with (out_dir / "metrics.jsonl").open() as f:
+        return [json.loads(line) for line in f]
+
+
+def losses(out_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_log(out_dir) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    """A small local corpus of real-looking text: paragraphs become documents."""
+    import random
+
+    rng = random.Random(0)
+    words = "the sphere holds every vector of unit length and the model moves along it step by step".split()
+    paras = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) + "." for _ in range(400)]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n\n".join(paras), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data_cache")
+
+
+def run(out_dir: Path, cache: Path, *extra: str) -> int:
+    return cli([*TINY, f"train.out_dir={out_dir}", f"data.cache_dir={cache}", *extra])
+
+
+def test_main_job_on_default_corpus(tmp_path, cache, capsys):
+    rc = cli(
+        [
+            "model.preset=ngpt-tiny",
+            "model.max_seq_len=32",
+            "train.batch_size=4",
+            "train.steps=4",
+            "train.eval_every=2",
+            "train.eval_batches=2",
+            "train.sample_tokens=16",
+            f"train.out_dir={tmp_path / 'run'}",
+            f"data.cache_dir={cache}",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    log = read_log(tmp_path / "run")
+    steps = [r for r in log if "loss" in r]
+    assert [r["step"] for r in steps if r["step"] % 2 == 0] == [2, 4]
+    assert all(math.isfinite(r["loss"]) for r in steps)
+    assert any("val_loss" in r for r in steps)
+    assert log[-1]["event"] == "done" and log[-1]["sphere_norm_error"] < 1e-5
+    assert (tmp_path / "run" / "checkpoints" / "step_00000004" / "MANIFEST.json").is_file()
+    assert "--- sample ---" in out and "ngpt-tiny" in out
+
+
+def test_gpt_on_local_text_file(tmp_path, cache, text_file, capsys):
+    rc = run(
+        tmp_path / "gpt",
+        cache,
+        "model.preset=gpt-tiny",
+        "optim.method=adamw",
+        "optim.warmup_steps=2",
+        "train.steps=6",
+        f"data.source={text_file}",
+    )
+    assert rc == 0
+    got = losses(tmp_path / "gpt")
+    assert sorted(got) == [1, 2, 3, 4, 5, 6] and all(math.isfinite(v) for v in got.values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="../shared/data/tinyshakespeare absent")
+def test_loss_falls_on_tinyshakespeare(tmp_path, cache):
+    rc = run(
+        tmp_path / "tsh",
+        cache,
+        f"data.source={SHAKESPEARE}",
+        "model.max_seq_len=64",
+        "train.batch_size=16",
+        "train.steps=80",
+        "train.eval_every=80",
+        "train.eval_batches=4",
+        "optim.lr=5e-3",
+    )
+    assert rc == 0
+    got = losses(tmp_path / "tsh")
+    first = sum(got[s] for s in range(1, 6)) / 5
+    last = sum(got[s] for s in range(76, 81)) / 5
+    final_val = [r["val_loss"] for r in read_log(tmp_path / "tsh") if "val_loss" in r][-1]
+    assert first > 5.0  # ~ln(256): a uniform guess over bytes
+    assert last < first - 1.5, (first, last)
+    assert final_val < 3.8, final_val
+
+
+def test_resume_continues_exactly(tmp_path, cache, text_file):
+    common = ["train.steps=20", f"data.source={text_file}", "train.checkpoint_every=10"]
+    assert run(tmp_path / "straight", cache, *common) == 0
+    assert run(tmp_path / "split", cache, *common, "train.halt_after=10") == 0
+    assert sorted(losses(tmp_path / "split")) == list(range(1, 11))
+    assert cli([*TINY, f"train.out_dir={tmp_path / 'split'}", f"data.cache_dir={cache}", *common, "--resume"]) == 0
+    straight, split = losses(tmp_path / "straight"), losses(tmp_path / "split")
+    assert sorted(split) == list(range(1, 21))
+    for step in range(1, 21):
+        assert split[step] == pytest.approx(straight[step], abs=1e-7), step
+
+
+# --- bad input: a clear message, exit code 2, nothing half-written ------------------------
+
+
+def test_missing_data_file(tmp_path, cache, capsys):
+    assert run(tmp_path / "r", cache, "train.steps=2", f"data.source={tmp_path / 'nope.txt'}") == 2
+    err = capsys.readouterr().err
+    assert "nope.txt" in err and "Traceback" not in err
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_empty_data_file(tmp_path, cache, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert run(tmp_path / "r", cache, "train.steps=2", f"data.source={empty}") == 2
+    err = capsys.readouterr().err
+    assert "empty.txt" in err and "empty" in err.lower()
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.stepz=3", "train.stepz"),
+        ("optim.lr=-1", "optim.lr"),
+        ("model.n_heads=3", "n_heads"),
+        ("model.nonsense=1", "nonsense"),
+        ("model.preset=ngpt-2b", "ngpt-2b"),
+        ("train.batch_size=7", "micro_batch_size"),
+    ],
+)
+def test_bad_config_values_are_named(tmp_path, cache, capsys, override, needle):
+    extra = ["train.micro_batch_size=2"] if override == "train.batch_size=7" else []
+    assert run(tmp_path / "r", cache, "train.steps=2", *extra, override) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.startswith("error:"), err
+
+
+def test_checkpoint_from_another_model(tmp_path, cache, text_file, capsys):
+    out = tmp_path / "r"
+    assert run(out, cache, "train.steps=2", f"data.source={text_file}") == 0
+    before = sorted(p.name for p in (out / "checkpoints").iterdir())
+    rc = run(out, cache, "train.steps=4", f"data.source={text_file}", "model.n_layers=3", "--resume")
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "blocks.2" in err or "mismatch" in err.lower(), err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before  # untouched
+
+
+# --- distributed: two gloo processes through torchrun --------------------------------------
+
+
+def torchrun(nproc: int, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "recipes.train", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_match_one(tmp_path, cache, text_file, parallel):
+    common = [*TINY, "train.steps=8", f"data.source={text_file}", f"data.cache_dir={cache}"]
+    assert cli([*common, f"train.out_dir={tmp_path / 'one'}"]) == 0  # prepares the data cache too
+    torchrun(2, [*common, f"train.out_dir={tmp_path / 'two'}", f"train.parallel={parallel}"])
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(two) == list(range(1, 9))
+    for step in range(1, 9):
+        assert two[step] == pytest.approx(one[step], abs=1e-5), (step, one[step], two[step])
+    log = read_log(tmp_path / "two")
+    assert log[0]["event"] == "start" and log[0]["world_size"] == 2
+    assert log[-1]["event"] == "done" and log[-1]["sphere_norm_error"] < 1e-5
