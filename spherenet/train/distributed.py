@@ -8,6 +8,7 @@ every unit vector stays whole on one rank and the optimizer's retraction stays l
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 
@@ -111,5 +112,8 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
+    """Leave the process group. Wrappers (DDP, FSDP) still referencing the gloo group are
+    collected first: destroying it under them has aborted processes at exit."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
