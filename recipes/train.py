@@ -19,8 +19,8 @@ data (spherenet.data), model (spherenet.models), optimizer (spherenet.optim), pa
 from __future__ import annotations
 
 import argparse
-import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -30,9 +30,9 @@ import torch
 from spherenet.checkpoint import CheckpointError, CheckpointManager
 from spherenet.data import DataError, prepare_dataset
 from spherenet.models import from_preset
-from spherenet.optim import build_optimizer
+from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config
-from spherenet.train.distributed import barrier, init_distributed, shutdown, unwrap_model, wrap_model
+from spherenet.train.distributed import all_reduce_max, barrier, init_distributed, shutdown, wrap_model
 from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "train_windows": train_windows,
              "config": cfg.to_dict(), "tokenizer": tokenizer.spec()}  # fmt: skip
     start = 0
-    if args.resume:
+    # torchrun --max-restarts: a restarted worker group continues from the last checkpoint.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if args.resume or restarted:
         loaded = ckpt.load_latest(state)
         if loaded is not None:
             start = loaded.step
@@ -173,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         bar = tqdm(total=t.steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
     last_step = min(t.steps, t.halt_after) if t.halt_after else t.steps
 
+    # SIGTERM (preemption, scheduler time limit): finish the step, checkpoint, exit cleanly.
+    stop_requested = {"signal": None}
+
+    def request_stop(signum, frame):
+        stop_requested["signal"] = signum
+
+    previous_handler = signal.signal(signal.SIGTERM, request_stop)
+
     model.train()
     skipped_in_row, last_val = 0, float("nan")
     t_last, step = time.time(), start
@@ -185,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                 nonfinite=t.nonfinite, sharded=t.parallel == "fsdp" and info.enabled,
             )  # fmt: skip
             scheduler.step()
+            if o.reproject_every and step % o.reproject_every == 0:
+                normalize_(model)
             skipped_in_row = skipped_in_row + 1 if result.skipped else 0
             if skipped_in_row >= t.max_nonfinite:
                 raise NonFiniteError(f"{skipped_in_row} non-finite steps in a row (train.max_nonfinite); stopping")
@@ -204,8 +216,16 @@ def main(argv: list[str] | None = None) -> int:
             elif info.is_main and t.progress and (step % t.log_every == 0 or "val_loss" in record):
                 val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
                 print(f"step {step}/{t.steps} loss {result.loss:.4f}{val} lr {lr:.2e} {tok_s:,.0f} tok/s", flush=True)
-            if step % t.checkpoint_every == 0 or step == last_step:
+            stop = stop_requested["signal"] is not None
+            if info.enabled:  # every rank must leave the loop at the same step
+                stop = bool(all_reduce_max(torch.tensor(float(stop))) > 0)
+            if step % t.checkpoint_every == 0 or step == last_step or stop:
                 ckpt.save(step, state)
+            if stop:
+                last_step = step
+                if info.is_main:
+                    print(f"stop requested (SIGTERM): checkpoint saved at step {step}; continue with --resume", flush=True)
+                break
     except NonFiniteError as exc:
         if bar is not None:
             bar.close()
@@ -213,12 +233,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             log.log(event="stopped", step=step, reason=str(exc))
         return 3
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
     if bar is not None:
         bar.close()
 
     norm_err = sphere_norm_error(model)
     if info.is_main:
-        what = "done" if last_step == t.steps else f"halted (train.halt_after={t.halt_after}; continue with --resume)"
+        what = "done" if last_step == t.steps else "halted before train.steps (continue with --resume)"
         print(f"{what}: step {last_step}, val loss {last_val:.4f}, max |row norm - 1| of sphere weights "
               f"{norm_err:.2e}, checkpoints in {ckpt.directory}", flush=True)  # fmt: skip
         log.log(event="done" if last_step == t.steps else "halted", step=last_step, val_loss=last_val,

@@ -68,6 +68,7 @@ class OptimSection:
     eps: float = 1e-8
     second_moment: str = "element"  # riemannian_adam: element | row
     grad_clip: float = 0.0  # 0 = off
+    reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift
 
 
 @dataclass
@@ -121,6 +122,7 @@ _NON_NEGATIVE = {
     ("train", "sample_tokens"),
     ("train", "halt_after"),
     ("optim", "grad_clip"),
+    ("optim", "reproject_every"),
     ("data", "max_docs"),
 }
 
