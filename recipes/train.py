@@ -19,6 +19,7 @@ data (spherenet.data), model (spherenet.models), optimizer (spherenet.optim), pa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ckpt = CheckpointManager(out_dir / "checkpoints", keep_last=t.keep_last)
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "train_windows": train_windows,
-             "config": cfg.to_dict(), "tokenizer": tokenizer.spec()}  # fmt: skip
+             "config": cfg.to_dict(), "tokenizer": tokenizer.spec(),
+             "model_class": type(model).__name__, "model_config": dataclasses.asdict(model.config)}  # fmt: skip
     start = 0
     # torchrun --max-restarts: a restarted worker group continues from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0

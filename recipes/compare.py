@@ -1,0 +1,204 @@
+"""Compare training variants on the same data and seeds: ``python -m recipes.compare``.
+
+    python -m recipes.compare --variants gpt ngpt ngpt-slerp ngpt-riemannian --seeds 0 1 2 \\
+        --out runs/compare data.source=../shared/data/tinyshakespeare/input.txt train.steps=500
+
+Every variant is the base config (``--config``, default ``recipes/configs/default.toml``) plus
+the shared overrides plus the variant's own. Built-in variants:
+
+    gpt                   baseline GPT of the same size, AdamW (Table 3)
+    ngpt (= ngpt-lerp)    nGPT, LERP update (eq. 10, 11), RiemannianAdam
+    ngpt-slerp            nGPT, SLERP update (eq. 6)
+    ngpt-riemannian       nGPT, Riemannian update (eq. 24-26)
+    ngpt-adam_normalize   nGPT, the paper's Adam followed by renormalization (Section 2.6)
+    ngpt-row              nGPT, RiemannianAdam with geoopt's per-row second moment
+
+and any ``name:key=value,key=value`` for your own (e.g. ``big:model.n_layers=8``). The size
+comes from ``--size`` (tiny, cpu, small, 0.5b, 1b). Writes ``compare.json`` (every curve),
+``compare.md`` (a table) and ``compare.png`` (validation loss against steps and tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from recipes.train import DEFAULT_CONFIG, cli as train_cli
+
+BUILTIN = {
+    "gpt": ["model.preset=gpt-{size}", "optim.method=adamw"],
+    "ngpt": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=riemannian_adam"],
+    "ngpt-lerp": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=riemannian_adam"],
+    "ngpt-slerp": ["model.preset=ngpt-{size}", "model.update=slerp", "optim.method=riemannian_adam"],
+    "ngpt-riemannian": ["model.preset=ngpt-{size}", "model.update=riemannian", "optim.method=riemannian_adam"],
+    "ngpt-adam_normalize": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=adam_normalize"],
+    "ngpt-row": ["model.preset=ngpt-{size}", "optim.method=riemannian_adam", "optim.second_moment=row"],
+}
+
+
+def variant_overrides(spec: str, size: str) -> tuple[str, list[str]]:
+    """``"ngpt-slerp"`` or ``"name:key=value,key=value"`` -> (name, overrides)."""
+    if ":" in spec:
+        name, _, rest = spec.partition(":")
+        items = [kv for kv in rest.split(",") if kv]
+        if not name or not items or any("=" not in kv for kv in items):
+            raise SystemExit(f"error: variant {spec!r} must be name:section.key=value[,section.key=value...]")
+        return name, items
+    if spec not in BUILTIN:
+        raise SystemExit(f"error: unknown variant {spec!r} (built-in: {', '.join(BUILTIN)}; or name:key=value,...)")
+    return spec, [o.format(size=size) for o in BUILTIN[spec]]
+
+
+def read_curve(run_dir: Path) -> dict:
+    steps, vals, tokens, train = [], [], [], []
+    per_token = None
+    with (run_dir / "metrics.jsonl").open() as f:
+        for line in f:
+            r = json.loads(line)
+            if "val_loss" in r and "step" in r and "tokens" in r:
+                steps.append(r["step"])
+                vals.append(r["val_loss"])
+                tokens.append(r["tokens"])
+            if "loss" in r and r.get("loss") is not None:
+                train.append((r["step"], r["loss"]))
+            if r.get("event") == "done":
+                per_token = r.get("sphere_norm_error")
+    return {"steps": steps, "val_loss": vals, "tokens": tokens, "train": train, "sphere_norm_error": per_token}
+
+
+def steps_to_reach(curve: dict, target: float) -> float:
+    """First evaluated step whose validation loss is <= ``target`` (inf when never)."""
+    for s, v in zip(curve["steps"], curve["val_loss"]):
+        if v is not None and v <= target:
+            return s
+    return math.inf
+
+
+def summarize(results: dict[str, dict[int, dict]], baseline: str | None) -> tuple[list[dict], float | None]:
+    """Per variant: best and final validation loss (mean, std over seeds) and, against the
+    baseline's mean best validation loss, the steps each variant needs to reach it."""
+    target = None
+    if baseline in results:
+        target = statistics.mean(min(c["val_loss"]) for c in results[baseline].values())
+    rows = []
+    for name, by_seed in results.items():
+        best = [min(c["val_loss"]) for c in by_seed.values()]
+        final = [c["val_loss"][-1] for c in by_seed.values()]
+        row = {
+            "variant": name,
+            "seeds": len(by_seed),
+            "best_val": statistics.mean(best),
+            "best_val_std": statistics.stdev(best) if len(best) > 1 else 0.0,
+            "final_val": statistics.mean(final),
+            "final_val_std": statistics.stdev(final) if len(final) > 1 else 0.0,
+        }
+        if target is not None:
+            reach = [steps_to_reach(c, target) for c in by_seed.values()]
+            row["steps_to_target"] = reach
+            if baseline in results and all(math.isfinite(r) for r in reach):
+                base = [steps_to_reach(c, target) for c in results[baseline].values()]
+                base_mean = statistics.mean(r for r in base if math.isfinite(r)) if any(map(math.isfinite, base)) else math.inf
+                ratios = [base_mean / r for r in reach]
+                row["speedup_vs_baseline"] = statistics.mean(ratios)
+                row["speedup_std"] = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+        rows.append(row)
+    return rows, target
+
+
+def write_table(rows: list[dict], target: float | None, baseline: str | None, path: Path) -> str:
+    lines = [
+        "| variant | seeds | best val loss | final val loss | steps to baseline's best | speedup (x) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        reach = r.get("steps_to_target")
+        reach_s = ", ".join("never" if math.isinf(x) else str(int(x)) for x in reach) if reach else "-"
+        speed = f"{r['speedup_vs_baseline']:.2f} ± {r['speedup_std']:.2f}" if "speedup_vs_baseline" in r else "-"
+        lines.append(
+            f"| {r['variant']} | {r['seeds']} | {r['best_val']:.4f} ± {r['best_val_std']:.4f} | "
+            f"{r['final_val']:.4f} ± {r['final_val_std']:.4f} | {reach_s} | {speed} |"
+        )
+    if target is not None:
+        lines.append(f"\nTarget: {baseline}'s best validation loss, mean over seeds = {target:.4f}.")
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def plot(results: dict[str, dict[int, dict]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=80)
+    for i, (name, by_seed) in enumerate(results.items()):
+        color = f"C{i}"
+        for j, c in enumerate(by_seed.values()):
+            label = name if j == 0 else None
+            axes[0].plot(c["steps"], c["val_loss"], color=color, alpha=0.8, label=label)
+            axes[1].plot([t / 1e6 for t in c["tokens"]], c["val_loss"], color=color, alpha=0.8, label=label)
+    axes[0].set_xlabel("step")
+    axes[1].set_xlabel("tokens (millions)")
+    for ax in axes:
+        ax.set_ylabel("validation loss")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m recipes.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", default=["gpt", "ngpt"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--size", default="cpu", help="preset size for built-in variants (tiny, cpu, small, 0.5b, 1b)")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG))
+    p.add_argument("--out", default="runs/compare")
+    p.add_argument("--baseline", default="gpt", help="variant whose best val loss is the target (default gpt)")
+    p.add_argument("--reuse", action="store_true", help="skip runs whose metrics already end with 'done'")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="applied to every variant")
+    args = p.parse_args(argv)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = [variant_overrides(v, args.size) for v in args.variants]
+    names = [n for n, _ in variants]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"error: duplicate variant names in {names}")
+    results: dict[str, dict[int, dict]] = {}
+    for name, extra in variants:
+        results[name] = {}
+        for seed in args.seeds:
+            run_dir = out / name / f"seed{seed}"
+            done = run_dir / "metrics.jsonl"
+            finished = done.is_file() and '"event": "done"' in done.read_text()
+            if not (args.reuse and finished):
+                if done.is_file():
+                    done.unlink()  # a fresh curve, not appended to an old one
+                print(f"== {name} seed {seed}", flush=True)
+                overrides = [*args.overrides, *extra, f"train.seed={seed}", f"train.out_dir={run_dir}",
+                             "train.sample_tokens=0", "train.progress=false"]  # fmt: skip
+                rc = train_cli(["--config", args.config, *overrides])
+                if rc != 0:
+                    print(f"error: variant {name} seed {seed} failed (exit {rc})", file=sys.stderr)
+                    return rc
+            results[name][seed] = read_curve(run_dir)
+    baseline = args.baseline if args.baseline in results else None
+    rows, target = summarize(results, baseline)
+    (out / "compare.json").write_text(json.dumps({"rows": rows, "target": target, "curves": results}, indent=1))
+    table = write_table(rows, target, baseline, out / "compare.md")
+    plot(results, out / "compare.png", f"{', '.join(names)}; seeds {args.seeds}")
+    print(table)
+    print(f"wrote {out / 'compare.md'}, {out / 'compare.png'}, {out / 'compare.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
