@@ -80,6 +80,8 @@ def test_compare_two_variants(corpus, capsys):
     assert curves["ngpt"]["0"]["val_loss"] != curves["gpt"]["0"]["val_loss"]
     # the target is the baseline's best validation loss, averaged over seeds
     assert result["target"] == pytest.approx(statistics.mean(min(c["val_loss"]) for c in curves["gpt"].values()))
+    gpt_row = result["rows"][0]
+    assert gpt_row["reached"] == "2/2" and gpt_row["speedup_vs_baseline"] == 1.0  # paired by seed
     table = (out / "compare.md").read_text()
     assert "| gpt | 2 |" in table and "| ngpt | 2 |" in table
     png = (out / "compare.png").read_bytes()
@@ -99,6 +101,24 @@ def test_compare_variant_syntax():
         compare.variant_overrides("ngpt-cubic", "tiny")
     with pytest.raises(SystemExit, match="name:section.key=value"):
         compare.variant_overrides("mine:oops", "tiny")
+
+
+def test_summarize_pairs_seeds():
+    def curve(vals):
+        return {"steps": [10, 20, 30, 40], "val_loss": vals}
+
+    results = {
+        "gpt": {0: curve([3.0, 2.5, 2.2, 2.0]), 1: curve([3.0, 2.4, 2.3, 2.3])},
+        "fast": {0: curve([2.6, 2.0, 1.9, 1.8]), 1: curve([2.3, 2.2, 2.2, 2.2])},
+        "slow": {0: curve([3.5, 3.0, 2.9, 2.8]), 1: curve([3.0, 2.9, 2.3, 2.3])},
+    }
+    rows, target = compare.summarize(results, "gpt")
+    by = {r["variant"]: r for r in rows}
+    assert target == pytest.approx((2.0 + 2.3) / 2)
+    assert by["fast"]["steps_to_target"] == [20, 10] and by["fast"]["reached"] == "2/2"
+    assert by["fast"]["speedup_vs_baseline"] == pytest.approx((40 / 20 + 30 / 10) / 2)
+    assert by["slow"]["steps_to_target"] == [float("inf"), 30] and by["slow"]["reached"] == "1/2"
+    assert by["slow"]["speedup_vs_baseline"] == pytest.approx(1.0)
 
 
 def test_steps_to_reach():

@@ -1,0 +1,283 @@
+"""Convergence study (issue 6): steps nGPT needs to reach the baseline GPT's best validation loss.
+
+    python benchmarks/convergence.py                 # the full study (~50 min on 2 CPU cores)
+    python benchmarks/convergence.py --quick         # a smoke run of the pipeline (~2 min)
+
+Two stages, every run a ``recipes.train`` run laid out exactly as ``recipes.compare`` lays
+them out (``OUT/runs/<variant>/seed<N>``), so the final table is ``recipes.compare --reuse``:
+
+1. learning-rate sweep, seed 0: every variant at every ``--lrs`` (GPT warmup fixed at 5% of
+   the steps); each variant's best lr is the one with the lowest final validation loss;
+2. each variant at its best lr for every ``--seeds`` (seed 0 reused from the sweep), then
+   ``recipes.compare`` with the GPT variant as the baseline: best / final validation loss,
+   steps to reach GPT's best validation loss (mean over seeds) and the ratio
+   GPT steps / variant steps (mean ± std over seeds).
+
+Variants: ``gpt`` (AdamW), ``ngpt`` (LERP, RiemannianAdam), ``ngpt-slerp``, ``ngpt-riemannian``
+(both RiemannianAdam) and ``ngpt-adam_normalize`` (LERP, Adam + renormalize).
+
+Runs ``--jobs`` trainings at a time, each with ``OMP_NUM_THREADS=--threads`` under ``nice``.
+Run directories and checkpoints stay in ``--out`` (default ``/tmp/convergence``); only the
+small artifacts are written to ``--results`` (default ``benchmarks/results``; ``--quick``:
+``OUT/results``): ``convergence.md``, ``convergence_sweep.md`` and ``convergence.png``.
+``--reuse`` (default on) skips runs that already finished, so an interrupted study resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from recipes import compare  # noqa: E402
+from recipes.train import DEFAULT_CONFIG  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+VARIANTS = ["gpt", "ngpt", "ngpt-slerp", "ngpt-riemannian", "ngpt-adam_normalize"]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def lr_tag(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-").replace("e+0", "e")
+
+
+def variant_spec(base: str, lr: float, size: str, warmup: int) -> tuple[str, str]:
+    """A ``recipes.compare`` custom variant: the built-in ``base`` at learning rate ``lr``."""
+    _, items = compare.variant_overrides(base, size)
+    items = [*items, f"optim.lr={lr:g}"]
+    if base == "gpt":
+        items.append(f"optim.warmup_steps={warmup}")
+    name = f"{base}_lr{lr_tag(lr)}"
+    return name, f"{name}:{','.join(items)}"
+
+
+def shared_overrides(args: argparse.Namespace) -> list[str]:
+    return [
+        f"data.source={args.data}",
+        "data.tokenizer=byte",
+        f"data.cache_dir={args.out / 'data_cache'}",
+        f"model.max_seq_len={args.block}",
+        f"train.block_size={args.block}",
+        f"train.batch_size={args.batch}",
+        f"train.steps={args.steps}",
+        f"train.eval_every={args.eval_every}",
+        f"train.eval_batches={args.eval_batches}",
+        f"train.checkpoint_every={args.steps}",
+        f"train.log_every={args.eval_every}",
+    ]
+
+
+def finished(run_dir: Path) -> bool:
+    m = run_dir / "metrics.jsonl"
+    return m.is_file() and '"event": "done"' in m.read_text()
+
+
+def train_one(args: argparse.Namespace, spec: str, seed: int) -> tuple[str, int, int]:
+    """One ``recipes.train`` run with the overrides ``recipes.compare`` would pass."""
+    name, extra = compare.variant_overrides(spec, args.size)
+    run_dir = args.runs / name / f"seed{seed}"
+    if args.reuse and finished(run_dir):
+        return name, seed, 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    cmd = [
+        "nice", "-n", str(args.nice), sys.executable, "-m", "recipes.train", "--config", str(DEFAULT_CONFIG),
+        *shared_overrides(args), *extra, f"train.seed={seed}", f"train.out_dir={run_dir}",
+        "train.sample_tokens=0", "train.progress=false",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    with (run_dir / "train.log").open("w") as log:
+        rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    status = "ok" if rc == 0 else f"FAILED (exit {rc}, see {run_dir / 'train.log'})"
+    print(f"  {name} seed {seed}: {status}", flush=True)
+    return name, seed, rc
+
+
+def run_all(args: argparse.Namespace, jobs: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(lambda j: train_one(args, *j), jobs))
+    return {(n, s): rc for n, s, rc in results}
+
+
+def sweep_table(args: argparse.Namespace, specs: dict[str, dict[float, tuple[str, str]]]) -> tuple[str, dict]:
+    """Seed-0 final (best) validation loss per variant and lr; each variant's best lr."""
+    lrs = args.lrs
+    lines = [
+        "| variant | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr |",
+        "|---|" + "---|" * (len(lrs) + 1),
+    ]
+    best: dict[str, float] = {}
+    for base, by_lr in specs.items():
+        cells, finals = [], {}
+        for lr in lrs:
+            name, _ = by_lr[lr]
+            run_dir = args.runs / name / f"seed{args.sweep_seed}"
+            if not finished(run_dir):
+                cells.append("diverged / failed")
+                continue
+            c = compare.read_curve(run_dir)
+            finals[lr] = c["val_loss"][-1]
+            cells.append(f"{c['val_loss'][-1]:.4f} ({min(c['val_loss']):.4f})")
+        if not finals:
+            raise SystemExit(f"error: every sweep run of {base} failed")
+        best[base] = min(finals, key=finals.get)
+        i = lrs.index(best[base])
+        cells[i] = f"**{cells[i]}**"
+        edge = " (edge of the sweep)" if len(lrs) > 1 and i in (0, len(lrs) - 1) else ""
+        lines.append(f"| {base} | " + " | ".join(cells) + f" | {best[base]:g}{edge} |")
+    return "\n".join(lines) + "\n", best
+
+
+def paired_table(args: argparse.Namespace, baseline: str) -> str:
+    """Per seed: the lowest validation loss both GPT and the variant reach with that seed
+    (GPT's best when the variant gets below it, else the variant's best), and the ratio
+    GPT's steps to it / the variant's steps to it. Always defined, 1.0 for GPT itself."""
+    import json
+    import math
+    import statistics
+
+    curves = json.loads((args.runs / "compare.json").read_text())["curves"]
+    base = curves[baseline]
+    lines = [
+        "| variant | seed | GPT best | variant best | common target | GPT steps | variant steps | ratio (x) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    summary = ["| variant | ratio GPT steps / variant steps, mean ± std (per seed) | variant reaches GPT's best |",
+               "|---|---|---|"]  # fmt: skip
+    for name, by_seed in curves.items():
+        ratios, reached = [], 0
+        for seed, c in by_seed.items():
+            b = base[seed]
+            target = max(min(b["val_loss"]), min(c["val_loss"]))
+            reached += min(c["val_loss"]) <= min(b["val_loss"])
+            sb, sv = compare.steps_to_reach(b, target), compare.steps_to_reach(c, target)
+            ratio = sb / sv if math.isfinite(sb) and math.isfinite(sv) else math.nan
+            ratios.append(ratio)
+            lines.append(
+                f"| {name} | {seed} | {min(b['val_loss']):.4f} | {min(c['val_loss']):.4f} | {target:.4f} | "
+                f"{sb:.0f} | {sv:.0f} | {ratio:.2f} |"
+            )
+        std = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+        summary.append(f"| {name} | {statistics.mean(ratios):.2f} ± {std:.2f} ({', '.join(f'{r:.2f}' for r in ratios)}) "
+                       f"| {reached}/{len(by_seed)} seeds |")  # fmt: skip
+    return "\n".join(summary) + "\n\nPer seed:\n\n" + "\n".join(lines) + "\n"
+
+
+def header(args: argparse.Namespace, argv: list[str]) -> str:
+    cmd = "python benchmarks/convergence.py" + ("" if not argv else " " + " ".join(argv))
+    return (
+        f"Command: `{cmd}`  \n"
+        f"Machine: {os.cpu_count()} CPU cores ({cpu_model()}), torch CPU, {args.jobs} runs at a time x "
+        f"{args.threads} thread(s); date {datetime.date.today().isoformat()}.  \n"
+        f"Data: {args.data.name} (tinyshakespeare), byte level. Model: `{args.size}` presets, context {args.block}, "
+        f"batch {args.batch} x {args.block} tokens, {args.steps} steps, cosine to 0 (GPT: AdamW, weight decay 0.1, "
+        f"warmup {args.warmup} steps; nGPT: no warmup, no weight decay); validation every {args.eval_every} steps "
+        f"on {args.eval_batches} batches.\n\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: 60 steps, 2 lrs, 2 seeds, results in OUT/results")
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    p.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 3e-3, 1e-2, 3e-2])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--sweep-seed", type=int, default=0)
+    p.add_argument("--size", default="tiny", help="model presets gpt-SIZE / ngpt-SIZE (tiny: d 64, 2 layers)")
+    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--warmup", type=int, default=None, help="GPT warmup steps (default 5%% of --steps)")
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--out", type=Path, default=None, help="run directories (default /tmp/convergence[_quick])")
+    p.add_argument("--results", type=Path, default=None, help="where the .md / .png go")
+    p.add_argument("--jobs", type=int, default=2, help="trainings at a time")
+    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per training")
+    p.add_argument("--nice", type=int, default=5)
+    p.add_argument("--no-reuse", dest="reuse", action="store_false", help="re-run finished runs")
+    if p.parse_args(argv).quick:  # smaller defaults; explicit flags still win
+        p.set_defaults(steps=60, eval_every=10, lrs=[3e-3, 1e-2], seeds=[0, 1])
+    args = p.parse_args(argv)
+    args.out = args.out or Path("/tmp/convergence_quick" if args.quick else "/tmp/convergence")
+    args.results = args.results or (args.out / "results" if args.quick else ROOT / "benchmarks" / "results")
+    args.warmup = max(1, round(0.05 * args.steps)) if args.warmup is None else args.warmup
+    args.runs = args.out / "runs"
+    args.data = args.data.resolve()
+    if "gpt" not in args.variants:
+        raise SystemExit("error: the study needs the gpt baseline among --variants")
+    if args.sweep_seed not in args.seeds:
+        args.seeds = [args.sweep_seed, *args.seeds]
+    args.runs.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
+
+    specs = {b: {lr: variant_spec(b, lr, args.size, args.warmup) for lr in args.lrs} for b in args.variants}
+    sweep_jobs = [(spec, args.sweep_seed) for b in args.variants for lr in args.lrs for _, spec in [specs[b][lr]]]
+    print(f"== stage 1: lr sweep, {len(sweep_jobs)} runs of {args.steps} steps, seed {args.sweep_seed}", flush=True)
+    run_all(args, sweep_jobs)
+    sweep_md, best = sweep_table(args, specs)
+    print(sweep_md, flush=True)
+
+    chosen = [specs[b][best[b]] for b in args.variants]
+    seed_jobs = [(spec, s) for _, spec in chosen for s in args.seeds if s != args.sweep_seed]
+    print(f"== stage 2: best lr, seeds {args.seeds}: {len(seed_jobs)} more runs", flush=True)
+    rcs = run_all(args, seed_jobs)
+    if any(rcs.values()):
+        print("error: some seed runs failed; see their train.log", file=sys.stderr)
+        return 1
+
+    baseline = chosen[args.variants.index("gpt")][0]
+    rc = compare.main(
+        ["--variants", *(spec for _, spec in chosen), "--seeds", *map(str, args.seeds), "--size", args.size,
+         "--out", str(args.runs), "--reuse", "--baseline", baseline, *shared_overrides(args)]
+    )  # fmt: skip
+    if rc:
+        return rc
+
+    head = header(args, argv)
+    (args.results / "convergence_sweep.md").write_text(
+        "# Convergence study: learning-rate sweep\n\n" + head
+        + f"Final validation loss (best over the run in parentheses), seed {args.sweep_seed}; bold: the lr "
+        "with the lowest final validation loss, used for the seeds.\n\n" + sweep_md
+    )  # fmt: skip
+    table = (args.runs / "compare.md").read_text()
+    (args.results / "convergence.md").write_text(
+        "# Convergence study: steps to reach GPT's best validation loss\n\n" + head
+        + "Each variant at its best lr from the sweep (`convergence_sweep.md`), seeds "
+        + ", ".join(map(str, args.seeds)) + ". \"steps to baseline's best\": the first evaluated step (one per seed) "
+        "whose validation loss is at or below the GPT baseline's best validation loss (mean over its seeds); "
+        "speedup: GPT's mean steps to that loss / the variant's steps, mean ± std over seeds "
+        "(\"-\" when a seed never reaches it).\n\n" + table
+        + "\n## Paired by seed\n\nThe same seed's GPT run as the reference. Common target: the lowest validation "
+        "loss both runs reach (GPT's best when the variant gets below it, else the variant's best); ratio: GPT's "
+        "steps to that loss / the variant's steps to it (> 1: the variant is faster).\n\n"
+        + paired_table(args, baseline)
+    )  # fmt: skip
+    shutil.copyfile(args.runs / "compare.png", args.results / "convergence.png")
+    print(f"wrote {args.results / 'convergence.md'}, {args.results / 'convergence_sweep.md'}, "
+          f"{args.results / 'convergence.png'}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
