@@ -1,17 +1,19 @@
 """Convergence study (issue 6): steps nGPT needs to reach the baseline GPT's best validation loss.
 
-    python benchmarks/convergence.py                 # the full study (~50 min on 2 CPU cores)
+    python benchmarks/convergence.py                 # the full study (~55 min on 2 CPU cores)
     python benchmarks/convergence.py --quick         # a smoke run of the pipeline (~2 min)
 
 Two stages, every run a ``recipes.train`` run laid out exactly as ``recipes.compare`` lays
 them out (``OUT/runs/<variant>/seed<N>``), so the final table is ``recipes.compare --reuse``:
 
-1. learning-rate sweep, seed 0: every variant at every ``--lrs`` (GPT warmup fixed at 5% of
-   the steps); each variant's best lr is the one with the lowest final validation loss;
+1. learning-rate sweep, seed 0: GPT at every ``--lrs`` (warmup fixed at 5% of the steps), the
+   nGPT variants at every ``--ngpt-lrs`` (the same grid extended upward, since every nGPT variant's
+   best lr sat at 3e-2, the top of the GPT grid); each variant's best lr is the one with the lowest
+   final validation loss;
 2. each variant at its best lr for every ``--seeds`` (seed 0 reused from the sweep), then
-   ``recipes.compare`` with the GPT variant as the baseline: best / final validation loss,
-   steps to reach GPT's best validation loss (mean over seeds) and the ratio
-   GPT steps / variant steps (mean ± std over seeds).
+   ``recipes.compare`` with the GPT variant as the baseline: best / final validation loss and,
+   paired by seed, the steps to reach that seed's GPT best validation loss, how many seeds
+   reach it and the ratio GPT steps / variant steps (mean ± std over the seeds that reach it).
 
 Variants: ``gpt`` (AdamW), ``ngpt`` (LERP, RiemannianAdam), ``ngpt-slerp``, ``ngpt-riemannian``
 (both RiemannianAdam) and ``ngpt-adam_normalize`` (LERP, Adam + renormalize).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import platform
 import shutil
@@ -43,6 +46,7 @@ from recipes.train import DEFAULT_CONFIG  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 VARIANTS = ["gpt", "ngpt", "ngpt-slerp", "ngpt-riemannian", "ngpt-adam_normalize"]
+NGPT_LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 
 
 def cpu_model() -> str:
@@ -119,7 +123,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[str, int]]) -> dict[tuple
 
 def sweep_table(args: argparse.Namespace, specs: dict[str, dict[float, tuple[str, str]]]) -> tuple[str, dict]:
     """Seed-0 final (best) validation loss per variant and lr; each variant's best lr."""
-    lrs = args.lrs
+    lrs = sorted({lr for by_lr in specs.values() for lr in by_lr})
     lines = [
         "| variant | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr |",
         "|---|" + "---|" * (len(lrs) + 1),
@@ -128,20 +132,26 @@ def sweep_table(args: argparse.Namespace, specs: dict[str, dict[float, tuple[str
     for base, by_lr in specs.items():
         cells, finals = [], {}
         for lr in lrs:
+            if lr not in by_lr:
+                cells.append("not run")
+                continue
             name, _ = by_lr[lr]
             run_dir = args.runs / name / f"seed{args.sweep_seed}"
             if not finished(run_dir):
                 cells.append("diverged / failed")
                 continue
             c = compare.read_curve(run_dir)
+            if not c["val_loss"] or c["val_loss"][-1] is None or not math.isfinite(c["val_loss"][-1]):
+                cells.append("diverged (non-finite loss)")
+                continue
             finals[lr] = c["val_loss"][-1]
             cells.append(f"{c['val_loss'][-1]:.4f} ({min(c['val_loss']):.4f})")
         if not finals:
             raise SystemExit(f"error: every sweep run of {base} failed")
         best[base] = min(finals, key=finals.get)
-        i = lrs.index(best[base])
-        cells[i] = f"**{cells[i]}**"
-        edge = " (edge of the sweep)" if len(lrs) > 1 and i in (0, len(lrs) - 1) else ""
+        cells[lrs.index(best[base])] = f"**{cells[lrs.index(best[base])]}**"
+        own = sorted(by_lr)
+        edge = " (edge of the sweep)" if len(own) > 1 and best[base] in (own[0], own[-1]) else ""
         lines.append(f"| {base} | " + " | ".join(cells) + f" | {best[base]:g}{edge} |")
     return "\n".join(lines) + "\n", best
 
@@ -199,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 60 steps, 2 lrs, 2 seeds, results in OUT/results")
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    p.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 3e-3, 1e-2, 3e-2])
+    p.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 3e-3, 1e-2, 3e-2], help="GPT's lr grid")
+    p.add_argument("--ngpt-lrs", nargs="+", type=float, default=NGPT_LRS, help="the nGPT variants' lr grid")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--sweep-seed", type=int, default=0)
     p.add_argument("--size", default="tiny", help="model presets gpt-SIZE / ngpt-SIZE (tiny: d 64, 2 layers)")
@@ -217,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nice", type=int, default=5)
     p.add_argument("--no-reuse", dest="reuse", action="store_false", help="re-run finished runs")
     if p.parse_args(argv).quick:  # smaller defaults; explicit flags still win
-        p.set_defaults(steps=60, eval_every=10, lrs=[3e-3, 1e-2], seeds=[0, 1])
+        p.set_defaults(steps=60, eval_every=10, lrs=[3e-3, 1e-2], ngpt_lrs=[3e-3, 1e-2], seeds=[0, 1])
     args = p.parse_args(argv)
     args.out = args.out or Path("/tmp/convergence_quick" if args.quick else "/tmp/convergence")
     args.results = args.results or (args.out / "results" if args.quick else ROOT / "benchmarks" / "results")
@@ -231,16 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     args.runs.mkdir(parents=True, exist_ok=True)
     args.results.mkdir(parents=True, exist_ok=True)
 
-    specs = {b: {lr: variant_spec(b, lr, args.size, args.warmup) for lr in args.lrs} for b in args.variants}
-    sweep_jobs = [(spec, args.sweep_seed) for b in args.variants for lr in args.lrs for _, spec in [specs[b][lr]]]
-    print(f"== stage 1: lr sweep, {len(sweep_jobs)} runs of {args.steps} steps, seed {args.sweep_seed}", flush=True)
+    grid = {b: args.lrs if b == "gpt" else args.ngpt_lrs for b in args.variants}
+    specs = {b: {lr: variant_spec(b, lr, args.size, args.warmup) for lr in grid[b]} for b in args.variants}
+    sweep_jobs = [(spec, args.sweep_seed) for b in args.variants for _, spec in specs[b].values()]
+    print(f"== stage 1: lr sweep, {len(sweep_jobs)} runs of {args.steps} steps, seed {args.sweep_seed} "
+          "(finished ones reused)", flush=True)  # fmt: skip
     run_all(args, sweep_jobs)
     sweep_md, best = sweep_table(args, specs)
     print(sweep_md, flush=True)
 
     chosen = [specs[b][best[b]] for b in args.variants]
     seed_jobs = [(spec, s) for _, spec in chosen for s in args.seeds if s != args.sweep_seed]
-    print(f"== stage 2: best lr, seeds {args.seeds}: {len(seed_jobs)} more runs", flush=True)
+    print(f"== stage 2: best lr, seeds {args.seeds}: {len(seed_jobs)} more runs (finished ones reused)", flush=True)
     rcs = run_all(args, seed_jobs)
     if any(rcs.values()):
         print("error: some seed runs failed; see their train.log", file=sys.stderr)
@@ -258,17 +271,20 @@ def main(argv: list[str] | None = None) -> int:
     (args.results / "convergence_sweep.md").write_text(
         "# Convergence study: learning-rate sweep\n\n" + head
         + f"Final validation loss (best over the run in parentheses), seed {args.sweep_seed}; bold: the lr "
-        "with the lowest final validation loss, used for the seeds.\n\n" + sweep_md
+        "with the lowest final validation loss, used for the seeds. GPT's grid: "
+        + ", ".join(f"{lr:g}" for lr in args.lrs) + "; the nGPT variants': "
+        + ", ".join(f"{lr:g}" for lr in args.ngpt_lrs) + " (\"not run\": outside the variant's grid).\n\n" + sweep_md
     )  # fmt: skip
     table = (args.runs / "compare.md").read_text()
     (args.results / "convergence.md").write_text(
         "# Convergence study: steps to reach GPT's best validation loss\n\n" + head
         + "Each variant at its best lr from the sweep (`convergence_sweep.md`), seeds "
-        + ", ".join(map(str, args.seeds)) + ". \"steps to baseline's best\": the first evaluated step (one per seed) "
-        "whose validation loss is at or below the GPT baseline's best validation loss (mean over its seeds); "
-        "speedup: GPT's mean steps to that loss / the variant's steps, mean ± std over seeds "
-        "(\"-\" when a seed never reaches it).\n\n" + table
-        + "\n## Paired by seed\n\nThe same seed's GPT run as the reference. Common target: the lowest validation "
+        + ", ".join(map(str, args.seeds)) + ", paired by seed with the GPT run of the same seed. \"steps to "
+        "baseline's best\": the first evaluated step whose validation loss is at or below that seed's GPT best "
+        "validation loss; reached: how many seeds get there; speedup: GPT's steps to that loss / the variant's "
+        "steps, mean ± std over the seeds that reach it (\"-\" when none does).\n\n" + table
+        + "\n## Paired by seed, common target\n\nDefined even when a variant never reaches GPT's best. "
+        "The same seed's GPT run as the reference. Common target: the lowest validation "
         "loss both runs reach (GPT's best when the variant gets below it, else the variant's best); ratio: GPT's "
         "steps to that loss / the variant's steps to it (> 1: the variant is faster).\n\n"
         + paired_table(args, baseline)
