@@ -1,0 +1,38 @@
+"""Optimizers that keep declared sphere weights on the unit sphere (nGPT, Loshchilov et al. 2024).
+
+- :func:`param_groups` / :func:`sphere_parameters`: which parameters lie on the sphere, read
+  from the modules' declarations (survives FSDP2 and ``load_state_dict(assign=True)``); each
+  group carries ``"manifold": "sphere" | "euclidean"``.
+- :class:`RiemannianAdam`: Adam on the sphere (tangent projection, retraction, transport),
+  AdamW elsewhere; ``second_moment="element" | "row"`` (``"row"`` is geoopt's).
+- :class:`Riemannian`: wraps any torch optimizer the same way.
+- :func:`normalize_`, :func:`add_normalize_hook`: the paper's "Euclidean step, then normalize".
+- :func:`build_optimizer`: the paper's recipes (Table 3) with a warmup + cosine schedule.
+"""
+
+from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
+from .normalize import add_normalize_hook, normalize_
+from .radam import SECOND_MOMENTS, RiemannianAdam
+from .recipes import METHODS, RECIPES, WarmupCosine, build_optimizer
+from .wrapper import MAGNITUDE_STATES, POINT_STATES, VECTOR_STATES, Riemannian
+
+__all__ = [
+    "SPHERE",
+    "EUCLIDEAN",
+    "sphere_parameters",
+    "named_sphere_parameters",
+    "param_groups",
+    "is_matrix",
+    "RiemannianAdam",
+    "SECOND_MOMENTS",
+    "Riemannian",
+    "VECTOR_STATES",
+    "POINT_STATES",
+    "MAGNITUDE_STATES",
+    "normalize_",
+    "add_normalize_hook",
+    "build_optimizer",
+    "WarmupCosine",
+    "METHODS",
+    "RECIPES",
+]

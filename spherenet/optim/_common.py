@@ -1,0 +1,115 @@
+"""Pieces shared by :class:`RiemannianAdam` and :class:`Riemannian`: argument checks, the
+first-step point check, and the model-staleness check."""
+
+from __future__ import annotations
+
+import math
+import warnings
+import weakref
+
+import torch
+from torch import nn
+
+from ..manifolds import point_tolerance
+from ._tensors import RowOps
+from .groups import SPHERE, describe, named_sphere_parameters
+
+OFF_SPHERE_POLICIES = ("project", "error")
+
+
+def check_positive_float(name: str, value, *, allow_zero: bool = False) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    ok = value >= 0 if allow_zero else value > 0
+    if not (ok and math.isfinite(value)):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
+
+
+def check_betas(betas) -> None:
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}") from None
+    for i, b in enumerate((b1, b2)):
+        if isinstance(b, torch.Tensor):
+            b = float(b)
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 <= b < 1.0:
+            raise ValueError(f"betas[{i}] must be in [0, 1), got {b!r}")
+
+
+def check_off_sphere(policy: str) -> None:
+    if policy not in OFF_SPHERE_POLICIES:
+        raise ValueError(f"off_sphere must be one of {OFF_SPHERE_POLICIES}, got {policy!r}")
+
+
+def ensure_on_sphere(
+    rows: RowOps,
+    params: list[torch.Tensor],
+    locals_: list[torch.Tensor],
+    names: dict[int, str],
+    policy: str,
+    owner: str,
+    stacklevel: int = 6,
+) -> None:
+    """The first-step check: every row of every sphere parameter must be unit.
+
+    ``policy="project"``: rows off the sphere (beyond :func:`point_tolerance` of the dtype) are
+    normalized in place with a ``UserWarning`` naming the parameters; ``policy="error"``: raise
+    ``ValueError``. A zero row (no direction to project to) always raises.
+    """
+    if not params:
+        return
+    errors = [float(e) for e in rows.norm_errors(locals_)]
+    bad = [(p, x, e) for p, x, e in zip(params, locals_, errors) if not e <= point_tolerance(x.dtype)]
+    # A rank holding no rows of a parameter has nothing to check; the check is local (rows whole).
+    if not bad:
+        return
+    listing = ", ".join(f"{describe(p, names)} (max |norm - 1| = {e:.3g})" for p, _, e in bad[:5])
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    for p, x, _ in bad:
+        if x.numel() and bool((torch.linalg.vector_norm(x, dim=-1) == 0).any()):
+            raise ValueError(f"{owner}: sphere parameter {describe(p, names)} has a zero row: it has no direction")
+    if policy == "error":
+        raise ValueError(
+            f"{owner}: sphere parameters are not unit along their last dimension at the first step: "
+            f"{listing}{more}. Normalize them (spherenet.optim.normalize_(model)) or pass off_sphere='project'."
+        )
+    warnings.warn(
+        f"{owner}: projecting sphere parameters onto the sphere at the first step: {listing}{more}",
+        UserWarning,
+        stacklevel=stacklevel,  # the user's optimizer.step() call, through torch's step wrappers
+    )
+    rows.retract_([x for _, x, _ in bad])
+
+
+class ModelWatch:
+    """Remembers the model an optimizer was built for and checks, at each step, that every
+    sphere parameter the model declares *now* is one that the optimizer keeps on the sphere.
+
+    Catches an optimizer built before ``fully_shard`` or ``load_state_dict(assign=True)``
+    replaced the parameters: it would update tensors the model no longer uses.
+    """
+
+    def __init__(self, model: nn.Module | None):
+        self._ref = weakref.ref(model) if model is not None else None
+
+    @property
+    def model(self) -> nn.Module | None:
+        return self._ref() if self._ref is not None else None
+
+    def check(self, param_groups: list[dict], owner: str) -> None:
+        model = self.model
+        if model is None:
+            return
+        placed = {id(p) for g in param_groups if g.get("manifold") == SPHERE for p in g["params"]}
+        for name, p in named_sphere_parameters(model):
+            if id(p) not in placed:
+                raise RuntimeError(
+                    f"{owner}: the model's sphere parameter {name!r} is not one this optimizer holds in a sphere "
+                    "group. Its parameters were replaced after the optimizer was built (fully_shard, "
+                    "load_state_dict(assign=True), ...): build the optimizer again from the model."
+                )

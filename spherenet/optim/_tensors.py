@@ -1,0 +1,219 @@
+"""Row-wise kernels shared by the sphere optimizers, on plain tensors and FSDP2 shards.
+
+Layout: a sphere parameter is a stack of unit vectors along its **last** dimension ("rows").
+FSDP2 shards dim 0, so on every rank each row is whole and every row reduction (dot product,
+norm) is local: these helpers work on ``DTensor.to_local()`` views and never communicate.
+
+Elementwise stages run as ``torch._foreach_*`` ops over a list of tensors. Row reductions
+have no ``_foreach`` form; they run once per tensor through one bounded scratch buffer, so that
+no parameter-sized temporary is allocated at every step.
+
+A sphere step chains about a dozen such passes (projection, Adam, retraction, transport). Run
+over whole parameters, each pass streams every tensor from main memory again. :func:`waves`
+cuts the parameter lists into row blocks of a few MiB ("waves") and the optimizers run all
+passes on one wave before the next, so that the data stays in the CPU caches between passes;
+every row is still processed whole and every pass is still one ``_foreach`` call per wave.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # torch >= 2.4 public path
+    from torch.distributed.tensor import DTensor, Partial, Shard
+except ImportError:  # pragma: no cover - torch.distributed missing or too old
+    DTensor = Partial = Shard = None  # type: ignore[assignment]
+
+__all__ = [
+    "local",
+    "check_sphere_layout",
+    "RowOps",
+    "waves",
+    "TINY",
+    "WAVE_BYTES",
+]
+
+# Norms are clamped here before dividing, so that an (impossible in practice) zero row maps to
+# zero rather than to NaN; the first-step check refuses zero rows explicitly.
+TINY = {torch.float64: 1e-300, torch.float32: 1e-30, torch.float16: 1e-7, torch.bfloat16: 1e-30}
+
+# Largest scratch buffer for row reductions, in elements (4 MiB in float32).
+_SCRATCH_NUMEL = 1 << 20
+
+#: Bytes of one parameter list per wave (4 MiB: with x, g, m, v a wave is 16 MiB, within a
+#: server CPU's last-level cache).
+WAVE_BYTES = 1 << 22
+
+
+def is_dtensor(t: torch.Tensor) -> bool:
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of an FSDP2/DTensor tensor (a view sharing its storage), else ``t``.
+
+    Callers run under ``torch.no_grad()``, where ``to_local()`` returns the shard itself, so
+    in-place updates of the result update the parameter.
+    """
+    return t.to_local() if is_dtensor(t) else t
+
+
+def check_sphere_layout(p: torch.Tensor, name: str) -> None:
+    """Refuse a sphere parameter whose rows would not be whole on this rank.
+
+    Raises ``ValueError`` for 0-d tensors, a last dimension of size < 2 (a "sphere" of isolated
+    points), complex dtypes, and DTensors sharded along the last dimension or holding partial
+    sums (a row norm on the local data would then be wrong without communication).
+    """
+    if p.dim() < 1 or p.shape[-1] < 2:
+        raise ValueError(
+            f"sphere parameter {name!r} has shape {tuple(p.shape)}: the unit vectors lie along the "
+            "last dimension, which must have size >= 2"
+        )
+    if p.is_complex() or not p.is_floating_point():
+        raise ValueError(f"sphere parameter {name!r} has dtype {p.dtype}; only real floating point is supported")
+    if is_dtensor(p):
+        last = p.dim() - 1
+        for placement in p.placements:
+            if isinstance(placement, Shard) and placement.dim % p.dim() == last:
+                raise ValueError(
+                    f"sphere parameter {name!r} is sharded along its last dimension ({p.placements}): "
+                    "its unit vectors would be split across ranks. Shard another dimension (FSDP2 "
+                    "shards dim 0; store the sphere dimension last and keep ndim >= 2)."
+                )
+            if isinstance(placement, Partial):
+                raise ValueError(f"sphere parameter {name!r} has a Partial placement; cannot normalize rows locally")
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` viewed as ``(rows, last)`` without copying, or ``None`` if it cannot be."""
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(-1, t.shape[-1]) if t.shape[-1] else None
+    except RuntimeError:
+        return None
+
+
+def waves(lists: list[list[torch.Tensor]], wave_bytes: int | None = None):
+    """Cut parallel tensor lists into row blocks ("waves") of about ``wave_bytes`` per list.
+
+    ``lists[k][i]`` must all have the leading (row) dimensions of ``lists[0][i]`` (a row-wise
+    second moment of shape ``(..., 1)`` is fine). Yields ``(index, views)``: ``index[j]`` is
+    the position in the input lists that chunk ``j`` comes from, ``views[k]`` the chunk views
+    of ``lists[k]`` (row slices: in-place ops on them update the originals). Tensors that
+    cannot be viewed as 2-D are kept whole.
+    """
+    if not lists or not lists[0]:
+        return
+    wave_bytes = WAVE_BYTES if wave_bytes is None else int(wave_bytes)
+    idx: list[int] = []
+    out: list[list[torch.Tensor]] = [[] for _ in lists]
+    size = 0
+    for i, x in enumerate(lists[0]):
+        budget = max(1, wave_bytes // max(1, x.element_size()))
+        rows2d = [_as_rows(lst[i]) for lst in lists]
+        if x.numel() <= budget or any(r is None for r in rows2d):
+            pieces = [[lst[i] for lst in lists]]
+            sizes = [x.numel()]
+        else:
+            d = x.shape[-1]
+            step = max(1, budget // d)
+            n = rows2d[0].shape[0]
+            pieces = [[r[s : s + step] for r in rows2d] for s in range(0, n, step)]
+            sizes = [min(step, n - s) * d for s in range(0, n, step)]
+        for piece, numel in zip(pieces, sizes):
+            idx.append(i)
+            for k, view in enumerate(piece):
+                out[k].append(view)
+            size += numel * x.element_size()
+            if size >= wave_bytes:
+                yield idx, out
+                idx, out, size = [], [[] for _ in lists], 0
+    if idx:
+        yield idx, out
+
+
+class RowOps:
+    """Row reductions over lists of local tensors, with one reusable scratch per device/dtype."""
+
+    def __init__(self, scratch_numel: int = _SCRATCH_NUMEL):
+        self.scratch_numel = int(scratch_numel)
+        self._scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def _buffer(self, like: torch.Tensor, numel: int) -> torch.Tensor:
+        key = (like.device, like.dtype)
+        buf = self._scratch.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self._scratch[key] = buf
+        return buf[:numel]
+
+    def release(self) -> None:
+        """Free the scratch buffers (they are rebuilt on demand)."""
+        self._scratch.clear()
+
+    def dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``<a_i, b_i>`` for every row i: shape ``a.shape[:-1] + (1,)``, dtype of ``a``.
+
+        Computed as ``(a * b).sum(-1)`` (the product written to the scratch buffer, row chunk
+        by row chunk), the same arithmetic as geoopt's ``Sphere.inner``.
+        """
+        d = a.shape[-1]
+        out_shape = a.shape[:-1] + (1,)
+        rows = a.numel() // d if d else 0
+        if rows == 0:
+            return a.new_zeros(out_shape)
+        a2, b2 = a.reshape(rows, d), b.reshape(rows, d)  # views for the usual contiguous layout
+        out = torch.empty(rows, 1, dtype=a.dtype, device=a.device)
+        chunk = max(1, self.scratch_numel // d)
+        for start in range(0, rows, chunk):
+            stop = min(rows, start + chunk)
+            buf = self._buffer(a, (stop - start) * d).view(stop - start, d)
+            torch.mul(a2[start:stop], b2[start:stop], out=buf)
+            torch.sum(buf, dim=-1, keepdim=True, out=out[start:stop])
+        return out.view(out_shape)
+
+    def dots(self, xs: list[torch.Tensor], ys: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.dot(x, y) for x, y in zip(xs, ys)]
+
+    @staticmethod
+    def norms(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Row norms ``||x_i||`` (shape ``x.shape[:-1] + (1,)``), accumulated in at least float32."""
+        out = []
+        for x in xs:
+            if x.dtype in (torch.float16, torch.bfloat16):
+                out.append(torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32).to(x.dtype))
+            else:
+                out.append(torch.linalg.vector_norm(x, dim=-1, keepdim=True))
+        return out
+
+    # ---- the three sphere operations, each over a whole list -------------------------------
+
+    def project_(self, xs: list[torch.Tensor], us: list[torch.Tensor]) -> None:
+        """``u <- u - <x, u> x`` in place: project each ``u`` onto the tangent space at ``x``
+        (the Riemannian gradient of the sphere, eq. 24 in the paper's Appendix A.3)."""
+        if not xs:
+            return
+        torch._foreach_addcmul_(us, xs, self.dots(xs, us), value=-1)
+
+    def retract_(self, xs: list[torch.Tensor]) -> None:
+        """``x <- x / ||x||`` in place, row by row (the retraction ``Norm``, Section 2.2.2)."""
+        if not xs:
+            return
+        n = self.norms(xs)
+        torch._foreach_clamp_min_(n, TINY.get(xs[0].dtype, 1e-30))
+        torch._foreach_div_(xs, n)
+
+    @staticmethod
+    def norm_errors(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``max |‖x_i‖ - 1|`` per tensor (0-d, float32 or float64)."""
+        out = []
+        for x in xs:
+            work = torch.float64 if x.dtype == torch.float64 else torch.float32
+            if x.numel() == 0:
+                out.append(torch.zeros((), dtype=work, device=x.device))
+                continue
+            n = torch.linalg.vector_norm(x, dim=-1, dtype=work)
+            out.append((n - 1).abs().max())
+        return out

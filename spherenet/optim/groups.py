@@ -1,0 +1,186 @@
+"""Which parameters an optimizer must keep on the sphere, found from the model's declarations.
+
+geoopt's optimizers recognise a sphere parameter by its tensor class (``ManifoldParameter``).
+That class is lost when FSDP2's ``fully_shard`` or ``load_state_dict(assign=True)`` re-wraps the
+parameter, and the optimizer then silently runs Euclidean Adam. spherenet instead asks the
+owning module (:func:`spherenet.manifolds.named_manifold_parameters`, a lookup by attribute name
+made at call time) and writes the answer into the **param group**: ``group["manifold"]`` is
+``"sphere"`` or ``"euclidean"``. The optimizers read that key and never inspect tensor classes.
+
+The tensor class is still consulted in one place, to *refuse*: a ``ManifoldParameter`` on a
+Sphere that its module did not declare (so that re-wrapping would silently lose it).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from ..manifolds import named_manifold_parameters
+from ..manifolds.sphere import geoopt
+
+__all__ = [
+    "SPHERE",
+    "EUCLIDEAN",
+    "MANIFOLDS",
+    "sphere_parameters",
+    "named_sphere_parameters",
+    "param_groups",
+    "is_matrix",
+]
+
+SPHERE = "sphere"
+EUCLIDEAN = "euclidean"
+MANIFOLDS = (SPHERE, EUCLIDEAN)
+
+
+def _is_unit_sphere(manifold) -> bool:
+    # geoopt's Sphere (and spherenet's subclass) without a subspace constraint: the unit sphere
+    # along the last dimension, retraction x / ||x||.
+    return isinstance(manifold, geoopt.manifolds.Sphere) and getattr(manifold, "projector", None) is None
+
+
+def named_sphere_parameters(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``(name, parameter)`` for every parameter of ``model`` declared on the unit sphere.
+
+    Names are those of ``model.named_parameters()`` (a tied parameter appears once, under its
+    first name). The parameter objects are the ones the model holds *now*, whatever their class
+    (``DTensor`` after ``fully_shard``, plain ``Parameter`` after ``load_state_dict(assign=True)``).
+
+    Raises ``ValueError`` for a parameter declared on a manifold other than the unit sphere (no
+    spherenet optimizer can keep it there), and for a geoopt ``ManifoldParameter`` on a sphere
+    that its module did not declare with :func:`spherenet.manifolds.declare_manifold`.
+    """
+    declared: dict[int, str] = {}
+    for entry in named_manifold_parameters(model):
+        if not _is_unit_sphere(entry.manifold):
+            raise ValueError(
+                f"parameter {entry.name!r} is declared on {entry.manifold!r}; spherenet.optim supports "
+                "only the unit sphere along the last dimension (spherenet.manifolds.Sphere())"
+            )
+        declared.setdefault(id(entry.param), entry.name)
+    out = []
+    for name, p in model.named_parameters():
+        if id(p) in declared:
+            out.append((name, p))
+        elif isinstance(p, geoopt.ManifoldParameter) and not isinstance(p.manifold, geoopt.manifolds.Euclidean):
+            raise ValueError(
+                f"parameter {name!r} is a geoopt ManifoldParameter on {p.manifold!r} but its module does "
+                "not declare it (spherenet.manifolds.declare_manifold(module, attr, Sphere())). An "
+                "undeclared manifold is lost when the parameter is re-wrapped (FSDP2, "
+                "load_state_dict(assign=True)); declare it so every optimizer can find it."
+            )
+    return out
+
+
+def sphere_parameters(model: nn.Module) -> list[torch.Tensor]:
+    """The parameters of ``model`` declared on the unit sphere (see :func:`named_sphere_parameters`)."""
+    return [p for _, p in named_sphere_parameters(model)]
+
+
+def is_matrix(name: str, p: torch.Tensor) -> bool:
+    """The GPT recipe's weight-decay rule: decay tensors with ``ndim >= 2`` (matrices and
+    embeddings), not vectors (biases, norm gains, nGPT's scalings)."""
+    return p.dim() >= 2
+
+
+def param_groups(
+    model: nn.Module,
+    weight_decay: float = 0.0,
+    *,
+    decay: Callable[[str, torch.Tensor], bool] = is_matrix,
+    **options,
+) -> list[dict]:
+    """Param groups for ``model`` with the manifold written into each group.
+
+    Returns up to three groups, empty ones left out, each with ``params`` given as
+    ``(name, tensor)`` pairs (torch stores the names as ``group["param_names"]``):
+
+    - ``{"manifold": "sphere", "weight_decay": 0.0}``: every declared sphere parameter. Weight
+      decay never applies on the sphere: the retraction ``Norm`` undoes any shrinking, and an
+      L2 term ``wd * x`` is normal to the sphere, so its tangent projection is zero.
+    - ``{"manifold": "euclidean", "weight_decay": weight_decay}``: the other parameters for which
+      ``decay(name, p)`` is true (default: ``ndim >= 2``, Table 3's GPT recipe).
+    - ``{"manifold": "euclidean", "weight_decay": 0.0}``: the remaining parameters.
+
+    ``options`` (``lr``, ``betas``, ...) are copied into every group. Parameters with
+    ``requires_grad=False`` are left out. Raises ``ValueError`` when nothing is trainable and for
+    the refusals of :func:`named_sphere_parameters`.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"param_groups expects an nn.Module, got {type(model).__name__}")
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+    sphere_ids = {id(p) for _, p in named_sphere_parameters(model)}
+    sphere, decayed, plain = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in sphere_ids:
+            sphere.append((name, p))
+        elif weight_decay > 0 and decay(name, p):
+            decayed.append((name, p))
+        else:
+            plain.append((name, p))
+    groups = []
+    if sphere:
+        groups.append({"params": sphere, "manifold": SPHERE, "weight_decay": 0.0, **options})
+    if decayed:
+        groups.append({"params": decayed, "manifold": EUCLIDEAN, "weight_decay": float(weight_decay), **options})
+    if plain:
+        groups.append({"params": plain, "manifold": EUCLIDEAN, "weight_decay": 0.0, **options})
+    if not groups:
+        raise ValueError(f"{type(model).__name__} has no trainable parameters")
+    return groups
+
+
+def _names_of(groups: Iterable[dict]) -> dict[int, str]:
+    """``id(param) -> name`` from torch's ``param_names`` group key (when the groups are named)."""
+    names = {}
+    for g in groups:
+        for name, p in zip(g.get("param_names", ()), g["params"]):
+            names[id(p)] = name
+    return names
+
+
+def describe(p: torch.Tensor, names: dict[int, str]) -> str:
+    name = names.get(id(p))
+    return repr(name) if name is not None else f"of shape {tuple(p.shape)}"
+
+
+def check_groups(
+    groups: Iterable[dict], model: nn.Module | None, owner: str, names: dict[int, str] | None = None
+) -> None:
+    """Refuse param groups that would let a sphere parameter take Euclidean steps.
+
+    - ``group["manifold"]`` must be ``"sphere"`` or ``"euclidean"``;
+    - a ``ManifoldParameter`` on a sphere must sit in a sphere group;
+    - with ``model``: every declared sphere parameter of ``model`` must sit in a sphere group.
+    """
+    groups = list(groups)
+    names = _names_of(groups) if names is None else names
+    placed = {}
+    for g in groups:
+        manifold = g.get("manifold", EUCLIDEAN)
+        if manifold not in MANIFOLDS:
+            raise ValueError(f"{owner}: param group manifold must be one of {MANIFOLDS}, got {manifold!r}")
+        for p in g["params"]:
+            placed[id(p)] = manifold
+            if manifold != SPHERE and isinstance(p, geoopt.ManifoldParameter) and _is_unit_sphere(p.manifold):
+                raise ValueError(
+                    f"{owner}: parameter {describe(p, names)} is a ManifoldParameter on the sphere but sits in "
+                    f"a {manifold!r} param group; it would take Euclidean steps and leave the sphere. Build "
+                    "the groups with spherenet.optim.param_groups(model), or pass the model."
+                )
+    if model is not None:
+        for name, p in named_sphere_parameters(model):
+            where = placed.get(id(p))
+            if where != SPHERE:
+                raise ValueError(
+                    f"{owner}: {name!r} is declared on the sphere but is "
+                    + ("in no param group" if where is None else f"in a {where!r} param group")
+                    + ". Build the optimizer after fully_shard / load_state_dict(assign=True), from "
+                    "spherenet.optim.param_groups(model)."
+                )

@@ -1,0 +1,311 @@
+"""Riemannian Adam on the unit sphere, over lists of tensors, correct under FSDP2.
+
+Equation numbers are those of Loshchilov et al., "nGPT" (2024). For a sphere parameter ``x``
+(unit rows, the sphere dimension last) with Euclidean gradient ``g``, one step is
+
+1. Riemannian gradient: ``u = g - <x, g> x``, the projection onto the tangent space at ``x``
+   (the construction of Appendix A.3, eq. 24, applied to the weights);
+2. Adam moments on ``u`` (eq. 22): ``m <- b1 m + (1-b1) u``, and either
+   ``second_moment="element"``: ``v <- b2 v + (1-b2) u*u`` (one value per element, as
+   ``torch.optim.Adam`` followed by renormalization, the paper's method), or
+   ``second_moment="row"``: ``v <- b2 v + (1-b2) ||u||^2`` (one value per row, geoopt's
+   ``RiemannianAdam`` on its ``Sphere``);
+3. direction ``d = m_hat / (sqrt(v_hat) + eps)`` with bias corrections ``1 - b^t``;
+4. retraction ``x <- Norm(x - lr d)`` (Section 2.2.2 and eq. 25/26: ``Norm`` is the retraction);
+5. transport of ``m`` to the new point by projection: ``m <- m - <x, m> x``.
+
+Learning rates do not transfer between the two second moments: with ``"element"`` each row
+moves about ``lr * sqrt(d)`` radians per step (like Adam + normalization), with ``"row"`` about
+``lr`` radians.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.adam import adam as _adam_functional
+
+from ._common import (
+    ModelWatch,
+    check_betas,
+    check_off_sphere,
+    check_positive_float,
+    ensure_on_sphere,
+)
+from . import _tensors
+from ._tensors import RowOps, check_sphere_layout, local, waves
+from .groups import EUCLIDEAN, MANIFOLDS, SPHERE, _names_of, check_groups, describe, param_groups
+
+__all__ = ["RiemannianAdam", "SECOND_MOMENTS"]
+
+SECOND_MOMENTS = ("element", "row")
+_FUSED_DEVICES = ("cpu", "cuda", "xpu")
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# On CPU the fused kernel opens a parallel region per tensor; below this size that costs more
+# than the update (and much more when the cores are oversubscribed), so small tensors take the
+# foreach kernel instead. Both compute the same Adam update.
+FUSED_MIN_NUMEL_CPU = 1 << 16
+
+
+def _fusable(t: torch.Tensor) -> bool:
+    return t.device.type in _FUSED_DEVICES and t.dtype in _FUSED_DTYPES
+
+
+def split_fused(option, tensors: list[torch.Tensor]) -> list[bool]:
+    """Per tensor: take the fused kernel? ``option=True/False`` forces it; ``None`` picks the
+    fused kernel for CUDA/XPU tensors and for CPU tensors of at least
+    :data:`FUSED_MIN_NUMEL_CPU` elements."""
+    if option is not None:
+        return [bool(option)] * len(tensors)
+    return [_fusable(t) and (t.device.type != "cpu" or t.numel() >= FUSED_MIN_NUMEL_CPU) for t in tensors]
+
+
+class RiemannianAdam(Optimizer):
+    """Adam on the unit sphere for declared sphere parameters, AdamW elsewhere.
+
+    Args:
+        params: an ``nn.Module`` (recommended: groups are built with
+            :func:`spherenet.optim.param_groups` and the model is remembered for the checks
+            below), or parameters / param groups. A group's ``"manifold"`` key (``"sphere"`` or
+            ``"euclidean"``, default ``"euclidean"``) says how its parameters move; no tensor
+            class is ever inspected to decide it.
+        lr, betas, eps: as in ``torch.optim.Adam``.
+        weight_decay: **decoupled** (AdamW: ``x <- x - lr * wd * x``) on Euclidean groups. With a
+            module, it applies to Euclidean tensors with ``ndim >= 2`` only. On the sphere weight
+            decay is meaningless (``Norm`` undoes it; an L2 term is normal to the sphere), so a
+            sphere group gets ``weight_decay=0`` and a sphere group that sets anything else is
+            rejected with ``ValueError``.
+        second_moment: ``"element"`` (default) or ``"row"`` (geoopt's semantics); per group too.
+        model: the model the groups come from, when ``params`` is not the model itself: every
+            declared sphere parameter must then sit in a sphere group.
+        off_sphere: what the first step does with sphere rows that are not unit: ``"project"``
+            (normalize them, with a warning) or ``"error"``.
+        fused: use torch's fused Adam kernel for the moment update: ``True``, ``False`` (the
+            foreach kernel), or ``None``: fused for CUDA/XPU tensors and for CPU tensors of at
+            least 65536 elements, foreach for the rest.
+        check_model: at every step, check that the model's declared sphere parameters are
+            still the ones this optimizer holds (a ``RuntimeError`` otherwise).
+
+    Refusals (``ValueError`` unless said): a geoopt ``ManifoldParameter`` on a sphere in a
+    Euclidean group; a declared sphere parameter of ``model`` in no sphere group; weight decay
+    in a sphere group; a sphere tensor sharded along its last dimension; off-sphere rows at the
+    first step with ``off_sphere="error"``; replaced model parameters (``RuntimeError``).
+
+    The step updates ``p.grad`` of sphere parameters in place to the Riemannian gradient
+    (step 1 above), like geoopt does with its weight decay. ``torch.compile(optimizer.step)``
+    runs the step eagerly (it is excluded from tracing), so the retraction is never lost.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        second_moment: str = "element",
+        model: nn.Module | None = None,
+        off_sphere: str = "project",
+        fused: bool | None = None,
+        check_model: bool = True,
+    ):
+        check_positive_float("lr", lr, allow_zero=True)
+        check_positive_float("eps", eps, allow_zero=True)
+        check_positive_float("weight_decay", weight_decay, allow_zero=True)
+        check_betas(betas)
+        if second_moment not in SECOND_MOMENTS:
+            raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
+        check_off_sphere(off_sphere)
+        if fused not in (None, True, False):
+            raise ValueError(f"fused must be None, True or False, got {fused!r}")
+        if isinstance(params, nn.Module):
+            if model is not None and model is not params:
+                raise ValueError("RiemannianAdam: got a module as params and a different model=")
+            model = params
+            params = param_groups(model, weight_decay)
+        self.off_sphere = off_sphere
+        self._rows = RowOps()
+        self.wave_bytes = _tensors.WAVE_BYTES  # row-block size of the sphere step (a tuning knob)
+        self._watch = ModelWatch(model if check_model else None)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            second_moment=second_moment,
+            manifold=EUCLIDEAN,
+            fused=fused,
+        )
+        super().__init__(params, defaults)
+        check_groups(self.param_groups, model, type(self).__name__)
+
+    # -- groups -----------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict) -> None:
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
+        manifold = param_group.get("manifold", self.defaults["manifold"])
+        if manifold not in MANIFOLDS:
+            raise ValueError(f"RiemannianAdam: group manifold must be one of {MANIFOLDS}, got {manifold!r}")
+        if manifold == SPHERE:
+            wd = param_group.setdefault("weight_decay", 0.0)
+            if wd != 0:
+                raise ValueError(
+                    f"RiemannianAdam: weight_decay={wd!r} in a sphere param group. Weight decay has no meaning "
+                    "on the sphere (Norm undoes it; an L2 term is normal to the sphere): use 0 there."
+                )
+        if "second_moment" in param_group and param_group["second_moment"] not in SECOND_MOMENTS:
+            raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {param_group['second_moment']!r}")
+        for key in ("lr", "eps", "weight_decay"):
+            if key in param_group:
+                check_positive_float(key, param_group[key], allow_zero=True)
+        if "betas" in param_group:
+            check_betas(param_group["betas"])
+        super().add_param_group(param_group)
+        if manifold == SPHERE:
+            group = self.param_groups[-1]
+            names = _names_of([group])
+            for p in group["params"]:
+                check_sphere_layout(p, names.get(id(p), f"of shape {tuple(p.shape)}"))
+
+    # -- step -------------------------------------------------------------------------------
+
+    @torch.compiler.disable
+    def step(self, closure=None):
+        """One optimizer step (eager even under ``torch.compile``). Returns ``closure()``'s loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._watch.check(self.param_groups, type(self).__name__)
+        with torch.no_grad():
+            for group in self.param_groups:
+                if group["manifold"] == SPHERE:
+                    self._sphere_step(group)
+                else:
+                    self._euclidean_step(group)
+        return loss
+
+    def _gather(self, group: dict, row_v: bool):
+        params, xs, gs, ms, vs, steps, new = [], [], [], [], [], [], []
+        names = None
+        for p in group["params"]:
+            g = p.grad
+            if g is None:
+                continue
+            if g.is_sparse:
+                raise RuntimeError("RiemannianAdam does not support sparse gradients")
+            if g.dtype != p.dtype:
+                raise RuntimeError(f"gradient dtype {g.dtype} differs from parameter dtype {p.dtype}")
+            state = self.state[p]
+            v_shape = p.shape[:-1] + (1,) if row_v else p.shape
+            if len(state) == 0:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                like = p[..., :1] if row_v else p
+                state["exp_avg_sq"] = torch.zeros_like(like, memory_format=torch.contiguous_format)
+                new.append(len(xs))
+            elif state["exp_avg_sq"].shape != v_shape:
+                names = names if names is not None else _names_of(self.param_groups)
+                raise ValueError(
+                    f"RiemannianAdam: parameter {describe(p, names)} has exp_avg_sq of shape "
+                    f"{tuple(state['exp_avg_sq'].shape)}, but second_moment={group['second_moment']!r} needs "
+                    f"{tuple(v_shape)} (a state saved with the other second moment?)"
+                )
+            step = state["step"]
+            if step.device != p.device or step.dtype != torch.float32:
+                state["step"] = step = step.to(device=p.device, dtype=torch.float32)
+            params.append(p)
+            xs.append(local(p))
+            gs.append(local(g))
+            ms.append(local(state["exp_avg"]))
+            vs.append(local(state["exp_avg_sq"]))
+            steps.append(step)
+        return params, xs, gs, ms, vs, steps, new
+
+    def _adam(self, group, xs, gs, ms, vs, steps, weight_decay: float, fused_flags=None) -> None:
+        """Adam / AdamW (eq. 22, decoupled decay) through torch's own kernels, in place.
+        Increments the ``steps`` tensors it is given."""
+        b1, b2 = group["betas"]
+        choice = split_fused(group["fused"], xs) if fused_flags is None else fused_flags
+        for fused in (True, False):
+            idx = [i for i, c in enumerate(choice) if c == fused]
+            if not idx:
+                continue
+            pick = (lambda seq: seq) if len(idx) == len(xs) else (lambda seq: [seq[i] for i in idx])
+            _adam_functional(
+                pick(xs), pick(gs), pick(ms), pick(vs), [], pick(steps),
+                foreach=not fused,
+                fused=fused,
+                amsgrad=False,
+                beta1=b1,
+                beta2=b2,
+                lr=group["lr"],
+                weight_decay=weight_decay,
+                eps=group["eps"],
+                maximize=False,
+                decoupled_weight_decay=True,
+            )  # fmt: skip
+
+    def _euclidean_step(self, group: dict) -> None:
+        _, xs, gs, ms, vs, steps, _ = self._gather(group, row_v=False)
+        if xs:
+            self._adam(group, xs, gs, ms, vs, steps, group["weight_decay"])
+
+    def _sphere_step(self, group: dict) -> None:
+        row_v = group["second_moment"] == "row"
+        params, xs, gs, ms, vs, steps, new = self._gather(group, row_v)
+        if not xs:
+            return
+        rows = self._rows
+        if new:
+            names = _names_of(self.param_groups)
+            for i in new:
+                check_sphere_layout(params[i], names.get(id(params[i]), f"of shape {tuple(params[i].shape)}"))
+            ensure_on_sphere(
+                rows, [params[i] for i in new], [xs[i] for i in new], names, self.off_sphere, "RiemannianAdam"
+            )
+        if row_v:
+            torch._foreach_add_(steps, 1)
+            b1, b2 = (float(b) for b in group["betas"])
+            t = [float(s) for s in steps]
+            bc1, bc2 = [1 - b1**k for k in t], [1 - b2**k for k in t]
+        else:
+            fused = split_fused(group["fused"], xs)  # decided per parameter, not per chunk
+        # All passes on one cache-sized block of rows, then the next (see _tensors.waves).
+        for idx, (wx, wg, wm, wv) in waves([xs, gs, ms, vs], self.wave_bytes):
+            rows.project_(wx, wg)  # 1. u = g - <x, g> x  (written into p.grad)
+            if row_v:
+                self._row_moments_and_step(group, wx, wg, wm, wv, [bc1[i] for i in idx], [bc2[i] for i in idx])
+            else:
+                # 2.-3. and x <- x - lr d, by torch's Adam kernel; each chunk gets its own copy of
+                # the step counter (the kernel increments what it is given), the counters move once.
+                self._adam(group, wx, wg, wm, wv, [steps[i].clone() for i in idx], 0.0, [fused[i] for i in idx])
+            rows.retract_(wx)  # 4. x <- Norm(x - lr d)
+            rows.project_(wx, wm)  # 5. transport m to the tangent space at the new x
+        if not row_v:
+            torch._foreach_add_(steps, 1)
+
+    def _row_moments_and_step(self, group, xs, gs, ms, vs, bc1, bc2) -> None:
+        """Steps 2-3 with one second moment per row, in geoopt's order of operations (except
+        ``||u||^2``, taken as the square of a norm)."""
+        b1, b2 = (float(b) for b in group["betas"])
+        lr, eps = float(group["lr"]), float(group["eps"])
+        sq = self._rows.norms(gs)  # ||u|| per row (one pass; geoopt sums u*u: same to rounding)
+        torch._foreach_mul_(sq, sq)
+        torch._foreach_mul_(ms, b1)
+        torch._foreach_add_(ms, gs, alpha=1 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_add_(vs, sq, alpha=1 - b2)
+        # coef = -lr / (bc1 * (sqrt(v / bc2) + eps)), one value per row.
+        coef = torch._foreach_div(vs, bc2)
+        torch._foreach_sqrt_(coef)
+        torch._foreach_add_(coef, eps)
+        torch._foreach_mul_(coef, bc1)
+        torch._foreach_reciprocal_(coef)
+        torch._foreach_mul_(coef, -lr)
+        torch._foreach_addcmul_(xs, ms, coef)
