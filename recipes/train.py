@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from spherenet.checkpoint import CheckpointError, CheckpointManager
+from spherenet.checkpoint import CheckpointError, CheckpointManager, NonFiniteStateError
 from spherenet.data import DataError, prepare_dataset
 from spherenet.models import from_preset
 from spherenet.optim import build_optimizer, normalize_
@@ -105,9 +105,50 @@ def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.
     return model.to(device)
 
 
+# Settings that may differ between the invocations of one run (--resume, torchrun restarts).
+# Any other difference would be silently overridden by the checkpoint (learning rates and the
+# schedule's length live in the optimizer/scheduler state, the model's options in nothing that
+# load checks) or would make it another run: refused.
+RESUMABLE_CHANGES = {
+    "train": {"eval_every", "eval_batches", "log_every", "checkpoint_every", "keep_last", "out_dir", "compile",
+              "autocast", "progress", "sample_tokens", "halt_after", "nonfinite", "max_nonfinite", "parallel",
+              "micro_batch_size"},
+    "optim": {"grad_clip", "reproject_every"},
+    "data": {"source", "cache_dir", "num_proc"},
+}  # fmt: skip
+
+
+def check_resumable(saved: dict, cfg: RunConfig, model: torch.nn.Module, path: Path) -> None:
+    """ConfigError naming every setting that differs from the run that wrote the checkpoint
+    (``saved``: its plain values), except those in :data:`RESUMABLE_CHANGES`. The model is
+    compared by its effective config (preset plus overrides), the rest by the config's values."""
+    unset = "(unset)"
+    diffs = []
+
+    def compare(where: str, old: dict, new: dict, free=()) -> None:
+        for key in sorted(set(old) | set(new)):
+            if key not in free and old.get(key, unset) != new.get(key, unset):
+                diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
+
+    if isinstance(saved.get("model_config"), dict):
+        compare("model ", {"class": saved.get("model_class")}, {"class": type(model).__name__})
+        compare("model.", saved["model_config"], dataclasses.asdict(model.config))
+    old_cfg, new_cfg = saved.get("config"), cfg.to_dict()
+    if isinstance(old_cfg, dict):
+        for section in ("data", "optim", "train"):
+            compare(f"{section}.", old_cfg.get(section) or {}, new_cfg[section], RESUMABLE_CHANGES[section])
+    if diffs:
+        raise ConfigError(
+            f"checkpoint {path} was written by a run with other settings; resume with the same values "
+            "(or start a new run in another train.out_dir):\n  " + "\n  ".join(diffs)
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = build_config(args)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: this machine has no usable CUDA device (torch.cuda.is_available() is False)")
     info = init_distributed(args.device)
     t = cfg.train
     out_dir = Path(t.out_dir)
@@ -133,12 +174,15 @@ def main(argv: list[str] | None = None) -> int:
 
     wrapped = wrap_model(model, t.parallel, info)
     o = cfg.optim
-    optimizer, scheduler = build_optimizer(
-        model, o.method, lr=o.lr, total_steps=t.steps,
-        weight_decay=None if o.weight_decay < 0 else o.weight_decay,
-        warmup_steps=None if o.warmup_steps < 0 else o.warmup_steps,
-        betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment,
-    )  # fmt: skip
+    try:
+        optimizer, scheduler = build_optimizer(
+            model, o.method, lr=o.lr, total_steps=t.steps,
+            weight_decay=None if o.weight_decay < 0 else o.weight_decay,
+            warmup_steps=None if o.warmup_steps < 0 else o.warmup_steps,
+            betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment,
+        )  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[optim] method {o.method!r} with train.steps={t.steps}: {exc}") from None
     step_model = torch.compile(wrapped) if t.compile else wrapped
 
     ckpt = CheckpointManager(out_dir / "checkpoints", keep_last=t.keep_last)
@@ -151,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume or restarted:
         loaded = ckpt.load_latest(state)
         if loaded is not None:
+            check_resumable(loaded.extra, cfg, model, loaded.path)
             start = loaded.step
             if info.is_main:
                 print(f"resumed from {loaded.path} at step {start}", flush=True)
@@ -283,9 +328,14 @@ def generate_sample(model, tokenizer, val_windows, n_tokens: int, device: torch.
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """Entry point: user errors (config, data, checkpoints) print one clear line, exit code 2."""
+    """Entry point: user errors (config, data, checkpoints) print one clear line, exit code 2;
+    non-finite values (a NaN loss under train.nonfinite=stop, NaN weights that a checkpoint
+    refused) exit code 3."""
     try:
         return main(argv)
+    except NonFiniteStateError as exc:  # NaN/inf in the weights: refused to checkpoint them
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 3
     except (ConfigError, DataError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -9,6 +9,7 @@ work starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -159,6 +160,10 @@ class RunConfig:
             raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.data.val_fraction!r}")
         if not self.data.source:
             raise ConfigError("data.source is empty")
+        for section in ("train", "data"):  # torch.manual_seed and numpy take 64-bit seeds >= 0
+            seed = getattr(self, section).seed
+            if not 0 <= seed < 2**63:
+                raise ConfigError(f"{section}.seed must be in [0, 2**63), got {seed!r}")
         return self
 
 
@@ -175,6 +180,8 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         raise ConfigError(f"{where} must be an integer, got {value!r}")
     if isinstance(default, float):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # TOML reads nan and inf as floats
+                raise ConfigError(f"{where} must be a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"{where} must be a number, got {value!r}")
     if isinstance(default, str):

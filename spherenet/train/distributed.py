@@ -54,12 +54,37 @@ def init_distributed(device: str | None = None, timeout_s: float = 300.0) -> Dis
     else:
         dev = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = _restart_store(world_size, timeout)
         dist.init_process_group(
             backend="nccl" if dev.type == "cuda" else "gloo",
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
             device_id=dev if dev.type == "cuda" else None,
+            **({} if store is None else {"store": store, "rank": rank, "world_size": world_size}),
         )
     return DistInfo(rank, world_size, local_rank, dev)
+
+
+def _restart_store(world_size: int, timeout: datetime.timedelta):
+    """A fresh key space in torchrun's store for a restarted worker group, or None.
+
+    torchrun (c10d rendezvous) lends its own TCPStore to the workers and keeps it across
+    ``--max-restarts`` restarts, so a restarted group finds the keys of the group before it
+    (peer addresses) and a rank may read a dead peer's address: ``Gloo connectFullMesh failed
+    ... Connection refused`` (pytorch/pytorch#135712). Under one agent (one node) every worker
+    sees the same TORCHELASTIC_RESTART_COUNT, so prefixing the keys with it keeps generations
+    apart. With several agents the counts can differ; there, launch torchrun with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a new store per rendezvous round).
+    """
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    one_agent = os.environ.get("GROUP_WORLD_SIZE", "1") == "1"
+    if restart == 0 or not shared or not one_agent:
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"spherenet/restart_{restart}", store)
 
 
 def wrap_model(model: nn.Module, parallel: str, info: DistInfo) -> nn.Module:
