@@ -716,3 +716,16 @@ def test_ngpt_row_mode_matches_geoopt_and_stays_on_the_sphere():
             o.step()
     assert max_param_diff(ours, ref) <= 1e-10
     assert max_norm_error(ours) <= 1e-12
+
+
+def test_bf16_retraction_divides_in_float32():
+    """Rows 0.3% too long: a bf16-rounded norm reads exactly 1 and would leave them there."""
+    from spherenet.optim._tensors import RowOps
+
+    x = torch.nn.functional.normalize(torch.randn(64, 1024, generator=torch.Generator().manual_seed(0)), dim=-1)
+    x = (x * 1.003).bfloat16()
+    before = float((x.float().norm(dim=-1) - 1).abs().max())
+    RowOps().retract_([x])
+    after = float((x.float().norm(dim=-1) - 1).abs().max())
+    assert x.dtype == torch.bfloat16
+    assert before > 2.5e-3 and after < 2e-3, (before, after)

@@ -201,9 +201,17 @@ class RowOps:
         """``x <- x / ||x||`` in place, row by row (the retraction ``Norm``, Section 2.2.2)."""
         if not xs:
             return
-        n = self.norms(xs)
-        torch._foreach_clamp_min_(n, TINY.get(xs[0].dtype, 1e-30))
-        torch._foreach_div_(xs, n)
+        half = [x for x in xs if x.dtype in (torch.float16, torch.bfloat16)]
+        full = [x for x in xs if x.dtype not in (torch.float16, torch.bfloat16)]
+        if full:
+            n = self.norms(full)
+            torch._foreach_clamp_min_(n, TINY.get(full[0].dtype, 1e-30))
+            torch._foreach_div_(full, n)
+        for x in half:
+            # Divide in float32 and round once: a norm rounded to bf16 is 1 for every row within
+            # [1 - 2^-9, 1 + 2^-8], so such rows would never be corrected.
+            xf = x.float()
+            x.copy_(xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(1e-30))
 
     @staticmethod
     def norm_errors(xs: list[torch.Tensor]) -> list[torch.Tensor]:
