@@ -210,3 +210,17 @@ def test_two_processes_match_one(tmp_path, cache, text_file, parallel):
     log = read_log(tmp_path / "two")
     assert log[0]["event"] == "start" and log[0]["world_size"] == 2
     assert log[-1]["event"] == "done" and log[-1]["sphere_norm_error"] < 1e-5
+
+
+@pytest.mark.slow
+def test_compiled_run_matches_eager(tmp_path, cache, text_file):
+    """--compile trains the same model: the per-step losses match eager within float tolerance,
+    and the optimizer's retraction still runs (sphere rows unit at the end)."""
+    common = ["train.steps=3", f"data.source={text_file}"]
+    assert run(tmp_path / "eager", cache, *common) == 0
+    assert cli([*TINY, f"train.out_dir={tmp_path / 'compiled'}", f"data.cache_dir={cache}", *common, "--compile"]) == 0
+    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    assert sorted(compiled) == [1, 2, 3]
+    for step in (1, 2, 3):
+        assert compiled[step] == pytest.approx(eager[step], abs=1e-4), step
+    assert read_log(tmp_path / "compiled")[-1]["sphere_norm_error"] < 1e-5
