@@ -10,7 +10,7 @@ import math
 import geoopt
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from spherenet.manifolds import (
@@ -25,8 +25,6 @@ from spherenet.manifolds import (
 )
 
 UPDATES = {"lerp": lerp, "slerp": slerp, "riemannian": riemannian_update}
-settings.register_profile("spherenet", max_examples=60, deadline=None)
-settings.load_profile("spherenet")
 
 dims = st.integers(min_value=2, max_value=48)
 seeds = st.integers(min_value=0, max_value=2**31 - 1)
@@ -256,9 +254,13 @@ def test_bfloat16_close_to_float64(name):
     assert (out.double() - ref).abs().max() < 1e-2
 
 
-@given(d=dims, seed=seeds, alpha=alphas)
-def test_float32_matches_float64_reference(d, seed, alpha):
-    a, b = points(d, 3, seed), points(d, 3, seed + 1)
+@given(d=dims, seed=seeds, alpha=alphas, theta=st.floats(min_value=0.0, max_value=math.pi - 0.1))
+def test_float32_matches_float64_reference(d, seed, alpha, theta):
+    # Away from pi: near antipodal points every update is ill-conditioned (LERP's midpoint
+    # (a+b)/2 has norm cos(theta/2), so float32 rounding is amplified ~1/cos(theta/2)); the
+    # near-pi behaviour has its own tests above.
+    a = points(d, 3, seed)
+    b = at_angle(a, theta, seed + 1)
     for f in UPDATES.values():
         assert torch.allclose(f(a.float(), b.float(), alpha).double(), f(a, b, alpha), atol=1e-6)
     ref_lerp = a + alpha * (b - a)
