@@ -33,13 +33,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import warnings
 import weakref
 
 import torch
+from _machine import cpu_name  # benchmarks/ is on sys.path when a script runs
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -167,17 +167,6 @@ def run_worker(args, family: str, mode: str) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"worker {family} {mode} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def mib(v) -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import random
 import statistics
 import sys
@@ -35,23 +34,13 @@ import time
 import warnings
 
 import torch
+from _machine import cpu_name  # benchmarks/ is on sys.path when a script runs
 import torch.nn.functional as F
 
 from spherenet.models import from_preset
 from spherenet.optim import build_optimizer
 
 RECIPE = {"nGPT": ("ngpt-small", "riemannian_adam"), "GPT": ("gpt-small", "adamw")}
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine(device: torch.device) -> str:

@@ -31,7 +31,6 @@ import argparse
 import datetime
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -44,19 +43,11 @@ sys.path.insert(0, str(ROOT))
 from recipes import compare  # noqa: E402
 from recipes.train import DEFAULT_CONFIG  # noqa: E402
 
+from _machine import cpu_name  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
+
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 VARIANTS = ["gpt", "ngpt", "ngpt-slerp", "ngpt-riemannian", "ngpt-adam_normalize"]
 NGPT_LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def lr_tag(lr: float) -> str:
@@ -195,7 +186,7 @@ def header(args: argparse.Namespace, argv: list[str]) -> str:
     cmd = "python benchmarks/convergence.py" + ("" if not argv else " " + " ".join(argv))
     return (
         f"Command: `{cmd}`  \n"
-        f"Machine: {os.cpu_count()} CPU cores ({cpu_model()}), torch CPU, {args.jobs} runs at a time x "
+        f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
         f"{args.threads} thread(s); date {datetime.date.today().isoformat()}.  \n"
         f"Data: {args.data.name} (tinyshakespeare), byte level. Model: `{args.size}` presets, context {args.block}, "
         f"batch {args.batch} x {args.block} tokens, {args.steps} steps, cosine to 0 (GPT: AdamW, weight decay 0.1, "
