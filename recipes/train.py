@@ -30,6 +30,7 @@ import torch
 
 from spherenet.checkpoint import CheckpointError, CheckpointManager, NonFiniteStateError
 from spherenet.data import DataError, prepare_dataset
+from spherenet.manifolds import Sphere, named_manifold_parameters
 from spherenet.models import from_preset
 from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if bar is not None:
         bar.close()
 
-    norm_err = sphere_norm_error(model)
+    norm_err = sphere_norm_error(model, info.device)
     if info.is_main:
         what = "done" if last_step == t.steps else "halted before train.steps (continue with --resume)"
         print(f"{what}: step {last_step}, val loss {last_val:.4f}, max |row norm - 1| of sphere weights "
@@ -299,18 +300,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def sphere_norm_error(model: torch.nn.Module) -> float:
+def sphere_norm_error(model: torch.nn.Module, device: torch.device) -> float:
     """max |‖row‖ - 1| over every declared sphere weight, across ranks (FSDP: local shards hold
-    whole rows). 0.0 for a model without sphere weights."""
-    from spherenet.manifolds import named_manifold_parameters
-    from spherenet.train.distributed import all_reduce_max
-
-    worst = torch.zeros((), dtype=torch.float64)
+    whole rows). 0.0 for a model without sphere weights. Reduced on ``device`` (NCCL needs CUDA)."""
+    worst = torch.zeros((), dtype=torch.float64, device=device)
     for entry in named_manifold_parameters(model):
         p = entry.param.detach()
         p = p.to_local() if hasattr(p, "to_local") else p
-        if p.numel():
-            worst = torch.maximum(worst, (p.double().norm(dim=-1) - 1).abs().max().cpu())
+        worst = torch.maximum(worst, Sphere.norm_error(p).to(worst))
     return float(all_reduce_max(worst))
 
 
