@@ -1,7 +1,8 @@
 """Optimizer step time on an nGPT of >= 50M parameters: spherenet's Riemannian optimizers
 against torch's Adam (+ the paper's renormalization) and geoopt's RiemannianAdam.
 
-Only ``optimizer.step()`` is timed (plus the renormalization for "Adam + normalize"): the
+RiemannianAdam runs twice: with its native CPU kernel (one fused pass per row, built on first
+use) and with its ``_foreach`` kernels. Only ``optimizer.step()`` is timed (plus the renormalization for "Adam + normalize"): the
 gradients are fixed random tensors set once, so every contender does the same work on the
 same tensors. Contenders run interleaved in a fresh random order in every round; the table
 gives the median over rounds and the ratio to ``torch.optim.Adam(fused=True)``.
@@ -66,11 +67,22 @@ def contenders(model, lr: float) -> dict:
             adam_then_normalize,
         ),
         "torch Adam foreach": (lambda: torch.optim.Adam(model.parameters(), lr=lr, foreach=True), plain_step),
-        "spherenet RiemannianAdam element": (
-            lambda: RiemannianAdam(model, lr=lr, second_moment="element"),
+        "spherenet RiemannianAdam element native": (
+            lambda: RiemannianAdam(model, lr=lr, second_moment="element", sphere_kernel="native"),
             plain_step,
         ),
-        "spherenet RiemannianAdam row": (lambda: RiemannianAdam(model, lr=lr, second_moment="row"), plain_step),
+        "spherenet RiemannianAdam row native": (
+            lambda: RiemannianAdam(model, lr=lr, second_moment="row", sphere_kernel="native"),
+            plain_step,
+        ),
+        "spherenet RiemannianAdam element foreach": (
+            lambda: RiemannianAdam(model, lr=lr, second_moment="element", sphere_kernel="foreach"),
+            plain_step,
+        ),
+        "spherenet RiemannianAdam row foreach": (
+            lambda: RiemannianAdam(model, lr=lr, second_moment="row", sphere_kernel="foreach"),
+            plain_step,
+        ),
         "spherenet Riemannian(Adam fused)": (
             lambda: Riemannian(torch.optim.Adam(param_groups(model), lr=lr, fused=True), model),
             plain_step,
@@ -130,12 +142,12 @@ def main(argv=None) -> int:
     base = statistics.median(times[BASELINE])
     geo = statistics.median(times["geoopt RiemannianAdam"]) if "geoopt RiemannianAdam" in times else None
     print(f"\n{args.rounds} interleaved rounds, median (min-max) per step")
-    print(f"{'contender':36s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'x fused Adam':>13s} {'geoopt / this':>14s}")
+    print(f"{'contender':42s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'x fused Adam':>13s} {'geoopt / this':>14s}")
     for name in table:
         t = times[name]
         med = statistics.median(t)
         geo_ratio = f"{geo / med:14.2f}" if geo is not None else f"{'':14s}"
-        print(f"{name:36s} {med * 1e3:10.1f} {min(t) * 1e3:8.1f} {max(t) * 1e3:8.1f} {med / base:13.2f} {geo_ratio}")
+        print(f"{name:42s} {med * 1e3:10.1f} {min(t) * 1e3:8.1f} {max(t) * 1e3:8.1f} {med / base:13.2f} {geo_ratio}")
     return 0
 
 

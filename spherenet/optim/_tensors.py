@@ -140,6 +140,7 @@ class RowOps:
     def __init__(self, scratch_numel: int = _SCRATCH_NUMEL):
         self.scratch_numel = int(scratch_numel)
         self._scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._copies: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     def _buffer(self, like: torch.Tensor, numel: int) -> torch.Tensor:
         key = (like.device, like.dtype)
@@ -152,6 +153,29 @@ class RowOps:
     def release(self) -> None:
         """Free the scratch buffers (they are rebuilt on demand)."""
         self._scratch.clear()
+        self._copies.clear()
+
+    def copies(self, ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copies of ``ts`` in one reusable buffer per device/dtype (valid until the next call;
+        separate from the buffer :meth:`dot` uses). Sized for one wave of rows."""
+        need: dict[tuple[torch.device, torch.dtype], int] = {}
+        for t in ts:
+            key = (t.device, t.dtype)
+            need[key] = need.get(key, 0) + t.numel()
+        offset = dict.fromkeys(need, 0)
+        for key, numel in need.items():
+            buf = self._copies.get(key)
+            if buf is None or buf.numel() < numel:
+                self._copies[key] = torch.empty(numel, dtype=key[1], device=key[0])
+        out = []
+        for t in ts:
+            key = (t.device, t.dtype)
+            start = offset[key]
+            out.append(self._copies[key][start : start + t.numel()].view(t.shape))
+            offset[key] = start + t.numel()
+        if out:
+            torch._foreach_copy_(out, ts)
+        return out
 
     def dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``<a_i, b_i>`` for every row i: shape ``a.shape[:-1] + (1,)``, dtype of ``a``.

@@ -21,6 +21,9 @@ moves about ``lr * sqrt(d)`` radians per step (like Adam + normalization), with 
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import torch
 from torch import nn
 from torch.optim import Optimizer
@@ -33,13 +36,14 @@ from ._common import (
     check_positive_float,
     ensure_on_sphere,
 )
-from . import _tensors
-from ._tensors import RowOps, check_sphere_layout, local, waves
+from . import _native, _tensors
+from ._tensors import TINY, RowOps, check_sphere_layout, local, waves
 from .groups import EUCLIDEAN, MANIFOLDS, SPHERE, _names_of, check_groups, describe, param_groups
 
-__all__ = ["RiemannianAdam", "SECOND_MOMENTS"]
+__all__ = ["RiemannianAdam", "SECOND_MOMENTS", "SPHERE_KERNELS"]
 
 SECOND_MOMENTS = ("element", "row")
+SPHERE_KERNELS = ("auto", "native", "foreach")
 _FUSED_DEVICES = ("cpu", "cuda", "xpu")
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -88,15 +92,21 @@ class RiemannianAdam(Optimizer):
             least 65536 elements, foreach for the rest.
         check_model: at every step, check that the model's declared sphere parameters are
             still the ones this optimizer holds (a ``RuntimeError`` otherwise).
+        sphere_kernel: how sphere tensors are updated. ``"native"``: one fused C++ pass per row
+            (CPU tensors; built on first use, see :mod:`spherenet.optim._native`), a
+            ``RuntimeError`` if it cannot be built; ``"foreach"``: ``torch._foreach_*`` passes
+            over cache-sized blocks of rows (any device); ``"auto"`` (default): native for CPU
+            tensors when it builds (else foreach, with one warning), foreach elsewhere. Both
+            compute the same step; they differ by float rounding only.
 
     Refusals (``ValueError`` unless said): a geoopt ``ManifoldParameter`` on a sphere in a
     Euclidean group; a declared sphere parameter of ``model`` in no sphere group; weight decay
     in a sphere group; a sphere tensor sharded along its last dimension; off-sphere rows at the
     first step with ``off_sphere="error"``; replaced model parameters (``RuntimeError``).
 
-    The step updates ``p.grad`` of sphere parameters in place to the Riemannian gradient
-    (step 1 above), like geoopt does with its weight decay. ``torch.compile(optimizer.step)``
-    runs the step eagerly (it is excluded from tracing), so the retraction is never lost.
+    The step leaves ``p.grad`` as it is (geoopt overwrites it with the Riemannian gradient).
+    ``torch.compile(optimizer.step)`` runs the step eagerly (it is excluded from tracing), so
+    the retraction is never lost.
     """
 
     def __init__(
@@ -112,6 +122,7 @@ class RiemannianAdam(Optimizer):
         off_sphere: str = "project",
         fused: bool | None = None,
         check_model: bool = True,
+        sphere_kernel: str = "auto",
     ):
         check_positive_float("lr", lr, allow_zero=True)
         check_positive_float("eps", eps, allow_zero=True)
@@ -122,12 +133,20 @@ class RiemannianAdam(Optimizer):
         check_off_sphere(off_sphere)
         if fused not in (None, True, False):
             raise ValueError(f"fused must be None, True or False, got {fused!r}")
+        if sphere_kernel not in SPHERE_KERNELS:
+            raise ValueError(f"sphere_kernel must be one of {SPHERE_KERNELS}, got {sphere_kernel!r}")
+        if sphere_kernel == "native":
+            available, reason = _native.native_status()
+            if not available:
+                raise RuntimeError(f"RiemannianAdam(sphere_kernel='native'): the native kernel is unavailable: {reason}")
         if isinstance(params, nn.Module):
             if model is not None and model is not params:
                 raise ValueError("RiemannianAdam: got a module as params and a different model=")
             model = params
             params = param_groups(model, weight_decay)
         self.off_sphere = off_sphere
+        self.sphere_kernel = sphere_kernel
+        self._warned_native = False
         self._rows = RowOps()
         self.wave_bytes = _tensors.WAVE_BYTES  # row-block size of the sphere step (a tuning knob)
         self._watch = ModelWatch(model if check_model else None)
@@ -271,6 +290,12 @@ class RiemannianAdam(Optimizer):
             )
         if row_v:
             torch._foreach_add_(steps, 1)
+        all_steps = steps
+        native = self._native_mask(xs, gs, ms, vs)
+        if any(native):
+            self._native_step(group, *self._pick(native, True, xs, gs, ms, vs, steps), row_v)
+            xs, gs, ms, vs, steps = self._pick(native, False, xs, gs, ms, vs, steps)
+        if row_v:
             b1, b2 = (float(b) for b in group["betas"])
             t = [float(s) for s in steps]
             bc1, bc2 = [1 - b1**k for k in t], [1 - b2**k for k in t]
@@ -278,7 +303,8 @@ class RiemannianAdam(Optimizer):
             fused = split_fused(group["fused"], xs)  # decided per parameter, not per chunk
         # All passes on one cache-sized block of rows, then the next (see _tensors.waves).
         for idx, (wx, wg, wm, wv) in waves([xs, gs, ms, vs], self.wave_bytes):
-            rows.project_(wx, wg)  # 1. u = g - <x, g> x  (written into p.grad)
+            wg = rows.copies(wg)  # p.grad is left as it is
+            rows.project_(wx, wg)  # 1. u = g - <x, g> x
             if row_v:
                 self._row_moments_and_step(group, wx, wg, wm, wv, [bc1[i] for i in idx], [bc2[i] for i in idx])
             else:
@@ -288,7 +314,45 @@ class RiemannianAdam(Optimizer):
             rows.retract_(wx)  # 4. x <- Norm(x - lr d)
             rows.project_(wx, wm)  # 5. transport m to the tangent space at the new x
         if not row_v:
-            torch._foreach_add_(steps, 1)
+            torch._foreach_add_(all_steps, 1)
+
+    @staticmethod
+    def _pick(mask, keep: bool, *lists):
+        return tuple([item for item, m in zip(lst, mask) if m == keep] for lst in lists)
+
+    def _native_mask(self, xs, gs, ms, vs) -> list[bool]:
+        """Per tensor: does the native kernel update it? (CPU, a supported dtype, contiguous.)"""
+        if self.sphere_kernel == "foreach":
+            return [False] * len(xs)
+        eligible = [
+            x.device.type == "cpu"
+            and x.dtype in _native.NATIVE_DTYPES
+            and all(t.is_contiguous() and t.dtype == x.dtype for t in (x, g, m, v))
+            for x, g, m, v in zip(xs, gs, ms, vs)
+        ]
+        if not any(eligible) or _native.sphere_adam_op() is not None:
+            return eligible
+        if not self._warned_native:  # "auto" (a "native" optimizer checked this when built)
+            self._warned_native = True
+            warnings.warn(
+                f"RiemannianAdam: the native sphere kernel is unavailable ({_native.native_status()[1]}); "
+                "using the foreach kernels (same step, slower on CPU)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return [False] * len(xs)
+
+    def _native_step(self, group, xs, gs, ms, vs, steps, row_v: bool) -> None:
+        """Steps 1-5 of the module docstring for CPU tensors, one fused pass per row.
+        ``steps`` hold the step count before this step in element mode, after it in row mode."""
+        b1, b2 = (float(b) for b in group["betas"])
+        lr = float(group["lr"])
+        t = [float(s) + (0.0 if row_v else 1.0) for s in steps]
+        step_sizes = [lr / (1 - b1**k) for k in t]
+        bias2_sqrts = [math.sqrt(1 - b2**k) for k in t]
+        _native.sphere_adam_op()(
+            xs, gs, ms, vs, step_sizes, bias2_sqrts, b1, b2, float(group["eps"]), TINY[torch.float32], row_v
+        )
 
     def _row_moments_and_step(self, group, xs, gs, ms, vs, bc1, bc2) -> None:
         """Steps 2-3 with one second moment per row, in geoopt's order of operations (except

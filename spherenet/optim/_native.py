@@ -1,0 +1,106 @@
+"""The native CPU kernel of the sphere step (``csrc/sphere_adam.cpp``), compiled on first use.
+
+The Riemannian Adam step puts row reductions (tangent projection, retraction norm, transport)
+between its elementwise stages. As ``torch._foreach_*`` calls that is about a dozen passes over
+memory; the native kernel does the whole step for one row while the row sits in cache, so it
+streams each tensor once, like ``torch.optim.Adam(fused=True)``.
+
+It is built with ``torch.utils.cpp_extension`` (a C++17 compiler and ninja are needed; the
+``ninja`` package is a dependency of spherenet) into ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/torch_extensions``), once per machine: about 15 s on 2 cores. Building is skipped,
+and the optimizers use their ``_foreach`` path, when ``SPHERENET_NATIVE=0`` is set.
+The module name carries the CPU instruction set torch selected (``AVX2``, ``AVX512``, ...), so
+one cache directory shared by different machines never loads code built for another CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = ["sphere_adam_op", "native_status", "NATIVE_DTYPES", "ENV_SWITCH"]
+
+log = logging.getLogger(__name__)
+
+ENV_SWITCH = "SPHERENET_NATIVE"
+NATIVE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_SOURCE = Path(__file__).parent / "csrc" / "sphere_adam.cpp"
+_ISA_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma"],
+}
+
+_lock = threading.Lock()
+_state: dict = {"tried": False, "op": None, "reason": None}
+
+
+def _cpu_capability() -> str:
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # pragma: no cover - very old torch
+        return "DEFAULT"
+
+
+def _find_ninja() -> str | None:
+    """Make ``ninja`` findable by torch's builder: on PATH already, next to this Python (an
+    unactivated venv), or from the ``ninja`` package."""
+    if shutil.which("ninja"):
+        return None
+    candidates = [os.path.dirname(sys.executable)]
+    try:
+        import ninja  # the PyPI package ships the binary
+
+        candidates.append(ninja.BIN_DIR)
+    except Exception:
+        pass
+    for folder in candidates:
+        if folder and shutil.which("ninja", path=folder):
+            os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+            return None
+    return "ninja was not found (pip install ninja)"
+
+
+def _build():
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, f"disabled by {ENV_SWITCH}={os.environ[ENV_SWITCH]}"
+    if not hasattr(torch.ops, "spherenet") or not hasattr(torch.ops.spherenet, "sphere_adam_"):
+        problem = _find_ninja()
+        if problem:
+            return None, problem
+        if not _SOURCE.is_file():
+            return None, f"kernel source {_SOURCE} is missing from the installation"
+        from torch.utils.cpp_extension import load
+
+        capability = _cpu_capability()
+        flags = ["-O3", "-fopenmp", "-fno-math-errno", *_ISA_FLAGS.get(capability, [])]
+        name = f"spherenet_sphere_adam_{capability.lower()}"
+        log.info("spherenet: building the native sphere-Adam kernel %s (once per machine)", name)
+        try:
+            load(name=name, sources=[str(_SOURCE)], extra_cflags=flags, is_python_module=False, verbose=False)
+        except Exception as exc:  # a compiler error, a missing compiler, a read-only cache ...
+            first = str(exc).strip().splitlines()
+            return None, f"building {name} failed: {first[-1] if first else type(exc).__name__}"
+    return torch.ops.spherenet.sphere_adam_, None
+
+
+def sphere_adam_op():
+    """The ``torch.ops.spherenet.sphere_adam_`` operator, building it on the first call, or
+    ``None`` if it cannot be had (:func:`native_status` says why)."""
+    if not _state["tried"]:
+        with _lock:
+            if not _state["tried"]:
+                _state["op"], _state["reason"] = _build()
+                _state["tried"] = True
+    return _state["op"]
+
+
+def native_status() -> tuple[bool, str | None]:
+    """``(available, reason it is not)``, building the kernel if that was not tried yet."""
+    op = sphere_adam_op()
+    return op is not None, _state["reason"]

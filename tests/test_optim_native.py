@@ -1,0 +1,264 @@
+"""The native CPU sphere-Adam kernel (spherenet/optim/csrc/sphere_adam.cpp) and how
+RiemannianAdam picks it: parity with a plain float64 PyTorch reference and with the foreach
+path, geometry after every step, thread-count independence, fallbacks and refusals."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spherenet.layers import SphereLinear
+from spherenet.models import from_preset
+from spherenet.optim import RiemannianAdam, _native, normalize_
+from spherenet.optim.radam import SPHERE_KERNELS
+
+pytestmark = pytest.mark.skipif(
+    _native.sphere_adam_op() is None, reason=f"native kernel unavailable: {_native.native_status()[1]}"
+)
+OP = _native.sphere_adam_op()
+
+
+def reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v):
+    """Steps 1-5 of spherenet.optim.radam in plain float64 PyTorch (no spherenet code)."""
+    x, g, m, v = (a.double() for a in (x, g, m, v))
+    u = g - (x * g).sum(-1, keepdim=True) * x
+    m = b1 * m + (1 - b1) * u
+    v = b2 * v + (1 - b2) * ((u * u).sum(-1, keepdim=True) if row_v else u * u)
+    bc1, bc2 = 1 - b1**t, 1 - b2**t
+    y = x - lr / bc1 * m / ((v / bc2).sqrt() + eps)
+    x = y / y.norm(dim=-1, keepdim=True)
+    m = m - (x * m).sum(-1, keepdim=True) * x
+    return x, m, v
+
+
+def random_state(rows, d, dtype, row_v, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.nn.functional.normalize(torch.randn(rows, d, generator=gen, dtype=torch.float64), dim=-1)
+    g = torch.randn(rows, d, generator=gen, dtype=torch.float64)
+    m = 0.1 * torch.randn(rows, d, generator=gen, dtype=torch.float64)
+    m = m - (x * m).sum(-1, keepdim=True) * x  # a tangent first moment, as after a step
+    v = torch.rand(rows, 1 if row_v else d, generator=gen, dtype=torch.float64)
+    return [a.to(dtype).contiguous() for a in (x, g, m, v)]
+
+
+def run_op(x, g, m, v, lr, b1, b2, eps, t, row_v):
+    OP([x], [g], [m], [v], [lr / (1 - b1**t)], [math.sqrt(1 - b2**t)], b1, b2, eps, 1e-30, row_v)
+
+
+@given(
+    rows=st.integers(0, 9),
+    d=st.integers(2, 70),
+    row_v=st.booleans(),
+    t=st.integers(1, 50),
+    lr=st.floats(1e-4, 0.3),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_matches_float64_reference(rows, d, row_v, t, lr, seed):
+    b1, b2, eps = 0.9, 0.95, 1e-8
+    x, g, m, v = random_state(rows, d, torch.float64, row_v, seed)
+    g_before = g.clone()
+    want_x, want_m, want_v = reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v)
+    run_op(x, g, m, v, lr, b1, b2, eps, t, row_v)
+    assert torch.equal(g, g_before)  # gradients are read only
+    torch.testing.assert_close(x, want_x, rtol=0, atol=1e-12)
+    torch.testing.assert_close(m, want_m, rtol=0, atol=1e-12)
+    torch.testing.assert_close(v, want_v, rtol=1e-12, atol=0)
+    if rows:
+        assert float((x.norm(dim=-1) - 1).abs().max()) <= 1e-14
+        assert float((x * m).sum(-1).abs().max()) <= 1e-14  # m is tangent at the new point
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2), (torch.float16, 4e-3)])
+@pytest.mark.parametrize("row_v", [False, True])
+def test_kernel_low_precision_norms_and_reference(dtype, tol, row_v):
+    b1, b2, eps, lr, t = 0.9, 0.95, 1e-8, 0.05, 3
+    x, g, m, v = random_state(64, 96, dtype, row_v, seed=1)
+    want_x, want_m, _ = reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v)
+    run_op(x, g, m, v, lr, b1, b2, eps, t, row_v)
+    err = float((x.double().norm(dim=-1) - 1).abs().max())
+    # the retraction is computed in float32 and rounded once: within one rounding of unit
+    assert err <= {torch.float32: 3e-7, torch.bfloat16: 4e-3, torch.float16: 1e-3}[dtype], err
+    assert float((x.double() - want_x).abs().max()) <= tol
+    assert float((m.double() - want_m).abs().max()) <= 10 * tol
+
+
+@pytest.mark.parametrize("rows,d", [(0, 5), (1, 2), (3, 1000), (257, 31)])
+def test_kernel_odd_shapes(rows, d):
+    x, g, m, v = random_state(rows, d, torch.float32, False, seed=2)
+    want_x, _, _ = reference_step(x, g, m, v, 1e-2, 0.9, 0.99, 1e-8, 1, False)
+    run_op(x, g, m, v, 1e-2, 0.9, 0.99, 1e-8, 1, False)
+    torch.testing.assert_close(x.double(), want_x, rtol=0, atol=2e-6)
+
+
+def test_kernel_three_dim_tensor_is_rows_of_its_last_dim():
+    x, g, m, v = random_state(12, 7, torch.float64, True, seed=3)
+    want_x, want_m, want_v = reference_step(x, g, m, v, 0.1, 0.9, 0.95, 1e-8, 2, True)
+    x3, g3, m3, v3 = x.view(3, 4, 7), g.view(3, 4, 7), m.view(3, 4, 7), v.view(3, 4, 1)
+    run_op(x3, g3, m3, v3, 0.1, 0.9, 0.95, 1e-8, 2, True)
+    torch.testing.assert_close(x, want_x, rtol=0, atol=1e-12)
+    torch.testing.assert_close(m, want_m, rtol=0, atol=1e-12)
+    torch.testing.assert_close(v, want_v, rtol=1e-12, atol=0)
+
+
+def test_kernel_result_does_not_depend_on_thread_count():
+    """Each row is computed whole by one thread, so 1 and 2 threads give identical bits."""
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            x, g, m, v = random_state(4096, 64, torch.float32, False, seed=4)
+            run_op(x, g, m, v, 1e-3, 0.9, 0.95, 1e-8, 7, False)
+            results.append((x, m, v))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_kernel_refuses_bad_lists():
+    x, g, m, v = random_state(4, 8, torch.float32, False)
+    with pytest.raises(RuntimeError, match="different lengths"):
+        OP([x], [g, g], [m], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+    with pytest.raises(RuntimeError, match=r"vs\[0\] has 32 elements, expected 4"):
+        OP([x], [g], [m], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, True)  # row mode, element v
+    with pytest.raises(RuntimeError, match=r"gs\[0\] has dtype Double"):
+        OP([x], [g.double()], [m], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+    with pytest.raises(RuntimeError, match=r"ms\[0\] is not contiguous"):
+        mt = torch.zeros(8, 4).t()
+        OP([x], [g], [mt], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+    with pytest.raises(RuntimeError, match="must have size >= 2"):
+        one = torch.ones(4, 1)
+        OP([one], [one], [one], [one], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+
+
+# ---- RiemannianAdam with the native kernel ---------------------------------------------------
+
+
+def ngpt(dtype):
+    torch.manual_seed(0)
+    model = from_preset("ngpt-tiny").to(dtype)
+    normalize_(model)
+    return model
+
+
+def set_grads(models, seed, dtype):
+    gen = torch.Generator().manual_seed(seed)
+    for params in zip(*(m.parameters() for m in models)):
+        grad = torch.randn(params[0].shape, generator=gen, dtype=torch.float64)
+        for p in params:
+            p.grad = grad.to(dtype)
+
+
+@pytest.mark.parametrize("mode", ["element", "row"])
+def test_native_and_foreach_take_the_same_steps_float64(mode):
+    native, foreach = ngpt(torch.float64), ngpt(torch.float64)
+    opts = [RiemannianAdam(m, lr=1e-2, second_moment=mode, sphere_kernel=k) for m, k in ((native, "native"), (foreach, "foreach"))]
+    for step in range(20):
+        set_grads([native, foreach], step, torch.float64)
+        grads = [p.grad.clone() for p in native.parameters()]
+        for opt in opts:
+            opt.step()
+        assert all(torch.equal(p.grad, g) for p, g in zip(native.parameters(), grads))  # p.grad untouched
+        assert all(torch.equal(p.grad, g) for p, g in zip(foreach.parameters(), grads))
+    for (name, a), b in zip(native.named_parameters(), foreach.parameters()):
+        assert float((a - b).detach().abs().max()) <= 1e-12, name
+    for a, b in zip(native.parameters(), foreach.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(opts[0].state[a][key], opts[1].state[b][key], rtol=1e-11, atol=1e-13)
+
+
+@pytest.mark.parametrize("mode", ["element", "row"])
+def test_native_float32_tracks_float64_as_closely_as_foreach(mode):
+    """Over 50 steps both float32 paths stay within 1e-6 of the float64 run, with unit rows."""
+    ref = ngpt(torch.float64)
+    runs = {k: copy.deepcopy(ref).float() for k in ("native", "foreach")}
+    opt_ref = RiemannianAdam(ref, lr=1e-3, second_moment=mode, sphere_kernel="foreach")
+    opts = {k: RiemannianAdam(m, lr=1e-3, second_moment=mode, sphere_kernel=k) for k, m in runs.items()}
+    for step in range(50):
+        set_grads([ref], step, torch.float64)
+        set_grads(list(runs.values()), step, torch.float32)
+        opt_ref.step()
+        for opt in opts.values():
+            opt.step()
+    for kind, model in runs.items():
+        err = max(float((a.double() - b).detach().abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
+        assert err <= 1e-6, (kind, err)
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                assert float((p.detach().norm(dim=-1) - 1).abs().max()) <= 1e-6, (kind, name)
+
+
+def test_non_contiguous_sphere_tensor_takes_the_foreach_path():
+    """A parameter the kernel cannot take (a transposed view) is still updated, exactly like
+    the foreach optimizer does it, while the others go through the kernel."""
+    model = torch.nn.Module()
+    model.a = SphereLinear(6, 5, sphere="in").double()
+    model.b = SphereLinear(6, 5, sphere="in").double()
+    # the declaration belongs to the attribute name, so it carries over to the new tensor
+    model.b.weight = torch.nn.Parameter(model.b.weight.detach().t().contiguous().t())
+    normalize_(model)
+    assert not model.b.weight.is_contiguous()
+    twin = copy.deepcopy(model)
+    opt = RiemannianAdam(model, lr=0.05, sphere_kernel="native")
+    ref = RiemannianAdam(twin, lr=0.05, sphere_kernel="foreach")
+    for step in range(5):
+        set_grads([model, twin], step, torch.float64)
+        opt.step()
+        ref.step()
+    assert opt._native_mask(*_lists(opt)) == [True, False]
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert float((a - b).abs().max()) <= 1e-12
+
+
+def _lists(opt):
+    group = opt.param_groups[0]
+    ps = group["params"]
+    return ps, [p.grad for p in ps], [opt.state[p]["exp_avg"] for p in ps], [opt.state[p]["exp_avg_sq"] for p in ps]
+
+
+def test_sphere_kernel_option_is_checked():
+    assert SPHERE_KERNELS == ("auto", "native", "foreach")
+    with pytest.raises(ValueError, match="sphere_kernel must be one of"):
+        RiemannianAdam(ngpt(torch.float32), sphere_kernel="cuda")
+
+
+def test_unavailable_kernel_native_refuses_auto_warns_once(monkeypatch):
+    monkeypatch.setitem(_native._state, "tried", True)
+    monkeypatch.setitem(_native._state, "op", None)
+    monkeypatch.setitem(_native._state, "reason", "no compiler (test)")
+    model = ngpt(torch.float32)
+    with pytest.raises(RuntimeError, match=r"sphere_kernel='native'.*no compiler \(test\)"):
+        RiemannianAdam(model, sphere_kernel="native")
+    opt = RiemannianAdam(model, lr=1e-3)
+    twin = copy.deepcopy(model)
+    ref = RiemannianAdam(twin, lr=1e-3, sphere_kernel="foreach")
+    with pytest.warns(RuntimeWarning, match=r"native sphere kernel is unavailable \(no compiler \(test\)\)"):
+        set_grads([model, twin], 0, torch.float32)
+        opt.step()
+    ref.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning comes once per optimizer
+        set_grads([model, twin], 1, torch.float32)
+        opt.step()
+    ref.step()  # the same two steps through the same (foreach) path
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+
+
+def test_environment_switch_disables_the_build():
+    code = (
+        "from spherenet.optim import _native; ok, why = _native.native_status(); "
+        "print(ok); print(why)"
+    )
+    env = dict(os.environ, SPHERENET_NATIVE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["False", "disabled by SPHERENET_NATIVE=0"]
