@@ -223,13 +223,19 @@ def main(argv: list[str] | None = None) -> int:
         bar = tqdm(total=t.steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
     last_step = min(t.steps, t.halt_after) if t.halt_after else t.steps
 
-    # SIGTERM (preemption, scheduler time limit): finish the step, checkpoint, exit cleanly.
+    # SIGTERM (preemption, scheduler time limit) or Ctrl-C (SIGINT): finish the step, checkpoint,
+    # exit cleanly. A second Ctrl-C aborts at once (the last saved checkpoint stays intact).
     stop_requested = {"signal": None}
 
     def request_stop(signum, frame):
+        if signum == signal.SIGINT and stop_requested["signal"] is not None:
+            raise KeyboardInterrupt
         stop_requested["signal"] = signum
+        if signum == signal.SIGINT and info.is_main:
+            print("\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to abort without it)",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
-    previous_handler = signal.signal(signal.SIGTERM, request_stop)
+    previous_handlers = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     model.train()
     skipped_in_row, last_val = 0, float("nan")
@@ -272,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             if stop:
                 last_step = step
                 if info.is_main:
-                    print(f"stop requested (SIGTERM): checkpoint saved at step {step}; continue with --resume", flush=True)
+                    why = signal.Signals(stop_requested["signal"]).name if stop_requested["signal"] else "on another rank"
+                    print(f"stop requested ({why}): checkpoint saved at step {step}; continue with --resume", flush=True)
                 break
     except NonFiniteError as exc:
         if bar is not None:
@@ -282,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             log.log(event="stopped", step=step, reason=str(exc))
         return 3
     finally:
-        signal.signal(signal.SIGTERM, previous_handler)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
     if bar is not None:
         bar.close()
 

@@ -313,7 +313,9 @@ def test_sigterm_to_torchrun_checkpoints_and_resume_is_exact(tmp_path, cache, te
 TERM_STEPS = 60
 
 
-def test_sigterm_checkpoints_at_the_stop_step_and_resume_is_exact(tmp_path, cache, text_file, capsys):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_checkpoints_at_the_stop_step_and_resume_is_exact(sig, tmp_path, cache, text_file, capsys):
+    """SIGTERM (preemption) and Ctrl-C (SIGINT) both finish the step, checkpoint and exit 0."""
     common = [f"train.steps={TERM_STEPS}", "train.checkpoint_every=25"]
     assert cli(args(tmp_path / "straight", cache, text_file, *common)) == 0
     straight = last_losses(tmp_path / "straight")
@@ -321,10 +323,10 @@ def test_sigterm_checkpoints_at_the_stop_step_and_resume_is_exact(tmp_path, cach
     out, log = tmp_path / "run", tmp_path / "run.log"
     with launched([sys.executable, "-m", "recipes.train", *args(out, cache, text_file, *common)], log) as proc:
         wait_until(lambda: max_step(out) >= 3, proc, log, 60, "step 3")
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         text = finish(proc, log, timeout=60)
     assert proc.returncode == 0, text[-3000:]
-    m = re.search(r"stop requested \(SIGTERM\): checkpoint saved at step (\d+)", text)
+    m = re.search(rf"stop requested \({sig.name}\): checkpoint saved at step (\d+)", text)
     assert m, text[-3000:]
     stop = int(m.group(1))
     assert 3 <= stop < TERM_STEPS
