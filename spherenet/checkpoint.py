@@ -772,10 +772,11 @@ class CheckpointManager:
     def _load_sharded(self, path: Path, inner: nn.Module, optimizer, rest: dict) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
             get_model_state_dict,
             get_state_dict,
             set_model_state_dict,
-            set_state_dict,
+            set_optimizer_state_dict,
         )
 
         with_optim = optimizer is not None and not rest["optimizer_empty"]
@@ -783,6 +784,11 @@ class CheckpointManager:
             # Note: on an optimizer without state this runs a zero-lr step to create it; the
             # state is then overwritten below and the parameters reloaded after it.
             msd, osd = get_state_dict(inner, [optimizer])
+            # Parameters that never had a gradient have no optimizer state in the checkpoint;
+            # the template above gives every parameter one. Ask DCP only for what was saved.
+            saved = dcp.FileSystemReader(str(path / SHARDED_DIR)).read_metadata().state_dict_metadata
+            prefixes = {key.rsplit(".", 1)[0] for key in saved if key.startswith("optimizer.state.")}
+            osd["state"] = {fqn: st for fqn, st in osd["state"].items() if f"optimizer.state.{fqn}" in prefixes}
             payload = {"model": msd, "optimizer": osd}
         else:
             msd = get_model_state_dict(inner)
@@ -793,7 +799,12 @@ class CheckpointManager:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(payload, checkpoint_id=str(path / SHARDED_DIR), process_group=self.process_group)
         if with_optim:
-            set_state_dict(inner, [optimizer], model_state_dict=payload["model"], optim_state_dict=payload["optimizer"])
+            set_model_state_dict(inner, payload["model"])
+            # strict=False: parameters without saved state (never had a gradient) start fresh,
+            # as they would have in the uninterrupted run.
+            set_optimizer_state_dict(
+                inner, [optimizer], payload["optimizer"], options=StateDictOptions(strict=False)
+            )
             _keep_python_scalars(optimizer, payload["optimizer"]["state"], dict(inner.named_parameters()))
         else:
             set_model_state_dict(inner, payload["model"])

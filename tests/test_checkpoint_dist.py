@@ -136,6 +136,50 @@ def _fsdp_phase(rank: int, root: Path):
     _same(_full(model4), initial, "fallback parameters")
 
 
+class _WithUnused(nn.Module):
+    """A model with a layer that never gets a gradient: its optimizer has no state for it."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.used = _build(seed)
+        self.unused = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def _fsdp_unused_phase(rank: int, root: Path):
+    """FSDP2 resume when some parameters have no optimizer state (never had a gradient)."""
+    mgr = CheckpointManager(root / "fsdp_unused", keep_last=2)
+
+    def make(seed):
+        from torch.distributed.fsdp import fully_shard
+
+        model = _WithUnused(seed)
+        _shard(model.used)
+        fully_shard(model.unused)
+        fully_shard(model)
+        return model, *_optim(model)
+
+    model, opt, sched = make(0)
+    torch.manual_seed(300 + rank)
+    for _ in range(2):
+        _step(model, opt, sched)
+    assert model.unused.weight not in opt.state  # no gradient, no state
+    mgr.save(2, {"model": model, "optimizer": opt, "scheduler": sched})
+    for _ in range(2):
+        _step(model, opt, sched)
+    reference = _full(model)
+
+    model2, opt2, sched2 = make(5)
+    torch.manual_seed(999)  # the load restores each rank's RNG state of the save
+    mgr.load_latest({"model": model2, "optimizer": opt2, "scheduler": sched2})
+    assert model2.unused.weight not in opt2.state and model2.used[0].weight in opt2.state
+    for _ in range(2):
+        _step(model2, opt2, sched2)
+    _same(_full(model2), reference, "FSDP2 resume with a parameter without optimizer state")
+
+
 def _ddp_phase(rank: int, root: Path):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -178,6 +222,7 @@ def _worker(rank: int, root: str):
     dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=rank, world_size=WORLD)
     try:
         _fsdp_phase(rank, root)
+        _fsdp_unused_phase(rank, root)
         _ddp_phase(rank, root)
         # Teardown: without these, rank 0 could abort ("terminate called without an active
         # exception", ~1 run in 10) when the DDP/FSDP objects still holding the gloo group
