@@ -1,0 +1,93 @@
+"""spherenet.train.train_step with 2 gloo ranks (DDP and FSDP2): a non-finite gradient seen by
+one rank only (a rank-local corruption after the gradient reduction) skips the update on every
+rank, so the replicas (DDP) and the shards (FSDP2) never diverge."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.distributed
+
+WORLD = 2
+BAD_STEP = 2  # the step whose gradient rank 1 sees as NaN
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _full_params(model) -> list[torch.Tensor]:
+    inner = model.module if hasattr(model, "module") else model
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in inner.parameters()]
+
+
+def _run(rank: int, parallel: str) -> None:
+    from spherenet.models import from_preset
+    from spherenet.optim import RiemannianAdam
+    from spherenet.train import loop
+    from spherenet.train.distributed import DistInfo, wrap_model
+
+    torch.manual_seed(0)
+    model = from_preset("ngpt-tiny", vocab_size=32, d_model=32, n_layers=2, n_heads=2, max_seq_len=16)
+    model = wrap_model(model, parallel, DistInfo(rank, WORLD, rank, torch.device("cpu")))
+    optimizer = RiemannianAdam(model.module if parallel == "ddp" else model, lr=1e-2)
+
+    step = {"n": 0}
+    original = loop._local_grads
+
+    def local_grads_rank1_corrupt(m):
+        grads = original(m)
+        if rank == 1 and step["n"] == BAD_STEP:
+            grads[0].view(-1)[0] = float("nan")  # only this rank's copy / shard
+        return grads
+
+    loop._local_grads = local_grads_rank1_corrupt
+    try:
+        gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
+        history = []
+        for n in range(1, 5):
+            step["n"] = n
+            x = torch.randint(0, 32, (2, 16), generator=gen)
+            result = loop.train_step(model, [(x, x.roll(-1, dims=1))], optimizer, sharded=parallel == "fsdp")
+            history.append((result.skipped, _full_params(model)))
+    finally:
+        loop._local_grads = original
+
+    skipped = [s for s, _ in history]
+    assert skipped == [n == BAD_STEP for n in range(1, 5)], (rank, parallel, skipped)
+    # The skipped step left every parameter as it was, on both ranks.
+    before, after = history[BAD_STEP - 2][1], history[BAD_STEP - 1][1]
+    assert all(torch.equal(a, b) for a, b in zip(before, after)), (rank, parallel)
+    # The replicas agree at the end (for FSDP2: the gathered full tensors).
+    final = history[-1][1]
+    gathered = [None] * WORLD
+    dist.all_gather_object(gathered, final)
+    assert all(torch.equal(a, b) for a, b in zip(gathered[0], gathered[1])), parallel
+    assert not torch.equal(final[0], history[0][1][0])  # training did move the weights
+
+
+def _worker(rank: int, port: int) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    try:
+        for parallel in ("ddp", "fsdp"):
+            _run(rank, parallel)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+def test_nonfinite_on_one_rank_skips_the_step_on_every_rank():
+    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
