@@ -338,7 +338,7 @@ class RiemannianAdam(Optimizer):
                 f"RiemannianAdam: the native sphere kernel is unavailable ({_native.native_status()[1]}); "
                 "using the foreach kernels (same step, slower on CPU)",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=6,  # the caller of optimizer.step()
             )
         return [False] * len(xs)
 
