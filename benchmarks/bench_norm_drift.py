@@ -5,7 +5,8 @@ coordinates, the layout of an nGPT matrix) is updated for ``--steps`` optimizer 
 contender; every ``--measure-every`` steps the benchmark records ``max_i |‖w_i‖ - 1|`` over
 all rows (norms taken in float64). Contenders, each in float32 and bfloat16 parameters:
 
-- ``riemannian_adam``: :class:`spherenet.optim.RiemannianAdam` (tangent step, then retraction);
+- ``riemannian_adam``: :class:`spherenet.optim.RiemannianAdam` (tangent step, then retraction),
+  with its native CPU kernel (the default) and, without re-projection, its foreach kernel;
 - ``adam_normalize``: torch's AdamW, then :func:`spherenet.optim.normalize_` after every step
   (the paper's method, as ``build_optimizer("adam_normalize")`` sets it up);
 - each of them with an extra periodic re-projection every ``--reproject-every`` steps, as
@@ -73,6 +74,8 @@ def reproject_exact(w: torch.Tensor) -> None:
 def make_optimizer(model: nn.Module, method: str, lr: float, steps: int):
     if method == "adam":  # no normalization at all: the control
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if method == "riemannian_adam_foreach":
+        return build_optimizer(model, "riemannian_adam", lr=lr, total_steps=steps, sphere_kernel="foreach")[0]
     optimizer, _ = build_optimizer(model, method, lr=lr, total_steps=steps)  # constant lr: no scheduler step
     return optimizer
 
@@ -148,6 +151,8 @@ def contenders(quick_dtypes: list[str]) -> list[tuple[str, torch.dtype, str]]:
         dtype = getattr(torch, name)
         for method in ("riemannian_adam", "adam_normalize"):
             out.append((method, dtype, "none"))
+            if method == "riemannian_adam":
+                out.append(("riemannian_adam_foreach", dtype, "none"))
             out.append((method, dtype, "normalize_"))
             if dtype != torch.float32:
                 out.append((method, dtype, "exact"))
@@ -157,6 +162,7 @@ def contenders(quick_dtypes: list[str]) -> list[tuple[str, torch.dtype, str]]:
 
 LABEL = {
     "riemannian_adam": "RiemannianAdam",
+    "riemannian_adam_foreach": "RiemannianAdam (foreach kernel)",
     "adam_normalize": "Adam + normalize_ every step",
     "adam": "Adam (no normalization)",
 }

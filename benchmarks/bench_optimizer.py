@@ -67,22 +67,16 @@ def contenders(model, lr: float) -> dict:
             adam_then_normalize,
         ),
         "torch Adam foreach": (lambda: torch.optim.Adam(model.parameters(), lr=lr, foreach=True), plain_step),
-        "spherenet RiemannianAdam element native": (
-            lambda: RiemannianAdam(model, lr=lr, second_moment="element", sphere_kernel="native"),
-            plain_step,
-        ),
-        "spherenet RiemannianAdam row native": (
-            lambda: RiemannianAdam(model, lr=lr, second_moment="row", sphere_kernel="native"),
-            plain_step,
-        ),
-        "spherenet RiemannianAdam element foreach": (
-            lambda: RiemannianAdam(model, lr=lr, second_moment="element", sphere_kernel="foreach"),
-            plain_step,
-        ),
-        "spherenet RiemannianAdam row foreach": (
-            lambda: RiemannianAdam(model, lr=lr, second_moment="row", sphere_kernel="foreach"),
-            plain_step,
-        ),
+        **{
+            f"spherenet RiemannianAdam {moment} {kernel}": (
+                lambda moment=moment, kernel=kernel: RiemannianAdam(
+                    model, lr=lr, second_moment=moment, sphere_kernel=kernel
+                ),
+                plain_step,
+            )
+            for kernel in ("native", "foreach")
+            for moment in ("element", "row")
+        },
         "spherenet Riemannian(Adam fused)": (
             lambda: Riemannian(torch.optim.Adam(param_groups(model), lr=lr, fused=True), model),
             plain_step,

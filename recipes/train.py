@@ -114,7 +114,7 @@ RESUMABLE_CHANGES = {
     "train": {"eval_every", "eval_batches", "log_every", "checkpoint_every", "keep_last", "out_dir", "compile",
               "autocast", "progress", "sample_tokens", "halt_after", "nonfinite", "max_nonfinite", "parallel",
               "micro_batch_size"},
-    "optim": {"grad_clip", "reproject_every"},
+    "optim": {"grad_clip", "reproject_every", "sphere_kernel"},
     "data": {"source", "cache_dir", "num_proc"},
 }  # fmt: skip
 
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             model, o.method, lr=o.lr, total_steps=t.steps,
             weight_decay=None if o.weight_decay < 0 else o.weight_decay,
             warmup_steps=None if o.warmup_steps < 0 else o.warmup_steps,
-            betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment,
+            betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment, sphere_kernel=o.sphere_kernel,
         )  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[optim] method {o.method!r} with train.steps={t.steps}: {exc}") from None

@@ -225,6 +225,15 @@ def _lists(opt):
     return ps, [p.grad for p in ps], [opt.state[p]["exp_avg"] for p in ps], [opt.state[p]["exp_avg_sq"] for p in ps]
 
 
+def test_build_optimizer_passes_the_kernel_choice():
+    from spherenet.optim import build_optimizer
+
+    opt, _ = build_optimizer(ngpt(torch.float32), "riemannian_adam", lr=1e-3, total_steps=10, sphere_kernel="foreach")
+    assert opt.sphere_kernel == "foreach"
+    with pytest.raises(ValueError, match="sphere_kernel must be one of"):
+        build_optimizer(ngpt(torch.float32), "riemannian_adam", lr=1e-3, total_steps=10, sphere_kernel="gpu")
+
+
 def test_sphere_kernel_option_is_checked():
     assert SPHERE_KERNELS == ("auto", "native", "foreach")
     with pytest.raises(ValueError, match="sphere_kernel must be one of"):

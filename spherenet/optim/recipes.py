@@ -83,6 +83,7 @@ def build_optimizer(
     second_moment: str = "element",
     off_sphere: str = "project",
     fused: bool | None = None,
+    sphere_kernel: str = "auto",
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
     """Build the optimizer and the LR schedule of one of the paper's recipes (Table 3).
 
@@ -94,7 +95,8 @@ def build_optimizer(
 
     ``second_moment`` applies to ``"riemannian_adam"`` only (``"element"``: learning rates
     transfer from ``"adam_normalize"``; ``"row"``: geoopt's semantics, ``lr`` is then an angle
-    per step per row).
+    per step per row). ``sphere_kernel`` too (``"auto"``, ``"native"``, ``"foreach"``: see
+    :class:`RiemannianAdam`).
 
     Raises ``ValueError`` naming the bad value (unknown method, ``lr <= 0``,
     ``total_steps <= 0``, ``warmup_steps >= total_steps``, negative weight decay, betas outside
@@ -135,6 +137,7 @@ def build_optimizer(
             model=model,
             off_sphere=off_sphere,
             fused=fused,
+            sphere_kernel=sphere_kernel,
         )
     elif method == "adam_normalize":
         if not sphere:
