@@ -271,3 +271,20 @@ def test_environment_switch_disables_the_build():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["False", "disabled by SPHERENET_NATIVE=0"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("row_v", [False, True])
+def test_gradient_normal_to_the_sphere_has_no_tangent_part(dtype, row_v):
+    """g = 3x is normal to the sphere: its projection (and so m and v) is rounding noise. Adam
+    would blow that noise up to a full step (m / sqrt(v) is ~1 at any scale), so eps = 1 here
+    keeps the step at noise level too: x stays where it was."""
+    x, _, _, _ = random_state(16, 40, dtype, row_v, seed=5)
+    g = 3.0 * x
+    m, v = torch.zeros_like(x), torch.zeros(16, 1 if row_v else 40, dtype=dtype)
+    before = x.clone()
+    run_op(x, g, m, v, 0.1, 0.9, 0.95, 1.0, 1, row_v)
+    ulp = torch.finfo(dtype).eps
+    assert float(m.abs().max()) <= 8 * ulp  # (1 - b1) u, u = 3x - <x, 3x> x ~ rounding
+    assert float(v.abs().max()) <= (8 * ulp) ** 2 * (40 if row_v else 1)
+    assert float((x - before).abs().max()) <= 4 * ulp
