@@ -135,6 +135,8 @@ def test_kernel_refuses_bad_lists():
     with pytest.raises(RuntimeError, match=r"ms\[0\] is not contiguous"):
         mt = torch.zeros(8, 4).t()
         OP([x], [g], [mt], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+    with pytest.raises(RuntimeError, match="unsupported operation"):  # x and m share memory
+        OP([x], [g], [x], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
     with pytest.raises(RuntimeError, match="must have size >= 2"):
         one = torch.ones(4, 1)
         OP([one], [one], [one], [one], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)

@@ -6,7 +6,7 @@
 //   u  = g - <x, g> x                       tangent projection (paper's Appendix A.3, eq. 24)
 //   m  = b1 m + (1 - b1) u                  Adam moments (eq. 22); v per element or per row
 //   v  = b2 v + (1 - b2) u*u   |   b2 v + (1 - b2) ||u||^2
-//   y  = x - step_size * m / (sqrt(v) / sqrt(bc2) + eps)      (torch.optim.Adam's arithmetic)
+//   y  = x - step_size * m / (sqrt(v) / sqrt(bc2) + eps)      (torch.optim.Adam's formula)
 //   x  = y / ||y||                          retraction Norm (Section 2.2.2)
 //   m  = m - <x, m> x                       transport of m by projection
 //
@@ -14,6 +14,7 @@
 // computed in float32 and rounded once on store. The gradients are read only.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -103,8 +104,10 @@ void sphere_adam_tensor(scalar_t* x, const scalar_t* g, scalar_t* m, scalar_t* v
   // Rows are independent: split them across threads; a grain of ~32K elements per task keeps
   // small tensors on one thread.
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / d);
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t scratch = std::is_same_v<scalar_t, acc_t> ? 0 : d;  // see kInPlace
   at::parallel_for(0, rows, grain, [=](int64_t begin, int64_t end) {
-    std::vector<at::opmath_type<scalar_t>> y(d);
+    std::vector<acc_t> y(scratch);
     for (int64_t r = begin; r < end; ++r) {
       sphere_adam_row<scalar_t, kRowV>(
           x + r * d, g + r * d, m + r * d, kRowV ? v + r : v + r * d, y.data(), d, h);
@@ -147,6 +150,10 @@ void sphere_adam_(
     check_tensor(gs[i], x, "gs", i, false);
     check_tensor(ms[i], x, "ms", i, false);
     check_tensor(vs[i], x, "vs", i, row_v);
+    // The row kernel reads and writes through restrict pointers: no two may share memory.
+    const at::Tensor* four[] = {&x, &gs[i], &ms[i], &vs[i]};
+    for (int a = 0; a < 4; ++a)
+      for (int b = a + 1; b < 4; ++b) at::assert_no_overlap(*four[a], *four[b]);
   }
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& x = xs[i];
