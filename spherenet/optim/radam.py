@@ -87,14 +87,15 @@ class RiemannianAdam(Optimizer):
             declared sphere parameter must then sit in a sphere group.
         off_sphere: what the first step does with sphere rows that are not unit: ``"project"``
             (normalize them, with a warning) or ``"error"``.
-        fused: use torch's fused Adam kernel for the moment update: ``True``, ``False`` (the
+        fused: for Euclidean groups and sphere tensors on the foreach path, use torch's fused
+            Adam kernel for the moment update: ``True``, ``False`` (the
             foreach kernel), or ``None``: fused for CUDA/XPU tensors and for CPU tensors of at
             least 65536 elements, foreach for the rest.
         check_model: at every step, check that the model's declared sphere parameters are
             still the ones this optimizer holds (a ``RuntimeError`` otherwise).
         sphere_kernel: how sphere tensors are updated. ``"native"``: one fused C++ pass per row
-            (CPU tensors; built on first use, see :mod:`spherenet.optim._native`), a
-            ``RuntimeError`` if it cannot be built; ``"foreach"``: ``torch._foreach_*`` passes
+            for contiguous CPU tensors (built on first use, see :mod:`spherenet.optim._native`;
+            other tensors take the foreach path), a ``RuntimeError`` if it cannot be built; ``"foreach"``: ``torch._foreach_*`` passes
             over cache-sized blocks of rows (any device); ``"auto"`` (default): native for CPU
             tensors when it builds (else foreach, with one warning), foreach elsewhere. Both
             compute the same step; they differ by float rounding only.
