@@ -40,14 +40,9 @@ import weakref
 
 import torch
 from _machine import cpu_name  # benchmarks/ is on sys.path when a script runs
-import torch.nn.functional as F
+from bench_step import RECIPE, build, make_step, random_batch  # the same models, data and step
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-
-from spherenet.models import from_preset
-from spherenet.optim import build_optimizer
-
-RECIPE = {"nGPT": ("ngpt-small", "riemannian_adam"), "GPT": ("gpt-small", "adamw")}
 MiB = 2**20
 
 
@@ -108,27 +103,10 @@ def vm_hwm_bytes() -> int | None:
 def worker(args) -> dict:
     device = torch.device(args.device)
     family, mode = args.worker
-    preset, method = RECIPE[family]
-    torch.manual_seed(0)
-    model = from_preset(
-        preset, vocab_size=args.vocab, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-        max_seq_len=args.ctx,
-    ).to(device)  # fmt: skip
-    optimizer, scheduler = build_optimizer(model, method, lr=1e-3, total_steps=10**6)
+    model, optimizer, scheduler = build(family, args, device)
     runner = torch.compile(model) if mode == "compiled" else model
-    g = torch.Generator().manual_seed(0)
-    data = torch.randint(0, args.vocab, (args.batch, args.ctx + 1), generator=g).to(device)
-    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
-
-    def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
-            logits = runner(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        del logits, loss
+    x, y = random_batch(args, device)
+    step = make_step(runner, optimizer, scheduler, x, y, device, args.dtype)
 
     step()  # warm-up: optimizer state exists from here on (and the graph is compiled)
     params = storage_bytes(model.parameters())

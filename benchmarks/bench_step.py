@@ -60,6 +60,13 @@ def build(family: str, args, device: torch.device):
     return model, optimizer, scheduler
 
 
+def random_batch(args, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed random token windows (inputs, next-token targets) of ``--batch`` x ``--ctx``."""
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, args.vocab, (args.batch, args.ctx + 1), generator=g).to(device)
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+
 def make_step(model, optimizer, scheduler, x, y, device, dtype):
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
@@ -104,9 +111,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    g = torch.Generator().manual_seed(0)
-    data = torch.randint(0, args.vocab, (args.batch, args.ctx + 1), generator=g).to(device)
-    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    x, y = random_batch(args, device)
 
     modes = ["eager"] if args.no_compile else ["eager", "compiled"]
     contenders = {}
