@@ -47,11 +47,11 @@ def _cpu_capability() -> str:
         return "DEFAULT"
 
 
-def _find_ninja() -> str | None:
-    """Make ``ninja`` findable by torch's builder: on PATH already, next to this Python (an
-    unactivated venv), or from the ``ninja`` package."""
+def _ninja_folder() -> str | None:
+    """Where torch's builder can find ``ninja``: ``""`` when it is on PATH already, else the
+    folder next to this Python (an unactivated venv) or the ``ninja`` package's, else ``None``."""
     if shutil.which("ninja"):
-        return None
+        return ""
     candidates = [os.path.dirname(sys.executable)]
     try:
         import ninja  # the PyPI package ships the binary
@@ -59,20 +59,16 @@ def _find_ninja() -> str | None:
         candidates.append(ninja.BIN_DIR)
     except Exception:
         pass
-    for folder in candidates:
-        if folder and shutil.which("ninja", path=folder):
-            os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
-            return None
-    return "ninja was not found (pip install ninja)"
+    return next((folder for folder in candidates if folder and shutil.which("ninja", path=folder)), None)
 
 
 def _build():
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return None, f"disabled by {ENV_SWITCH}={os.environ[ENV_SWITCH]}"
     if not hasattr(torch.ops, "spherenet") or not hasattr(torch.ops.spherenet, "sphere_adam_"):
-        problem = _find_ninja()
-        if problem:
-            return None, problem
+        ninja_folder = _ninja_folder()
+        if ninja_folder is None:
+            return None, "ninja was not found (pip install ninja)"
         if not _SOURCE.is_file():
             return None, f"kernel source {_SOURCE} is missing from the installation"
         from torch.utils.cpp_extension import load
@@ -81,11 +77,16 @@ def _build():
         flags = ["-O3", "-fopenmp", "-fno-math-errno", *_ISA_FLAGS.get(capability, [])]
         name = f"spherenet_sphere_adam_{capability.lower()}"
         log.info("spherenet: building the native sphere-Adam kernel %s (once per machine)", name)
+        path = os.environ.get("PATH", "")
+        if ninja_folder:  # torch runs `ninja` from PATH: extend it for the build only
+            os.environ["PATH"] = ninja_folder + os.pathsep + path
         try:
             load(name=name, sources=[str(_SOURCE)], extra_cflags=flags, is_python_module=False, verbose=False)
         except Exception as exc:  # a compiler error, a missing compiler, a read-only cache ...
-            first = str(exc).strip().splitlines()
-            return None, f"building {name} failed: {first[-1] if first else type(exc).__name__}"
+            lines = str(exc).strip().splitlines()
+            return None, f"building {name} failed: {lines[-1] if lines else type(exc).__name__}"
+        finally:
+            os.environ["PATH"] = path
     return torch.ops.spherenet.sphere_adam_, None
 
 
