@@ -360,14 +360,21 @@ def test_cache_blocking_does_not_change_results(make_opt):
     assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), blocked.parameters()))
 
 
-def test_wrapped_torch_adam_equals_riemannian_adam_element():
+@pytest.mark.parametrize(
+    "dtype,kernel,tol",
+    # The foreach path steps with torch's own Adam kernel: the same float32 roundings. The native
+    # kernel rounds differently at the ulp level (FMA, summation order), which 30 steps at lr=2e-2
+    # on this tiny model amplify to ~3e-6 in float32; in float64 the math is the same to 1e-12.
+    [(torch.float32, "foreach", 1e-6), (torch.float64, "native", 1e-12), (torch.float64, "foreach", 1e-12)],
+)
+def test_wrapped_torch_adam_equals_riemannian_adam_element(dtype, kernel, tol):
     """Riemannian(torch.optim.Adam) performs the same math as RiemannianAdam(element)."""
-    a = make_model()
+    a = make_model(dtype)
     b = copy.deepcopy(a)
     data = batches(30)
-    train(a, RiemannianAdam(a, lr=2e-2), data)
+    train(a, RiemannianAdam(a, lr=2e-2, sphere_kernel=kernel), data)
     train(b, Riemannian(torch.optim.Adam(param_groups(b), lr=2e-2), b), data)
-    assert max_param_diff(a, b) <= 1e-6
+    assert max_param_diff(a, b) <= tol
 
 
 def test_step_size_per_row_element_vs_row():

@@ -124,6 +124,42 @@ def test_kernel_result_does_not_depend_on_thread_count():
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+@pytest.mark.parametrize("d", [5, 17, 40])
+def test_kernel_eps_zero_with_a_short_last_chunk(d):
+    """The lanes past the row's end hold 0/0 when eps = 0: they must stay out of the norms."""
+    x, g, m, v = random_state(6, d, torch.float64, False, seed=5)
+    want_x, want_m, want_v = reference_step(x, g, m, v, 0.05, 0.9, 0.95, 0.0, 4, False)
+    run_op(x, g, m, v, 0.05, 0.9, 0.95, 0.0, 4, False)
+    assert bool(torch.isfinite(x).all() and torch.isfinite(m).all())
+    torch.testing.assert_close(x, want_x, rtol=0, atol=1e-12)
+    torch.testing.assert_close(m, want_m, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("row_v", [False, True])
+def test_kernel_row_does_not_depend_on_its_neighbours(row_v):
+    """Rows are pipelined (the last pass of a row reads the next row's <x, g>): stepping a
+    tensor whole and stepping each row as its own tensor give identical bits."""
+    whole = random_state(50, 40, torch.float32, row_v, seed=6)
+    alone = [a.clone() for a in whole]
+    run_op(*whole, 1e-2, 0.9, 0.95, 1e-8, 3, row_v)
+    for r in range(50):
+        run_op(*(a[r : r + 1] for a in alone), 1e-2, 0.9, 0.95, 1e-8, 3, row_v)
+    assert all(torch.equal(a, b) for a, b in zip(whole, alone))
+
+
+def test_kernel_mixed_dtypes_in_one_call():
+    """One call may hold tensors of several dtypes (one parallel region steps them all)."""
+    dtypes = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    together = [random_state(9, 33, dtype, False, seed=7 + i) for i, dtype in enumerate(dtypes)]
+    apart = [[a.clone() for a in state] for state in together]
+    n = len(dtypes)
+    OP(*([s[k] for s in together] for k in range(4)), [1e-2] * n, [0.5] * n, 0.9, 0.95, 1e-8, 1e-30, False)
+    for state in apart:
+        OP(*([a] for a in state), [1e-2], [0.5], 0.9, 0.95, 1e-8, 1e-30, False)
+    for state_together, state_apart in zip(together, apart):
+        assert all(torch.equal(a, b) for a, b in zip(state_together, state_apart))
+
+
 def test_kernel_refuses_bad_lists():
     x, g, m, v = random_state(4, 8, torch.float32, False)
     with pytest.raises(RuntimeError, match="different lengths"):

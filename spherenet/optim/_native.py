@@ -31,10 +31,18 @@ log = logging.getLogger(__name__)
 ENV_SWITCH = "SPHERENET_NATIVE"
 NATIVE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _SOURCE = Path(__file__).parent / "csrc" / "sphere_adam.cpp"
+# Compiler flags per CPU capability, and the CPU_CAPABILITY macros that make ATen's Vectorized<T>
+# use those lanes (as torch's own kernels are built); anything else gets the portable DEFAULT.
 _ISA_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
     "AVX2": ["-mavx2", "-mfma"],
 }
+
+
+def _isa_flags(capability: str) -> list[str]:
+    if capability not in _ISA_FLAGS:
+        return ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"]
+    return [*_ISA_FLAGS[capability], f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}"]
 
 _lock = threading.Lock()
 _state: dict = {"tried": False, "op": None, "reason": None}
@@ -74,7 +82,7 @@ def _build():
         from torch.utils.cpp_extension import load
 
         capability = _cpu_capability()
-        flags = ["-O3", "-fopenmp", "-fno-math-errno", *_ISA_FLAGS.get(capability, [])]
+        flags = ["-O3", "-fopenmp", "-fno-math-errno", *_isa_flags(capability)]
         name = f"spherenet_sphere_adam_{capability.lower()}"
         log.info("spherenet: building the native sphere-Adam kernel %s (once per machine)", name)
         path = os.environ.get("PATH", "")
