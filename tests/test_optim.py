@@ -477,6 +477,39 @@ def test_optimizer_built_before_assign_is_refused_at_step():
         add_normalize_hook(opt2, model)
 
 
+def test_model_watch_walks_the_model_once_then_confirms(monkeypatch):
+    """After one full walk, a step confirms the links it saw instead of walking the model again."""
+    from spherenet.optim import _common
+
+    walks = []
+    real = _common.named_sphere_parameters
+    monkeypatch.setattr(_common, "named_sphere_parameters", lambda m: walks.append(1) or real(m))
+    model = make_model()
+    opt = RiemannianAdam(model, lr=1e-2)
+    train(model, opt, batches(5))
+    assert len(walks) == 1
+    opt._watch.full_every = 3
+    train(model, opt, batches(6))
+    assert len(walks) == 3  # steps 6 and 9 walk again
+
+
+@pytest.mark.parametrize("change", ["replace_module", "replace_param", "add_module"])
+def test_model_change_after_the_first_step_is_refused(change):
+    model = make_model()
+    opt = RiemannianAdam(model, lr=1e-2)
+    opt._watch.full_every = 4
+    train(model, opt, batches(2))
+    if change == "replace_module":  # a sphere layer swapped for a new one
+        model.q = SphereLinear(D, model.q.out_features, sphere="in")
+    elif change == "replace_param":
+        model.q.weight = torch.nn.Parameter(model.q.weight.detach().clone())
+    else:  # a new sphere layer: not on any confirmed link, caught by the periodic full walk
+        model.extra = SphereLinear(D, D, sphere="in")
+        train(model, opt, batches(2))  # steps 3 and 4 confirm; step 5 walks
+    with pytest.raises(RuntimeError, match="were replaced"):
+        train(model, opt, batches(1))
+
+
 # ---------------------------------------------------------------------------------------------
 # refusals
 
