@@ -48,23 +48,18 @@ _FUSED_DEVICES = ("cpu", "cuda", "xpu")
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-# On CPU the fused kernel opens a parallel region per tensor; below this size that costs more
-# than the update (and much more when the cores are oversubscribed), so small tensors take the
-# foreach kernel instead. Both compute the same Adam update.
-FUSED_MIN_NUMEL_CPU = 1 << 16
-
-
 def _fusable(t: torch.Tensor) -> bool:
     return t.device.type in _FUSED_DEVICES and t.dtype in _FUSED_DTYPES
 
 
 def split_fused(option, tensors: list[torch.Tensor]) -> list[bool]:
-    """Per tensor: take the fused kernel? ``option=True/False`` forces it; ``None`` picks the
-    fused kernel for CUDA/XPU tensors and for CPU tensors of at least
-    :data:`FUSED_MIN_NUMEL_CPU` elements."""
+    """Per tensor: take the fused kernel? ``option=True/False`` forces it; ``None`` picks it
+    wherever torch has one (CPU/CUDA/XPU, float dtypes), small CPU tensors included: on 40
+    tensors of 8 to 32768 elements, torch 2.13, 2 cores, it took 0.18-1.2 ms against the foreach
+    kernel's 0.5-4.9 ms, and 0.18-1.6 ms against 0.5-12.5 ms with the cores oversubscribed."""
     if option is not None:
         return [bool(option)] * len(tensors)
-    return [_fusable(t) and (t.device.type != "cpu" or t.numel() >= FUSED_MIN_NUMEL_CPU) for t in tensors]
+    return [_fusable(t) for t in tensors]
 
 
 class RiemannianAdam(Optimizer):
@@ -89,8 +84,8 @@ class RiemannianAdam(Optimizer):
             (normalize them, with a warning) or ``"error"``.
         fused: for Euclidean groups and sphere tensors on the foreach path, use torch's fused
             Adam kernel for the moment update: ``True``, ``False`` (the
-            foreach kernel), or ``None``: fused for CUDA/XPU tensors and for CPU tensors of at
-            least 65536 elements, foreach for the rest.
+            foreach kernel), or ``None``: fused wherever torch has a fused kernel for the tensor's
+            device and dtype, foreach for the rest.
         check_model: at every step, check that the model's declared sphere parameters are
             still the ones this optimizer holds (a ``RuntimeError`` otherwise).
         sphere_kernel: how sphere tensors are updated. ``"native"``: one fused C++ pass per row

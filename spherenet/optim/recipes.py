@@ -163,7 +163,7 @@ def build_optimizer(
 
 def _torch_groups(model: nn.Module, weight_decay: float, fused: bool | None) -> list[dict]:
     """Param groups for torch's AdamW. ``fused=None`` on plain tensors: each group is split into
-    a fused-kernel part (large CPU tensors, CUDA/XPU) and a part for torch's other kernels, by
+    a fused-kernel part (the tensors torch has a fused kernel for) and a part for torch's other kernels, by
     :func:`spherenet.optim.radam.split_fused` (torch alone would take a per-tensor loop on CPU).
     torch's AdamW ignores the extra ``"manifold"`` key; it is kept for readers."""
     groups = param_groups(model, weight_decay)
