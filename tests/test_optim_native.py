@@ -311,6 +311,43 @@ def test_environment_switch_disables_the_build():
     assert out.stdout.split("\n")[:2] == ["False", "disabled by SPHERENET_NATIVE=0"]
 
 
+_OTHER_ISA_CHECK = """
+import math, sys, torch
+sys.path.insert(0, "tests")
+from test_optim_native import random_state, reference_step
+from spherenet.optim import _native
+print(torch.backends.cpu.get_cpu_capability())
+op = _native.sphere_adam_op()
+assert op is not None, _native.native_status()[1]
+worst = 0.0
+for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6), (torch.bfloat16, 2e-2)):
+    for row_v in (False, True):
+        for d in (7, 8, 33, 64):  # shorter and longer than a vector, with and without a tail
+            x, g, m, v = random_state(11, d, dtype, row_v, seed=d)
+            want_x, want_m, _ = reference_step(x, g, m, v, 0.05, 0.9, 0.95, 1e-8, 3, row_v)
+            op([x], [g], [m], [v], [0.05 / (1 - 0.9**3)], [math.sqrt(1 - 0.95**3)], 0.9, 0.95, 1e-8, 1e-30, row_v)
+            err = float((x.double() - want_x).abs().max())
+            assert err <= tol, (dtype, row_v, d, err)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("capability", ["AVX2", "DEFAULT"])
+def test_kernel_built_for_another_cpu_capability(capability, tmp_path):
+    """The kernel is compiled per CPU capability (different Vectorized<T> widths, the portable
+    DEFAULT one included): build it as torch's ATEN_CPU_CAPABILITY makes another machine pick,
+    and check its steps against the float64 reference."""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability.lower(), TORCH_EXTENSIONS_DIR=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", _OTHER_ISA_CHECK], env=env, capture_output=True, text=True, timeout=600,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )  # fmt: skip
+    if out.returncode == 0 and out.stdout.split() and out.stdout.split()[0] != capability:
+        pytest.skip(f"this CPU cannot run {capability} code (torch picked {out.stdout.split()[0]})")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [capability, "ok"]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("row_v", [False, True])
 def test_gradient_normal_to_the_sphere_has_no_tangent_part(dtype, row_v):

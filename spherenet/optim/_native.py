@@ -35,7 +35,7 @@ _SOURCE = Path(__file__).parent / "csrc" / "sphere_adam.cpp"
 # use those lanes (as torch's own kernels are built); anything else gets the portable DEFAULT.
 _ISA_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
-    "AVX2": ["-mavx2", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c", "-mbmi", "-mbmi2"],
 }
 
 

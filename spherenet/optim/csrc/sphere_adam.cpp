@@ -149,7 +149,7 @@ struct Operand {
   Hyper hyper;
 };
 
-// Rows [begin, end) of one operand. Half-precision rows go through `scratch` (4 d floats).
+// Rows [begin, end) of one operand. Half-precision rows go through `scratch` (3 d + 1 or 4 d floats).
 template <typename scalar_t, bool kRowV>
 void step_rows(const Operand& op, int64_t begin, int64_t end, std::vector<float>& scratch) {
   scalar_t* x = static_cast<scalar_t*>(op.x);
