@@ -87,7 +87,8 @@ class RiemannianAdam(Optimizer):
             foreach kernel), or ``None``: fused wherever torch has a fused kernel for the tensor's
             device and dtype, foreach for the rest.
         check_model: at every step, check that the model's declared sphere parameters are
-            still the ones this optimizer holds (a ``RuntimeError`` otherwise).
+            still the ones this optimizer holds (a ``RuntimeError`` otherwise; see
+            :class:`spherenet.optim._common.ModelWatch` for what a step confirms).
         sphere_kernel: how sphere tensors are updated. ``"native"``: one fused C++ pass per row
             for contiguous CPU tensors (built on first use, see :mod:`spherenet.optim._native`;
             other tensors take the foreach path), a ``RuntimeError`` if it cannot be built; ``"foreach"``: ``torch._foreach_*`` passes
