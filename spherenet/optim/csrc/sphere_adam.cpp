@@ -122,20 +122,13 @@ inline T sphere_adam_row(
   // Retraction x = y / ||y|| (Section 2.2.2), then transport m = m - <x, m> x.
   const T inv_norm_scalar = T(1) / std::max(std::sqrt(sum_lanes<T>(yy)), T(h.tiny));
   const Vec inv_norm(inv_norm_scalar), xm(sum_lanes<T>(ym) * inv_norm_scalar);
-  if (next_x == nullptr) {
-    for_chunks<T>(d, [&](int64_t j, int64_t lanes) {
-      const Vec xj = Vec::loadu(x + j, lanes) * inv_norm;
-      xj.store(x + j, lanes);
-      at::vec::fnmadd(xm, xj, Vec::loadu(m + j, lanes)).store(m + j, lanes);
-    });
-    return T(0);
-  }
-  Vec next_xg = zero;  // summed as dot() sums
+  Vec next_xg = zero;  // summed as dot() sums; stays 0 without a next row
   for_chunks<T>(d, [&](int64_t j, int64_t lanes) {
     const Vec xj = Vec::loadu(x + j, lanes) * inv_norm;
     xj.store(x + j, lanes);
     at::vec::fnmadd(xm, xj, Vec::loadu(m + j, lanes)).store(m + j, lanes);
-    next_xg = at::vec::fmadd(Vec::loadu(next_x + j, lanes), Vec::loadu(next_g + j, lanes), next_xg);
+    if (next_x != nullptr)  // loop-invariant: the compiler unswitches it
+      next_xg = at::vec::fmadd(Vec::loadu(next_x + j, lanes), Vec::loadu(next_g + j, lanes), next_xg);
   });
   return sum_lanes<T>(next_xg);
 }
