@@ -263,6 +263,29 @@ def test_row_second_moment_matches_geoopt(dtype, tol, geoopt_sphere_wd):
     assert max_param_diff(ours, make_model(dtype)) > 1e-2
 
 
+def test_default_kernel_choice_is_fused_for_small_cpu_tensors_too():
+    """fused=None: torch's fused Adam for every tensor it has a kernel for, small CPU ones
+    included (faster than foreach at every size measured, see split_fused), so a small model's
+    Euclidean group steps bitwise like torch.optim.Adam(fused=True)."""
+    from spherenet.optim.radam import split_fused
+
+    tensors = [torch.zeros(8), torch.zeros(3, 5, dtype=torch.float64), torch.zeros(4, dtype=torch.int64)]
+    assert split_fused(None, tensors) == [True, True, False]
+    assert split_fused(False, tensors) == [False, False, False]
+    torch.manual_seed(0)
+    ours = nn.Linear(6, 3)
+    ref = copy.deepcopy(ours)
+    opt, ref_opt = RiemannianAdam(ours, lr=1e-2), torch.optim.Adam(ref.parameters(), lr=1e-2, fused=True)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(10):
+        x = torch.randn(5, 6, generator=g)
+        for m, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+            o.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), ref.parameters()))
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_euclidean_params_match_torch_adam_and_adamw(fused):
     """Euclidean groups run torch's own Adam kernels: bitwise equal to torch.optim.Adam with
