@@ -1,0 +1,116 @@
+"""CUDA checks: what only a GPU can show (CUDA kernels, bf16 autocast, torch.compile on GPU).
+
+Every test here skips on a machine without CUDA (CI has none); run them where a GPU is at hand:
+``python -m pytest -q tests/test_cuda.py``.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from spherenet.models import from_preset
+from spherenet.optim import RiemannianAdam, build_optimizer
+from spherenet.optim.groups import named_sphere_parameters
+from spherenet.train.loop import lm_loss
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+FAMILIES = ("ngpt", "gpt")
+
+
+def _batch(vocab: int, device, batch: int = 4, length: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, length + 1), generator=g)
+    return ids[:, :-1].to(device), ids[:, 1:].to(device)
+
+
+def _max_row_error(model) -> float:
+    return max(float((p.detach().float().norm(dim=-1) - 1).abs().max()) for _, p in named_sphere_parameters(model))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_forward_backward_matches_cpu_float64(family):
+    torch.manual_seed(0)
+    reference = from_preset(f"{family}-tiny").double()
+    model = copy.deepcopy(reference).float().cuda()
+    x, y = _batch(reference.config.vocab_size, "cpu")
+    loss_ref = lm_loss(reference(x), y)
+    loss_ref.backward()
+    loss = lm_loss(model(x.cuda()), y.cuda())
+    loss.backward()
+    assert abs(loss.item() - loss_ref.item()) < 1e-4
+    for (name, p_ref), (_, p) in zip(reference.named_parameters(), model.named_parameters()):
+        scale = p_ref.grad.abs().max().item() + 1e-12
+        err = (p.grad.double().cpu() - p_ref.grad).abs().max().item()
+        assert err <= 1e-3 * scale + 1e-6, f"{name}: grad differs by {err:.3g} (scale {scale:.3g})"
+
+
+@pytest.mark.parametrize("gradient_mode", ["element", "row"])
+def test_cuda_riemannian_adam_matches_cpu(gradient_mode):
+    """The sphere step on CUDA (foreach path) equals the CPU step (native kernel) to float32 rounding."""
+    torch.manual_seed(0)
+    cpu_model = from_preset("ngpt-tiny")
+    cuda_model = copy.deepcopy(cpu_model).cuda()
+    opts = [RiemannianAdam(m, lr=1e-2, second_moment=gradient_mode) for m in (cpu_model, cuda_model)]
+    for step in range(10):
+        x, y = _batch(cpu_model.config.vocab_size, "cpu", seed=step)
+        for model, opt, device in zip((cpu_model, cuda_model), opts, ("cpu", "cuda")):
+            opt.zero_grad()
+            lm_loss(model(x.to(device)), y.to(device)).backward()
+            opt.step()
+    for (name, a), (_, b) in zip(cpu_model.named_parameters(), cuda_model.named_parameters()):
+        err = (a.detach() - b.detach().cpu()).abs().max().item()
+        assert err < 1e-4, f"{name}: CPU and CUDA steps differ by {err:.3g}"
+    assert _max_row_error(cuda_model) < 1e-6
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_bf16_autocast_training_stays_on_sphere(family):
+    torch.manual_seed(0)
+    model = from_preset(f"{family}-tiny").cuda()
+    method = "riemannian_adam" if family == "ngpt" else "adamw"
+    optimizer, _ = build_optimizer(model, method=method, lr=3e-3, total_steps=100)
+    losses = []
+    for step in range(30):
+        x, y = _batch(model.config.vocab_size, "cuda", seed=step % 3)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = lm_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0]
+    if family == "ngpt":
+        assert _max_row_error(model) < 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_compiled_matches_eager(family):
+    torch.manual_seed(0)
+    model = from_preset(f"{family}-tiny").cuda()
+    compiled = torch.compile(copy.deepcopy(model), fullgraph=True)
+    x, y = _batch(model.config.vocab_size, "cuda")
+    eager_loss = lm_loss(model(x), y)
+    compiled_loss = lm_loss(compiled(x), y)
+    eager_loss.backward()
+    compiled_loss.backward()
+    assert abs(eager_loss.item() - compiled_loss.item()) < 1e-4
+    for (name, a), (_, b) in zip(model.named_parameters(), compiled.named_parameters()):
+        err = (a.grad - b.grad).abs().max().item()
+        assert err < 1e-3 * (a.grad.abs().max().item() + 1e-12) + 1e-6, f"{name}: {err:.3g}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_forward_makes_no_host_sync(family):
+    """A training forward must not wait for the GPU (no ``.item()``, no host-side id check)."""
+    model = from_preset(f"{family}-tiny").cuda()
+    x, _ = _batch(model.config.vocab_size, "cuda")
+    model(x)  # warm up lazily built buffers (RoPE tables)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
