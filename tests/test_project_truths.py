@@ -121,7 +121,7 @@ def test_installed_torch_meets_the_declared_floor_and_the_check_agrees():
     assert spherenet.MIN_TORCH == floor[:2], "spherenet.MIN_TORCH and pyproject.toml disagree"
 
 
-@pytest.mark.parametrize("version, refused", [("2.5.1+cpu", True), ("1.13.0", True), ("2.7.0", False), ("3.0.0a0", False)])
+@pytest.mark.parametrize("version, refused", [("2.6.0+cpu", True), ("2.7.0", False)])  # each ~5 s (imports torch)
 def test_import_refuses_an_older_torch(version, refused):
     """spherenet refuses, at import, a torch older than the floor, with a message that names
     both versions (checked in a fresh interpreter whose torch reports ``version``)."""
