@@ -1,7 +1,8 @@
-"""Convergence study (issue 6): steps nGPT needs to reach the baseline GPT's best validation loss.
+"""Convergence study: steps nGPT needs to reach the baseline GPT's best validation loss.
 
     python benchmarks/convergence.py                 # the full study (~55 min on 2 CPU cores)
     python benchmarks/convergence.py --quick         # a smoke run of the pipeline (~2 min)
+    python benchmarks/convergence.py --data my.txt data.text_unit=line   # trailing overrides
 
 Two stages, every run a ``recipes.train`` run laid out exactly as ``recipes.compare`` lays
 them out (``OUT/runs/<variant>/seed<N>``), so the final table is ``recipes.compare --reuse``:
@@ -23,6 +24,12 @@ Run directories and checkpoints stay in ``--out`` (default ``/tmp/convergence``)
 small artifacts are written to ``--results`` (default ``benchmarks/results``; ``--quick``:
 ``OUT/results``): ``convergence.md``, ``convergence_sweep.md`` and ``convergence.png``.
 ``--reuse`` (default on) skips runs that already finished, so an interrupted study resumes.
+
+``--data`` is a text file, ``stdlib`` or a Hub dataset, as ``data.source`` of ``recipes.train``
+(default: tinyshakespeare when ``../shared/data`` has it, else the trainer's default corpus).
+``section.key=value`` overrides, anywhere on the command line, go to every run after the
+study's own (parsed and checked as ``recipes.compare`` does). SIGTERM or Ctrl-C stops the
+running trainings with the study (see ``recipes.subprocesses``).
 """
 
 from __future__ import annotations
@@ -40,12 +47,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from recipes import compare  # noqa: E402
+from recipes import compare, subprocesses  # noqa: E402
 from recipes.train import DEFAULT_CONFIG  # noqa: E402
+from spherenet.train.config import load_config  # noqa: E402
 
 from _machine import cpu_name  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 
-DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 VARIANTS = ["gpt", "ngpt", "ngpt-slerp", "ngpt-riemannian", "ngpt-adam_normalize"]
 NGPT_LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 
@@ -64,6 +72,32 @@ def variant_spec(base: str, lr: float, size: str, warmup: int) -> tuple[str, str
     return name, f"{name}:{','.join(items)}"
 
 
+def data_source(data: str) -> str:
+    """``--data`` as ``data.source``: a local file as an absolute path (the runs start elsewhere),
+    anything else (``stdlib``, a Hub dataset) as given."""
+    path = Path(data).expanduser()
+    return str(path.resolve()) if path.exists() else data
+
+
+def corpus_label(source: str) -> str:
+    """What the results say the data was: ``parent/file`` for a local file, the dataset name
+    for the Hub, "default corpus" for the trainer's default (the standard library's source)."""
+    if source == "stdlib":
+        return "default corpus (this Python's standard library source)"
+    if source.startswith(("hf:", "hub:")):
+        return source.split(":", 1)[1]
+    path = Path(source)
+    if path.is_absolute() or path.exists():
+        return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+    return source  # a bare Hub name or alias
+
+
+def shared_config(args: argparse.Namespace):
+    """The config every run shares (before its variant's overrides): the trailing overrides
+    come after the study's own, so they win (e.g. a ``data.source`` over ``--data``)."""
+    return load_config(DEFAULT_CONFIG, shared_overrides(args))
+
+
 def shared_overrides(args: argparse.Namespace) -> list[str]:
     return [
         f"data.source={args.data}",
@@ -77,6 +111,7 @@ def shared_overrides(args: argparse.Namespace) -> list[str]:
         f"train.eval_batches={args.eval_batches}",
         f"train.checkpoint_every={args.steps}",
         f"train.log_every={args.eval_every}",
+        *args.overrides,
     ]
 
 
@@ -98,15 +133,17 @@ def train_one(args: argparse.Namespace, spec: str, seed: int) -> tuple[str, int,
         *shared_overrides(args), *extra, f"train.seed={seed}", f"train.out_dir={run_dir}",
         "train.sample_tokens=0", "train.progress=false",
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    env = compare.train_env(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     with (run_dir / "train.log").open("w") as log:
-        rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        rc = subprocesses.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     status = "ok" if rc == 0 else f"FAILED (exit {rc}, see {run_dir / 'train.log'})"
     print(f"  {name} seed {seed}: {status}", flush=True)
     return name, seed, rc
 
 
 def run_all(args: argparse.Namespace, jobs: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    # On SIGTERM/Ctrl-C, leaving the with-block waits for the workers, whose runs stop
+    # (recipes.subprocesses); queued jobs raise without starting.
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(lambda j: train_one(args, *j), jobs))
     return {(n, s): rc for n, s, rc in results}
@@ -184,14 +221,16 @@ def paired_table(args: argparse.Namespace, baseline: str) -> str:
 
 def header(args: argparse.Namespace, argv: list[str]) -> str:
     cmd = "python benchmarks/convergence.py" + ("" if not argv else " " + " ".join(argv))
+    overrides = f" Overrides for every run: `{' '.join(args.overrides)}`." if args.overrides else ""
+    data = shared_config(args).data
     return (
         f"Command: `{cmd}`  \n"
         f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
         f"{args.threads} thread(s); date {datetime.date.today().isoformat()}.  \n"
-        f"Data: {args.data.name} (tinyshakespeare), byte level. Model: `{args.size}` presets, context {args.block}, "
+        f"Data: {corpus_label(data.source)}, tokenizer {data.tokenizer}. Model: `{args.size}` presets, context {args.block}, "
         f"batch {args.batch} x {args.block} tokens, {args.steps} steps, cosine to 0 (GPT: AdamW, weight decay 0.1, "
         f"warmup {args.warmup} steps; nGPT: no warmup, no weight decay); validation every {args.eval_every} steps "
-        f"on {args.eval_batches} batches.\n\n"
+        f"on {args.eval_batches} batches.{overrides}\n\n"
     )
 
 
@@ -211,30 +250,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--data", default=None, help="data.source of every run: a text file, stdlib or a Hub dataset "
+                   "(default: tinyshakespeare when present, else the trainer's default corpus)")
     p.add_argument("--out", type=Path, default=None, help="run directories (default /tmp/convergence[_quick])")
     p.add_argument("--results", type=Path, default=None, help="where the .md / .png go")
     p.add_argument("--jobs", type=int, default=2, help="trainings at a time")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per training")
     p.add_argument("--nice", type=int, default=5)
     p.add_argument("--no-reuse", dest="reuse", action="store_false", help="re-run finished runs")
-    if p.parse_args(argv).quick:  # smaller defaults; explicit flags still win
+    compare.add_override_argument(p, "recipes.train overrides for every run, after the study's own")
+    if compare.parse_args_with_overrides(p, argv).quick:  # smaller defaults; explicit flags still win
         p.set_defaults(steps=60, eval_every=10, lrs=[3e-3, 1e-2], ngpt_lrs=[3e-3, 1e-2], seeds=[0, 1])
-    args = p.parse_args(argv)
-    args.out = args.out or Path("/tmp/convergence_quick" if args.quick else "/tmp/convergence")
-    args.results = args.results or (args.out / "results" if args.quick else ROOT / "benchmarks" / "results")
+    args = compare.parse_args_with_overrides(p, argv)
+    args.out = (args.out or Path("/tmp/convergence_quick" if args.quick else "/tmp/convergence")).resolve()
+    args.results = (args.results or (args.out / "results" if args.quick else ROOT / "benchmarks" / "results")).resolve()
     args.warmup = max(1, round(0.05 * args.steps)) if args.warmup is None else args.warmup
     args.runs = args.out / "runs"
-    args.data = args.data.resolve()
+    if args.data is None:
+        args.data = str(TINYSHAKESPEARE) if TINYSHAKESPEARE.is_file() else load_config(DEFAULT_CONFIG).data.source
+    args.data = data_source(args.data)
     if "gpt" not in args.variants:
         raise SystemExit("error: the study needs the gpt baseline among --variants")
     if args.sweep_seed not in args.seeds:
         args.seeds = [args.sweep_seed, *args.seeds]
-    args.runs.mkdir(parents=True, exist_ok=True)
-    args.results.mkdir(parents=True, exist_ok=True)
 
     grid = {b: args.lrs if b == "gpt" else args.ngpt_lrs for b in args.variants}
     specs = {b: {lr: variant_spec(b, lr, args.size, args.warmup) for lr in grid[b]} for b in args.variants}
+    # Every run's overrides, checked as recipes.train will read them, before the first run.
+    compare.check_overrides(
+        DEFAULT_CONFIG, *([*shared_overrides(args), *compare.variant_overrides(spec, args.size)[1]]
+                          for b in args.variants for _, spec in specs[b].values())
+    )  # fmt: skip
+    args.runs.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
+    print(f"data: {corpus_label(shared_config(args).data.source)}", flush=True)
+    with subprocesses.stop_children_on_signals():
+        return study(args, argv, specs)
+
+
+def study(args: argparse.Namespace, argv: list[str], specs: dict[str, dict[float, tuple[str, str]]]) -> int:
+    """Stage 1 (the lr sweep), stage 2 (the seeds), the tables and the plot."""
     sweep_jobs = [(spec, args.sweep_seed) for b in args.variants for _, spec in specs[b].values()]
     print(f"== stage 1: lr sweep, {len(sweep_jobs)} runs of {args.steps} steps, seed {args.sweep_seed} "
           "(finished ones reused)", flush=True)  # fmt: skip

@@ -16,6 +16,11 @@ the shared overrides plus the variant's own. Built-in variants:
 and any ``name:key=value,key=value`` for your own (e.g. ``big:model.n_layers=8``). The size
 comes from ``--size`` (tiny, cpu, small, 0.5b, 1b). Writes ``compare.json`` (every curve),
 ``compare.md`` (a table) and ``compare.png`` (validation loss against steps and tokens).
+
+Shared overrides may stand anywhere on the command line (also after ``--seeds 0 1 2``); every
+one is checked against the config before the first run. Each run is a ``recipes.train``
+process; SIGTERM or Ctrl-C stops the running one (it saves a checkpoint) and then the tool
+(see :mod:`recipes.subprocesses`).
 """
 
 from __future__ import annotations
@@ -23,11 +28,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import statistics
 import sys
 from pathlib import Path
 
-from recipes.train import DEFAULT_CONFIG, cli as train_cli
+from recipes import subprocesses
+from recipes.train import DEFAULT_CONFIG
+from spherenet.train.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]  # where ``python -m recipes.train`` is importable from
 
 BUILTIN = {
     "gpt": ["model.preset=gpt-{size}", "optim.method=adamw"],
@@ -51,6 +62,47 @@ def variant_overrides(spec: str, size: str) -> tuple[str, list[str]]:
     if spec not in BUILTIN:
         raise SystemExit(f"error: unknown variant {spec!r} (built-in: {', '.join(BUILTIN)}; or name:key=value,...)")
     return spec, [o.format(size=size) for o in BUILTIN[spec]]
+
+
+# ``section.key=value``; a variant spec (``name:key=value``) or a flag does not match.
+OVERRIDE = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*=")
+
+
+def add_override_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help=help)
+
+
+def parse_args_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args`` for a tool that takes ``recipes.train`` overrides (a parser with
+    :func:`add_override_argument`): every ``section.key=value`` is taken out first, wherever it
+    stands (a list option such as ``--seeds 0 1`` would otherwise swallow it), and appended,
+    in order, to ``args.overrides``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args([a for a in argv if not OVERRIDE.match(a)])
+    args.overrides = [*args.overrides, *(a for a in argv if OVERRIDE.match(a))]
+    return args
+
+
+def check_overrides(config: str | Path, *override_lists: list[str]) -> None:
+    """Load ``config`` with each list of overrides as ``recipes.train`` will, so that a bad key
+    or value stops the tool before its first run, with the trainer's message (exit status 2)."""
+    for overrides in override_lists:
+        try:
+            load_config(config, overrides)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+
+def train_command(config: str | Path, overrides: list[str]) -> list[str]:
+    """The ``recipes.train`` command line of one run."""
+    return [sys.executable, "-m", "recipes.train", "--config", str(config), *overrides]
+
+
+def train_env(**extra: str) -> dict[str, str]:
+    """The environment of a training child: ours, with this checkout first on PYTHONPATH."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 def read_curve(run_dir: Path) -> dict:
@@ -160,24 +212,9 @@ def plot(results: dict[str, dict[int, dict]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipes.compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="+", default=["gpt", "ngpt"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0])
-    p.add_argument("--size", default="cpu", help="preset size for built-in variants (tiny, cpu, small, 0.5b, 1b)")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG))
-    p.add_argument("--out", default="runs/compare")
-    p.add_argument("--baseline", default="gpt", help="variant whose best val loss is the target (default gpt)")
-    p.add_argument("--reuse", action="store_true", help="skip runs whose metrics already end with 'done'")
-    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="applied to every variant")
-    args = p.parse_args(argv)
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    variants = [variant_overrides(v, args.size) for v in args.variants]
-    names = [n for n, _ in variants]
-    if len(set(names)) != len(names):
-        raise SystemExit(f"error: duplicate variant names in {names}")
+def run_variants(args: argparse.Namespace, variants: list[tuple[str, list[str]]], out: Path) -> dict | int:
+    """Every variant and seed as a ``recipes.train`` process, one after the other: the curves,
+    or the exit status of the first run that failed."""
     results: dict[str, dict[int, dict]] = {}
     for name, extra in variants:
         results[name] = {}
@@ -191,11 +228,37 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {name} seed {seed}", flush=True)
                 overrides = [*args.overrides, *extra, f"train.seed={seed}", f"train.out_dir={run_dir}",
                              "train.sample_tokens=0", "train.progress=false"]  # fmt: skip
-                rc = train_cli(["--config", args.config, *overrides])
+                rc = subprocesses.run(train_command(args.config, overrides), env=train_env())
                 if rc != 0:
                     print(f"error: variant {name} seed {seed} failed (exit {rc})", file=sys.stderr)
                     return rc
             results[name][seed] = read_curve(run_dir)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m recipes.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", default=["gpt", "ngpt"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--size", default="cpu", help="preset size for built-in variants (tiny, cpu, small, 0.5b, 1b)")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG))
+    p.add_argument("--out", default="runs/compare")
+    p.add_argument("--baseline", default="gpt", help="variant whose best val loss is the target (default gpt)")
+    p.add_argument("--reuse", action="store_true", help="skip runs whose metrics already end with 'done'")
+    add_override_argument(p, "applied to every variant")
+    args = parse_args_with_overrides(p, argv)
+
+    out = Path(args.out)
+    variants = [variant_overrides(v, args.size) for v in args.variants]
+    names = [n for n, _ in variants]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"error: duplicate variant names in {names}")
+    check_overrides(args.config, *([*args.overrides, *extra] for _, extra in variants))
+    out.mkdir(parents=True, exist_ok=True)
+    with subprocesses.stop_children_on_signals():
+        results = run_variants(args, variants, out)
+    if isinstance(results, int):
+        return results  # a run failed
     baseline = args.baseline if args.baseline in results else None
     rows, target = summarize(results, baseline)
     (out / "compare.json").write_text(json.dumps({"rows": rows, "target": target, "curves": results}, indent=1))

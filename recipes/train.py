@@ -80,6 +80,7 @@ def prepare_data(cfg: RunConfig, is_main: bool):
     cache = Path(d.cache_dir) if d.cache_dir else Path(cfg.train.out_dir).parent / "data_cache"
     kwargs = dict(
         text_field=d.text_field,
+        text_unit=d.text_unit,
         hub_config=d.subset or None,
         hub_split=d.split,
         max_documents=d.max_docs or None,

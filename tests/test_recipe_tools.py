@@ -64,6 +64,7 @@ def test_sample_without_checkpoint(tmp_path, capsys):
     assert "no checkpoint found" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # four training processes, ~50 s on 2 shared cores
 def test_compare_two_variants(corpus, capsys):
     out = corpus / "cmp"
     rc = compare.main(["--variants", "gpt", "ngpt", "--seeds", "0", "1", "--size", "tiny", "--out", str(out),

@@ -410,7 +410,12 @@ def _build(
         ds = ds.select(range(int(max_documents)))
     n_docs = len(ds)
     if val_fraction > 0 and n_docs < 2:
-        hint = " (for a single text file use text_unit='paragraph' or 'line')" if src.kind == "text" else ""
+        hint = (
+            f" (text_unit={src.text_unit!r}; for a text file without blank lines use text_unit='line', "
+            "in a recipe data.text_unit=line)"
+            if src.kind == "text"
+            else ""
+        )
         raise DataError(
             f"{src.describe()} has only {n_docs} non-empty document: a train/val split by document needs at "
             f"least 2{hint}"

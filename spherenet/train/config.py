@@ -49,6 +49,7 @@ class DataSection:
     source: str = "stdlib"  # "stdlib" (embedded), a local text/json/jsonl/parquet file, or a hub dataset
     tokenizer: str = "byte"  # "byte", "bpe:<vocab size or tokenizer.json>", "hf:<name or tokenizer.json>"
     text_field: str = "text"
+    text_unit: str = "paragraph"  # text files: a document is a "paragraph" (between blank lines), "line" or "document"
     split: str = "train"  # hub datasets: which split to read
     subset: str = ""  # hub datasets: configuration name
     max_docs: int = 0  # 0 = all
@@ -99,6 +100,7 @@ class TrainSection:
 _SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, "train": TrainSection}
 
 _CHOICES = {
+    ("data", "text_unit"): ("paragraph", "line", "document"),
     ("optim", "method"): ("riemannian_adam", "adam_normalize", "adamw"),
     ("optim", "second_moment"): ("element", "row"),
     ("optim", "sphere_kernel"): ("auto", "native", "foreach"),

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["StepResult", "NonFiniteError", "lm_loss", "train_step", "evaluate", "MetricsLog", "autocast_context"]
+__all__ = ["StepResult", "NonFiniteError", "lm_loss", "gradient_sync", "train_step", "evaluate", "MetricsLog", "autocast_context"]
 
 
 class NonFiniteError(RuntimeError):
@@ -75,6 +75,32 @@ def _global_grad_norm(grads: list[torch.Tensor], sharded: bool, device: torch.de
     return sq.sqrt()
 
 
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool):
+    """Backward passes inside reduce gradients over ranks only when ``enabled``.
+
+    Gradient accumulation needs the reduction once, after the last micro-batch: DDP's
+    ``no_sync()`` and FSDP2's ``set_requires_gradient_sync(False)`` keep the gradients local
+    (FSDP2: unsharded, accumulated) until a backward with the sync on reduces their sum.
+    FSDP2 still reshards the parameters after each backward, so the next micro-batch's forward
+    gathers them again: memory stays at the sharded level, and only the gradient
+    reduce-scatters are saved. A model without either (one process) is left alone.
+    """
+    if enabled:
+        yield
+    elif hasattr(model, "no_sync"):  # DistributedDataParallel (torch.compile forwards the attribute)
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2 (fully_shard)
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
 def train_step(
     model: nn.Module,
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -88,7 +114,8 @@ def train_step(
     """Forward/backward over ``micro_batches`` (gradient accumulation), then one optimizer step.
 
     The loss of each micro-batch is divided by their number, so the gradient is that of the
-    mean loss over the rank's batch; DDP/FSDP average over ranks. A non-finite loss or gradient
+    mean loss over the rank's batch; DDP/FSDP average over ranks, once per step (after the last
+    micro-batch, see :func:`gradient_sync`). A non-finite loss or gradient
     on any rank skips the update on all ranks (``nonfinite="skip"``) or raises
     :class:`NonFiniteError` (``"stop"``); gradients are cleared either way.
     """
@@ -98,10 +125,7 @@ def train_step(
     n = len(micro_batches)
     total = torch.zeros((), device=device)
     for i, (x, y) in enumerate(micro_batches):
-        last = i == n - 1
-        # DDP: all-reduce gradients only on the last micro-batch.
-        sync = model.no_sync() if (not last and hasattr(model, "no_sync")) else contextlib.nullcontext()
-        with sync:
+        with gradient_sync(model, enabled=i == n - 1):
             with autocast_context(autocast, device):
                 logits = model(x)
             loss = lm_loss(logits, y) / n
