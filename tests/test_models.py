@@ -329,13 +329,13 @@ def test_forward_and_backward_read_nothing_on_the_host(kind, monkeypatch):
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_cuda_forward_does_not_synchronize(kind):
     model = tiny(kind).cuda()
-    x = ids(2, 8).cuda()
-    model(x)  # first call builds the RoPE tables
+    x, targets = ids(2, 8).cuda(), ids(2, 8, seed=1).cuda()  # copies from pageable host memory synchronize
+    model(x)  # the first call builds the RoPE tables
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         logits = model(x)
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids(2, 8, seed=1).cuda().flatten()).backward()
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
