@@ -1,36 +1,44 @@
 """Peak memory of one training step, nGPT against the baseline GPT at the same shape.
 
 One step = forward, next-token loss, backward, ``optimizer.step()``, ``zero_grad`` (as in
-bench_step.py), with each model's paper recipe from ``spherenet.optim.build_optimizer``
-(nGPT: ``riemannian_adam``; GPT: ``adamw``). Each contender runs in a fresh subprocess, after
-one untimed warm-up step that creates the optimizer state (and compiles, for "compiled").
+bench_step.py, whose models, batch and step this reuses), with each model's paper recipe from
+``spherenet.optim.build_optimizer`` (nGPT: ``riemannian_adam``; GPT: ``adamw``). Each
+contender runs in a fresh subprocess, after one untimed warm-up step that creates the
+optimizer state (and compiles, for "compiled").
 
 What is measured:
 
-- ``params``, ``optimizer state``: bytes of the distinct storages of the parameters and of
-  the tensors in ``optimizer.state`` (persistent across steps).
+- ``params``, ``optim state``: bytes of the distinct storages of the parameters and of the
+  tensors in ``optimizer.state`` (persistent across steps).
 - ``step peak``: the most bytes of tensor storage alive at once during the step **beyond**
   the persistent ones: gradients, activations saved for backward, temporaries.
+  CUDA: ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``, minus what
+  was allocated before the step (the caching allocator's own count, which includes kernels'
+  workspaces; eager and compiled).
   CPU: counted by a ``TorchDispatchMode`` that sees every tensor created by an aten op (forward,
   backward, optimizer) and follows its storage until it is freed (a weak reference to the
   storage); views share their storage and are not counted twice; scratch buffers a kernel keeps
   to itself are not seen. Eager only: compiled code allocates outside the dispatcher.
-  CUDA: ``torch.cuda.max_memory_allocated()`` minus the allocation before the step (the caching
-  allocator's own count; eager and compiled).
 - ``total``: persistent + step peak (what the step needs at its worst moment).
-- ``VmHWM``: the worker process's peak resident memory (from ``/proc/self/status``: Python,
-  libraries and allocator caches included; a coarse cross-check, CPU only).
+- ``saved for backward``: bytes of the distinct storages the forward saves for the backward
+  (``torch.autograd.graph.saved_tensors_hooks``), parameters excluded: the activations. Eager
+  only (compiled graphs save their own selection), any device.
+- last column, CPU: ``VmHWM``, the worker process's peak resident memory (``/proc/self/status``:
+  Python, libraries and allocator caches included; a coarse cross-check). CUDA:
+  ``torch.cuda.max_memory_reserved()``, the most the caching allocator held from the driver
+  over the whole worker (warm-up and compilation included).
+
+``--dtype bf16`` is autocast to bfloat16 with fp32 parameters and optimizer states, as in
+bench_step.py.
 
     nice python benchmarks/bench_memory.py                 # CPU: d 256, 4 layers, ctx 256, batch 8
     nice python benchmarks/bench_memory.py --quick         # tiny shape
-    python benchmarks/bench_memory.py --device cuda --dtype bf16 --compile --d-model 1024 \\
-        --n-layers 24 --n-heads 16 --vocab 32000 --ctx 1024 --batch 8
+    python benchmarks/bench_memory.py --device cuda --dtype bf16 --compile --size 0.5b --n-layers 8 --ctx 1024 --batch 8
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -39,10 +47,11 @@ import warnings
 import weakref
 
 import torch
-from _machine import cpu_name  # benchmarks/ is on sys.path when a script runs
-from bench_step import RECIPE, build, make_step, random_batch  # the same models, data and step
+from _machine import add_shape_args, emit, header, pick_device, shape_text  # benchmarks/ is on sys.path
+from bench_step import RECIPE, build, config_for, make_step, random_batch  # the same models, data and step
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
 MiB = 2**20
 
 
@@ -89,6 +98,23 @@ def storage_bytes(tensors) -> int:
     return total
 
 
+def saved_for_backward_bytes(step, exclude) -> int:
+    """Run ``step`` and return the bytes of the distinct storages its forward saves for the
+    backward, except those of the tensors in ``exclude`` (the parameters)."""
+    excluded = {t.untyped_storage().data_ptr() for t in exclude}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(saved.values())
+
+
 def vm_hwm_bytes() -> int | None:
     try:
         with open("/proc/self/status") as f:
@@ -101,46 +127,47 @@ def vm_hwm_bytes() -> int | None:
 
 
 def worker(args) -> dict:
-    device = torch.device(args.device)
+    device = pick_device(args.device)
     family, mode = args.worker
     model, optimizer, scheduler = build(family, args, device)
     runner = torch.compile(model) if mode == "compiled" else model
-    x, y = random_batch(args, device)
+    x, y = random_batch(model.config.vocab_size, args.batch, model.config.max_seq_len, device)
     step = make_step(runner, optimizer, scheduler, x, y, device, args.dtype)
-
-    step()  # warm-up: optimizer state exists from here on (and the graph is compiled)
-    params = storage_bytes(model.parameters())
-    state = storage_bytes(t for s in optimizer.state.values() for t in s.values())
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        step()
-        torch.cuda.synchronize(device)
-        step_peak = torch.cuda.max_memory_allocated(device) - before
-    elif mode == "eager":
-        tracker = LiveStorageBytes()
-        with tracker:
+    result = {"family": family, "mode": mode, "n_params": sum(p.numel() for p in model.parameters())}
+    try:
+        step()  # warm-up: optimizer state exists from here on (and the graph is compiled)
+        result["params"] = storage_bytes(model.parameters())
+        result["state"] = storage_bytes(t for s in optimizer.state.values() for t in s.values())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
             step()
-        step_peak = tracker.peak
+            torch.cuda.synchronize(device)
+            result["step_peak"] = torch.cuda.max_memory_allocated(device) - before
+        elif mode == "eager":
+            tracker = LiveStorageBytes()
+            with tracker:
+                step()
+            result["step_peak"] = tracker.peak
+        else:
+            result["step_peak"] = None  # compiled CPU code allocates outside the dispatcher
+        if mode == "eager":
+            result["saved"] = saved_for_backward_bytes(step, list(model.parameters()))
+    except torch.OutOfMemoryError as e:
+        result["oom"] = str(e).splitlines()[0]
+    if device.type == "cuda":
+        result["process"] = torch.cuda.max_memory_reserved(device)
     else:
-        step()
-        step_peak = None  # compiled CPU code allocates outside the dispatcher
-    return {
-        "family": family,
-        "mode": mode,
-        "params": params,
-        "state": state,
-        "step_peak": step_peak,
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "vm_hwm": vm_hwm_bytes() if device.type == "cpu" else None,
-    }
+        result["process"] = vm_hwm_bytes()
+    return result
 
 
 def run_worker(args, family: str, mode: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", family, mode]
-    for name in ("d_model", "n_layers", "n_heads", "vocab", "ctx", "batch", "device", "dtype", "threads"):
-        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    for name in ("size", "d_model", "n_layers", "n_heads", "vocab", "ctx", "batch", "device", "dtype", "threads"):
+        if getattr(args, name) is not None:
+            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"worker {family} {mode} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
@@ -151,55 +178,84 @@ def mib(v) -> str:
     return "n/a" if v is None else f"{v / MiB:.1f}"
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--n-layers", type=int, default=4)
-    p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--ctx", type=int, default=256)
+    add_shape_args(p)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: autocast to bfloat16, fp32 parameters and optimizer states")  # fmt: skip
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd models")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    p.add_argument("--quick", action="store_true", help="tiny shape: d 64, 2 layers, ctx 64, batch 4")
+    p.add_argument("--quick", action="store_true", help="size tiny, ctx 64, batch 4, 1 thread")
+    p.add_argument("--markdown", metavar="FILE", help="also append the tables to FILE")
     p.add_argument("--worker", nargs=2, metavar=("FAMILY", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.quick:
+        args.size, args.ctx, args.batch, args.threads = "tiny", args.ctx or 64, 4, args.threads or 1
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     warnings.filterwarnings("ignore")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-    if args.quick:
-        args.d_model, args.n_layers, args.ctx, args.batch = 64, 2, 64, 4
+    device = pick_device(args.device)  # fail here, not in every worker
 
     modes = ["eager", "compiled"] if args.compile else ["eager"]
     rows = {(f, m): run_worker(args, f, m) for m in modes for f in RECIPE}
-    device = torch.cuda.get_device_name() if args.device == "cuda" else f"{cpu_name()}, {os.cpu_count()} CPUs (nproc)"
-    print(f"{datetime.date.today()}; {device}; torch {torch.__version__}; {args.device} {args.dtype}")
-    print(f"shape: d_model {args.d_model}, {args.n_layers} layers, {args.n_heads} heads, d_MLP {4 * args.d_model}, "
-          f"vocab {args.vocab}, context {args.ctx}, batch {args.batch}")  # fmt: skip
-    how = "torch.cuda.max_memory_allocated" if args.device == "cuda" else "live tensor storage (TorchDispatchMode)"
-    print(f"step peak: {how}, beyond parameters and optimizer state\n")
-    print("| model | mode | params MiB | optimizer state MiB | step peak MiB | total MiB | process VmHWM MiB |")
-    print("|---|---|---|---|---|---|---|")
+    emit(report(args, device, modes, rows, argv), args.markdown)
+    return 0
+
+
+def report(args, device, modes, rows, argv) -> str:
+    config = config_for("nGPT", args)
+    cuda = device.type == "cuda"
+    last = "CUDA max reserved MiB" if cuda else "VmHWM MiB"
+    how = ("torch.cuda.max_memory_allocated beyond what was allocated before the step" if cuda
+           else "live tensor storage (TorchDispatchMode), eager only")  # fmt: skip
+    n_params = {f: rows[(f, "eager")]["n_params"] for f in RECIPE}
+    lines = [
+        header(f"Peak memory of a training step, nGPT vs GPT: {args.device} {args.dtype}, context "
+               f"{config.max_seq_len}, batch {args.batch}", device, argv),  # fmt: skip
+        f"Shape: {shape_text(config)}, batch {args.batch}; parameters nGPT {n_params['nGPT'] / 1e6:.2f}M, GPT "
+        f"{n_params['GPT'] / 1e6:.2f}M. Precision: {args.dtype}"
+        f"{' (autocast, fp32 parameters and optimizer states)' if args.dtype == 'bf16' else ''}. Each contender in "
+        f"a fresh subprocess after one warm-up step. Step peak: {how}. Saved for backward: distinct storages "
+        f"saved by the forward, parameters excluded (eager only). {last}: "
+        f"{'the caching allocator peak over the worker' if cuda else 'peak resident memory of the worker'}.",
+        "",
+        f"| model | mode | params MiB | optim state MiB | step peak MiB | total MiB | saved for backward MiB | {last} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def total(r):
+        return None if r.get("step_peak") is None else r["params"] + r["state"] + r["step_peak"]
+
     for (family, mode), r in rows.items():
-        total = None if r["step_peak"] is None else r["params"] + r["state"] + r["step_peak"]
-        print(f"| {family} ({r['n_params'] / 1e6:.2f}M) | {mode} | {mib(r['params'])} | {mib(r['state'])} | "
-              f"{mib(r['step_peak'])} | {mib(total)} | {mib(r['vm_hwm'])} |")  # fmt: skip
-    print("\n| mode | nGPT / GPT step peak | nGPT / GPT total | nGPT / GPT VmHWM |\n|---|---|---|---|")
+        if "oom" in r:
+            lines.append(f"| {family} | {mode} | out of memory | | | | | {mib(r['process'])} |")
+            continue
+        lines.append(f"| {family} | {mode} | {mib(r['params'])} | {mib(r['state'])} | {mib(r['step_peak'])} | "
+                     f"{mib(total(r))} | {mib(r.get('saved'))} | {mib(r['process'])} |")  # fmt: skip
+
+    def ratio(a, c):
+        return "n/a" if a is None or c is None else f"{a / c:.2f}"
+
+    lines += ["", f"| mode | nGPT / GPT step peak | nGPT / GPT total | nGPT / GPT saved for backward | nGPT / GPT {last[:-4]} |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for mode in modes:
         n, b = rows[("nGPT", mode)], rows[("GPT", mode)]
-
-        def ratio(a, c):
-            return "n/a" if a is None or c is None else f"{a / c:.2f}"
-
-        tot = lambda r: None if r["step_peak"] is None else r["params"] + r["state"] + r["step_peak"]  # noqa: E731
-        print(f"| {mode} | {ratio(n['step_peak'], b['step_peak'])} | {ratio(tot(n), tot(b))} | "
-              f"{ratio(n['vm_hwm'], b['vm_hwm'])} |")  # fmt: skip
-    return 0
+        if "oom" in n or "oom" in b:
+            lines.append(f"| {mode} | out of memory | | | |")
+            continue
+        lines.append(f"| {mode} | {ratio(n['step_peak'], b['step_peak'])} | {ratio(total(n), total(b))} | "
+                     f"{ratio(n.get('saved'), b.get('saved'))} | {ratio(n['process'], b['process'])} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,22 +1,32 @@
-"""Optimizer step time on an nGPT of >= 50M parameters: spherenet's Riemannian optimizers
-against torch's Adam (+ the paper's renormalization) and geoopt's RiemannianAdam.
+"""Optimizer step time on an nGPT: spherenet's Riemannian optimizers against torch's Adam
+(+ the paper's renormalization) and geoopt's RiemannianAdam.
 
-RiemannianAdam runs twice: with its native CPU kernel (one fused pass per row, built on first
-use) and with its ``_foreach`` kernels. Only ``optimizer.step()`` is timed (plus the renormalization for "Adam + normalize"): the
-gradients are fixed random tensors set once, so every contender does the same work on the
-same tensors. Contenders run interleaved in a fresh random order in every round; the table
-gives the median over rounds and the ratio to ``torch.optim.Adam(fused=True)``.
+On CPU, RiemannianAdam runs twice: with its native CPU kernel (one fused pass per row, built on
+first use; skipped when it cannot be built or ``SPHERENET_NATIVE=0``) and with its
+``_foreach`` kernels. On CUDA only the ``_foreach`` path exists (it is what RiemannianAdam runs
+there), and the baseline is ``torch.optim.Adam(fused=True)``'s CUDA kernel. Only
+``optimizer.step()`` is timed (plus the renormalization for "Adam + normalize"): the gradients
+are fixed random tensors set once, so every contender does the same work on the same tensors.
+Contenders run interleaved in a fresh random order in every round; each timed sample is
+``--steps`` steps (on CUDA with the device synchronized at both ends); the table gives the
+median over rounds and the ratio to ``torch.optim.Adam(fused=True)``. The foreach path also
+runs with ``wave_bytes`` unlimited (whole tensors in one block of passes instead of its default
+4 MiB row blocks, which are sized for a CPU cache and multiply kernel launches on a GPU).
+
+``--dtype bf16`` makes the parameters bfloat16, and with them the gradients and every
+contender's optimizer state (torch's Adam keeps its moments in the parameter's dtype); fp32 is
+the usual setting (training with bf16 autocast keeps fp32 parameters).
 
     nice python benchmarks/bench_optimizer.py --threads 1   # 66.4M-parameter nGPT, 15 rounds
     nice python benchmarks/bench_optimizer.py               # torch's default thread count
-    python benchmarks/bench_optimizer.py --rounds 3 --d-model 128 --n-layers 2 --vocab 1000  # smoke
+    nice python benchmarks/bench_optimizer.py --quick       # smoke run: tiny model, 3 rounds
+    python benchmarks/bench_optimizer.py --device cuda --size 0.5b --steps 5 [--dtype bf16]  # 0.5B nGPT on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import platform
 import random
 import statistics
 import sys
@@ -24,27 +34,49 @@ import time
 import warnings
 
 import torch
+from _machine import (  # benchmarks/ is on sys.path when a script runs
+    add_shape_args,
+    emit,
+    header,
+    pick_device,
+    shape_overrides,
+    shape_text,
+    sync,
+    threads,
+)
 
 from spherenet.manifolds.sphere import geoopt
 from spherenet.models import from_preset
-from spherenet.optim import Riemannian, RiemannianAdam, normalize_, param_groups, sphere_parameters
+from spherenet.optim import Riemannian, RiemannianAdam, _native, normalize_, param_groups, sphere_parameters
 
 BASELINE = "torch Adam fused"
+GEOOPT = "geoopt RiemannianAdam"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Without --size: the 66.4M-parameter nGPT of BENCHMARKS.md's optimizer section.
+DEFAULT_SHAPE = dict(d_model=512, n_layers=8, n_heads=8, vocab=32000)
 
 
-def build_model(args) -> torch.nn.Module:
+def build_model(args, device: torch.device) -> torch.nn.Module:
+    size, overrides = shape_overrides(args, **DEFAULT_SHAPE)
     torch.manual_seed(0)
-    model = from_preset(
-        "ngpt-small", vocab_size=args.vocab, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads
-    )
-    normalize_(model)
-    g = torch.Generator().manual_seed(1)
+    with device:
+        model = from_preset(f"ngpt-{size}", **overrides)
+    model.to(DTYPES[args.dtype])
+    normalize_(model)  # rows rounded to bf16 are put back on the sphere
+    g = torch.Generator(device=device).manual_seed(1)
     for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype) * 1e-3
+        p.grad = torch.randn(p.shape, generator=g, device=device, dtype=p.dtype) * 1e-3
     return model
 
 
-def contenders(model, lr: float) -> dict:
+def one_wave(opt: RiemannianAdam) -> RiemannianAdam:
+    """The foreach path in one block of whole tensors: its default row blocks
+    (``_tensors.WAVE_BYTES``, 4 MiB) are sized for a CPU cache and cost kernel launches on a GPU."""
+    opt.wave_bytes = 1 << 62
+    return opt
+
+
+def contenders(model, lr: float, kernels: list[str]) -> dict:
     """name -> (setup, step): ``setup()`` builds the optimizer, ``step(opt)`` runs one step."""
 
     def plain_step(opt):
@@ -62,60 +94,83 @@ def contenders(model, lr: float) -> dict:
 
     return {
         BASELINE: (lambda: torch.optim.Adam(model.parameters(), lr=lr, fused=True), plain_step),
-        "torch Adam fused + normalize": (
+        "torch Adam fused + normalize (the paper's method)": (
             lambda: torch.optim.Adam(model.parameters(), lr=lr, fused=True),
             adam_then_normalize,
         ),
         "torch Adam foreach": (lambda: torch.optim.Adam(model.parameters(), lr=lr, foreach=True), plain_step),
         **{
-            f"spherenet RiemannianAdam {moment} {kernel}": (
+            f"spherenet RiemannianAdam, {moment}, {kernel}": (
                 lambda moment=moment, kernel=kernel: RiemannianAdam(
                     model, lr=lr, second_moment=moment, sphere_kernel=kernel
                 ),
                 plain_step,
             )
-            for kernel in ("native", "foreach")
+            for kernel in kernels
+            for moment in ("element", "row")
+        },
+        **{
+            f"spherenet RiemannianAdam, {moment}, foreach, wave_bytes unlimited": (
+                lambda moment=moment: one_wave(RiemannianAdam(model, lr=lr, second_moment=moment, sphere_kernel="foreach")),
+                plain_step,
+            )
             for moment in ("element", "row")
         },
         "spherenet Riemannian(Adam fused)": (
             lambda: Riemannian(torch.optim.Adam(param_groups(model), lr=lr, fused=True), model),
             plain_step,
         ),
-        "geoopt RiemannianAdam": (geoopt_opt, plain_step),
+        GEOOPT: (geoopt_opt, plain_step),
     }
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shape_args(parser, default_size=None)
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds (each runs every contender once)")
+    parser.add_argument("--steps", type=int, default=1, help="optimizer steps per timed sample")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per contender first")
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--d-model", type=int, default=512)
-    parser.add_argument("--n-layers", type=int, default=8)
-    parser.add_argument("--n-heads", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="fp32", choices=list(DTYPES),
+                        help="bf16: bfloat16 parameters, gradients and optimizer states")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--only", nargs="*", default=None, help="names of contenders to run (substring match)")
+    parser.add_argument("--no-geoopt", action="store_true", help="leave geoopt out (slow on large models)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: size tiny, vocab 1000, 3 rounds, 1 thread")
+    parser.add_argument("--markdown", metavar="FILE", help="also append the table to FILE")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.warmup < 0:
-        parser.error("--rounds must be >= 1 and --warmup >= 0")
+    if args.quick:
+        args.size, args.vocab, args.rounds, args.warmup = "tiny", args.vocab or 1000, 3, 1
+        args.threads = args.threads or 1
+    if args.rounds < 1 or args.warmup < 0 or args.steps < 1:
+        parser.error("--rounds and --steps must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = pick_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     # All contenders step the same tensors; plain Adam moves rows off the sphere, so the
     # Riemannian optimizers' first step projects them back with a warning. Expected here.
     warnings.filterwarnings("ignore", message=".*projecting sphere parameters onto the sphere")
 
-    model = build_model(args)
-    n_params = sum(p.numel() for p in model.parameters())
-    n_sphere = sum(p.numel() for p in sphere_parameters(model))
-    print(f"torch {torch.__version__}, geoopt {geoopt.__version__}, python {platform.python_version()}, "
-          f"{platform.machine()}, {torch.get_num_threads()} threads")  # fmt: skip
-    print(f"nGPT d_model={args.d_model} n_layers={args.n_layers} vocab={args.vocab}: {n_params / 1e6:.1f}M parameters "
-          f"({n_sphere / 1e6:.1f}M on the sphere, {len(sphere_parameters(model))} tensors), float32, CPU")  # fmt: skip
-
-    table = contenders(model, args.lr)
+    model = build_model(args, device)
+    kernels, notes = ["foreach"], []
+    if device.type == "cpu":  # the native kernel is CPU-only
+        available, reason = _native.native_status()
+        if available:
+            kernels.insert(0, "native")
+        else:
+            notes.append(f"native kernel not run: {reason}")
+    table = contenders(model, args.lr, kernels)
+    if args.no_geoopt:
+        del table[GEOOPT]
     if args.only:
         table = {k: v for k, v in table.items() if k == BASELINE or any(s in k for s in args.only)}
+
     optimizers = {}
     for name, (setup, step) in table.items():
         optimizers[name] = setup()
@@ -124,25 +179,44 @@ def main(argv=None) -> int:
     times = {name: [] for name in table}
     order = list(table)
     rng = random.Random(0)
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         rng.shuffle(order)
         for name in order:
             step = table[name][1]
             gc.collect()
+            sync(device)
             t0 = time.perf_counter()
-            step(optimizers[name])
-            times[name].append(time.perf_counter() - t0)
-
-    base = statistics.median(times[BASELINE])
-    geo = statistics.median(times["geoopt RiemannianAdam"]) if "geoopt RiemannianAdam" in times else None
-    print(f"\n{args.rounds} interleaved rounds, median (min-max) per step")
-    print(f"{'contender':42s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'x fused Adam':>13s} {'geoopt / this':>14s}")
-    for name in table:
-        t = times[name]
-        med = statistics.median(t)
-        geo_ratio = f"{geo / med:14.2f}" if geo is not None else f"{'':14s}"
-        print(f"{name:42s} {med * 1e3:10.1f} {min(t) * 1e3:8.1f} {max(t) * 1e3:8.1f} {med / base:13.2f} {geo_ratio}")
+            for _ in range(args.steps):
+                step(optimizers[name])
+            sync(device)
+            times[name].append((time.perf_counter() - t0) / args.steps)
+        print(f"# round {r + 1}/{args.rounds} done", file=sys.stderr)
+    emit(report(args, device, model, times, notes, argv), args.markdown)
     return 0
+
+
+def report(args, device, model, times, notes, argv) -> str:
+    n_params = sum(p.numel() for p in model.parameters())
+    spheres = sphere_parameters(model)
+    label = f"{device.type} {args.dtype}" + (f", {threads()}" if device.type == "cpu" else "")
+    base = statistics.median(times[BASELINE])
+    geo = statistics.median(times[GEOOPT]) if GEOOPT in times else None
+    lines = [
+        header(f"Optimizer step: {label}", device, argv),
+        f"nGPT {shape_text(model.config)}: {n_params / 1e6:.1f}M parameters, {sum(p.numel() for p in spheres) / 1e6:.1f}M "
+        f"of them in {len(spheres)} sphere tensors; {args.dtype} parameters, gradients and optimizer states; geoopt "
+        f"{geoopt.__version__}. Only `optimizer.step()` is timed, on fixed random gradients; median (min–max) of "
+        f"{args.rounds} interleaved rounds of {args.steps} step(s), after {args.warmup} warm-up steps."
+        + "".join(f" ({note})" for note in notes),
+        "",
+        f"| contender | {label}: ms | x fused Adam | geoopt / this |",
+        "|---|---|---|---|",
+    ]
+    for name, t in times.items():
+        med = statistics.median(t)
+        geo_ratio = f"{geo / med:.2f}" if geo is not None else "n/a"
+        lines.append(f"| {name} | {med * 1e3:.2f} ({min(t) * 1e3:.2f}–{max(t) * 1e3:.2f}) | {med / base:.2f} | {geo_ratio} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

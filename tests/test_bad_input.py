@@ -327,15 +327,35 @@ def test_token_file_with_ids_beyond_vocab():
 MODELS = ["ngpt-tiny", "gpt-tiny"]
 
 
+def test_token_file_with_negative_ids():
+    tokens = np.array([1, 2, 3, 4, 5, -7, 6, 7, 8, 9], dtype=np.int32)
+    windows = TokenWindows(tokens, block_size=9, batch_size=1, vocab_size=256, name="tokens.bin")
+    with pytest.raises(DataError, match=r"tokens.bin holds negative token id -7 at position 5"):
+        windows.next_batch()
+
+
 @pytest.mark.parametrize("preset", MODELS)
 @pytest.mark.parametrize("bad_id", [256, -1])
 def test_token_id_out_of_vocabulary(preset, bad_id):
+    """The forward asserts ids on the device (no host sync; on CPU it raises at once)."""
     model = from_preset(preset, max_seq_len=32)
     ids = torch.tensor([[5, bad_id, 7]])
-    with pytest.raises(IndexError) as e:
+    with pytest.raises(RuntimeError) as e:
         model(ids)
+    assert "token id out of vocabulary: every id must be in [0, vocab_size=256)" in str(e.value)
+    assert raised_in_spherenet(e)
+
+
+@pytest.mark.parametrize("preset", MODELS)
+@pytest.mark.parametrize("bad_id", [256, -1])
+def test_prompt_token_id_out_of_vocabulary(preset, bad_id):
+    """A prompt is checked where it enters generation, naming the id and where it is."""
+    model = from_preset(preset, max_seq_len=32)
+    with pytest.raises(IndexError) as e:
+        model.generate(torch.tensor([[5, bad_id, 7]]), 3)
     span = f"[{min(bad_id, 5)}, {max(bad_id, 7)}]"
-    assert f"token id out of vocabulary: ids span {span} but vocab_size=256" in str(e.value)
+    expected = f"token id out of vocabulary: id {bad_id} at position (0, 1) is not in [0, vocab_size=256) (ids span {span})"
+    assert expected in str(e.value)
     assert raised_in_spherenet(e)
 
 

@@ -9,11 +9,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from spherenet.layers import KVCache
 from spherenet.manifolds import Sphere, named_manifold_parameters
 from spherenet.manifolds.sphere import geoopt
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, from_preset, preset_config, sample_next_token
+from spherenet.models.common import assert_ids_in_vocab
 
 SETTINGS = settings(max_examples=10, deadline=None)
 
@@ -255,13 +257,88 @@ def test_forward_input_errors(kind):
         model(torch.zeros(1, 4))
     with pytest.raises(ValueError, match="1 dims"):
         model(torch.zeros(4, dtype=torch.long))
-    with pytest.raises(IndexError, match="vocab_size=32"):
+    # Values are asserted on the device (no host sync): on CPU the assertion raises at once.
+    with pytest.raises(RuntimeError, match=r"token id out of vocabulary: every id must be in \[0, vocab_size=32\)"):
         model(torch.tensor([[1, 32]]))
-    with pytest.raises(IndexError, match="-1"):
+    with pytest.raises(RuntimeError, match="vocab_size=32"):
         model(torch.tensor([[-1, 3]]))
     with pytest.raises(ValueError, match="17 exceeds max_seq_len=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
     assert model(torch.zeros(1, 16, dtype=torch.int32)).shape == (1, 16, 32)
+
+
+def test_vocab_assertion_on_narrow_integer_ids():
+    """ids of a dtype narrower than vocab_size are compared as int64 (an int16 comparison with
+    40000 would wrap around and reject every id)."""
+    assert_ids_in_vocab(torch.tensor([[30000, 0]], dtype=torch.int16), 40000)
+    assert_ids_in_vocab(torch.tensor([[255]], dtype=torch.uint8), 256)
+    with pytest.raises(RuntimeError, match="vocab_size=40000"):
+        assert_ids_in_vocab(torch.tensor([[-3]], dtype=torch.int16), 40000)
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_generate_names_the_bad_prompt_id(kind):
+    """The prompt is where ids enter generation: checked on the host, naming the id."""
+    model = tiny(kind)
+    with pytest.raises(IndexError, match=r"id 40 at position \(1, 2\) is not in \[0, vocab_size=32\) \(ids span \[0, 40\]\)"):
+        model.generate(torch.tensor([[1, 2, 3], [0, 5, 40]]), 2)
+    with pytest.raises(IndexError, match=r"id -1 at position \(0, 0\)"):
+        model.generate(torch.tensor([[-1, 2]]), 1)
+
+
+class HostReads(TorchDispatchMode):
+    """Records every aten op that hands a tensor's value to the host (``.item()``, ``bool``,
+    ``int``: ``_local_scalar_dense``) or whose output shape depends on values (``nonzero``):
+    each is a device synchronization on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.data_dependent_output in func.tags or torch.Tag.dynamic_output_shape in func.tags:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_forward_and_backward_read_nothing_on_the_host(kind, monkeypatch):
+    """No host sync in a training forward/backward: no value is read back (dispatcher ops), and
+    no ``tolist``/``numpy`` (which bypass the dispatcher)."""
+    model = tiny(kind)
+    bypass = []
+
+    def counted(name):
+        original = getattr(torch.Tensor, name)
+        return lambda self, *args, **kwargs: bypass.append(name) or original(self, *args, **kwargs)
+
+    for name in ("tolist", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    x = ids(2, 8)
+    with HostReads() as reads:
+        logits = model(x)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids(2, 8, seed=1).flatten()).backward()
+    assert reads.ops == [] and bypass == []
+    # The detector works: the id check this replaced read the ids back.
+    with HostReads() as reads:
+        int(x.max())
+    assert reads.ops == ["aten._local_scalar_dense.default"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_cuda_forward_does_not_synchronize(kind):
+    model = tiny(kind).cuda()
+    x, targets = ids(2, 8).cuda(), ids(2, 8, seed=1).cuda()  # copies from pageable host memory synchronize
+    model(x)  # the first call builds the RoPE tables
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        logits = model(x)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
 
 
 # ------------------------------------------------------------------------- configs, presets

@@ -212,6 +212,8 @@ class TokenWindows:
     def _gather(self, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         idx = starts[:, None] + np.arange(self.block_size + 1, dtype=np.int64)
         buf = np.asarray(self.tokens[idx]).astype(np.int64)
+        # Ids are checked here, on the host, where they enter: the models' forward only asserts
+        # them on the device (reading them there would synchronize every step).
         if self.vocab_size is not None and buf.size:
             if int(buf.max()) >= self.vocab_size:
                 r, c = np.argwhere(buf >= self.vocab_size)[0]
@@ -220,6 +222,9 @@ class TokenWindows:
                     "vocab has "
                     f"{self.vocab_size} ids: the data was made with another tokenizer"
                 )
+        if buf.size and int(buf.min()) < 0:
+            r, c = np.argwhere(buf < 0)[0]
+            raise DataError(f"{self.name} holds negative token id {int(buf[r, c])} at position {int(idx[r, c])}")
         t = torch.from_numpy(buf)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..layers import KVCache
 
-__all__ = ["generate", "sample_next_token", "check_input_ids"]
+__all__ = ["generate", "sample_next_token", "check_input_ids", "assert_ids_in_vocab", "check_token_ids"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,12 +74,20 @@ def check_transformer_shape(config) -> None:
 # Input checks
 
 
-def check_input_ids(input_ids: torch.Tensor, vocab_size: int, max_seq_len: int, offset: int = 0) -> None:
-    """Token ids must be an integer tensor of shape ``(B, T)`` with ``T >= 1``, ids in
-    ``[0, vocab_size)``, and ``offset + T <= max_seq_len`` (``offset``: tokens already cached)."""
+def _is_integer(t: torch.Tensor) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+
+def check_input_ids(input_ids: torch.Tensor, max_seq_len: int, offset: int = 0) -> None:
+    """Token ids must be an integer tensor of shape ``(B, T)`` with ``T >= 1`` and
+    ``offset + T <= max_seq_len`` (``offset``: tokens already cached).
+
+    Metadata only, so no device synchronization: the ids' values are checked by
+    :func:`assert_ids_in_vocab` (every forward) or :func:`check_token_ids` (where ids enter).
+    """
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+    if not _is_integer(input_ids):
         raise TypeError(f"input_ids must be an integer tensor (e.g. torch.long), got dtype {input_ids.dtype}")
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must have shape (batch, seq_len), got {input_ids.ndim} dims: {tuple(input_ids.shape)}")
@@ -89,11 +97,35 @@ def check_input_ids(input_ids: torch.Tensor, vocab_size: int, max_seq_len: int, 
     if offset + seq_len > max_seq_len:
         cached = f" after {offset} cached tokens" if offset else ""
         raise ValueError(f"sequence length {seq_len}{cached} exceeds max_seq_len={max_seq_len}")
-    # A data-dependent check: eager only (it would break a torch.compile graph).
-    if not torch.compiler.is_compiling() and input_ids.numel():
+
+
+def assert_ids_in_vocab(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Assert every id is in ``[0, vocab_size)`` without reading the ids on the host.
+
+    A device-side assertion (:func:`torch._assert_async`; compiled code keeps it): on CPU a bad
+    id raises ``RuntimeError`` at once; on CUDA it is a device-side assert, reported at the next
+    synchronization. Where ids enter (the data loader, :func:`generate`'s prompt) they are
+    checked on the host with an error naming the id (:func:`check_token_ids`).
+    """
+    ids = input_ids.long()  # a narrower integer dtype would wrap the comparison with vocab_size
+    in_vocab = ((ids >= 0) & (ids < vocab_size)).all()
+    torch._assert_async(in_vocab, f"token id out of vocabulary: every id must be in [0, vocab_size={vocab_size})")
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Raise ``IndexError`` naming the first id of ``input_ids`` outside ``[0, vocab_size)``.
+
+    Reads the ids on the host (a device synchronization on a GPU): for where ids enter, such
+    as a prompt, not for every forward.
+    """
+    bad = (input_ids < 0) | (input_ids.long() >= vocab_size)
+    if bad.any():
+        where = tuple(int(i) for i in bad.nonzero()[0])
         low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= vocab_size:
-            raise IndexError(f"token id out of vocabulary: ids span [{low}, {high}] but vocab_size={vocab_size}")
+        raise IndexError(
+            f"token id out of vocabulary: id {int(input_ids[where])} at position {where} is not in "
+            f"[0, vocab_size={vocab_size}) (ids span [{low}, {high}])"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,7 +181,8 @@ def generate(
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
     if not config.causal:
         raise ValueError("generate needs a causal model; this one was built with causal=False")
-    check_input_ids(input_ids, config.vocab_size, config.max_seq_len)
+    check_input_ids(input_ids, config.max_seq_len)
+    check_token_ids(input_ids, config.vocab_size)  # the prompt: an error naming the id, on any device
     total = input_ids.shape[1] + max_new_tokens
     if total > config.max_seq_len:
         raise ValueError(

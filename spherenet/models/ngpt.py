@@ -128,7 +128,8 @@ class NGPT(nn.Module):
         if kv_caches is not None and len(kv_caches) != len(self.blocks):
             raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.blocks)} blocks")
         offset = 0 if kv_caches is None else kv_caches[0].length
-        common.check_input_ids(input_ids, self.config.vocab_size, self.config.max_seq_len, offset)
+        common.check_input_ids(input_ids, self.config.max_seq_len, offset)
+        common.assert_ids_in_vocab(input_ids, self.config.vocab_size)  # device-side: no host sync
         caches = kv_caches if kv_caches is not None else [None] * len(self.blocks)
 
         h = self.embed_in(input_ids)  # (B, T, d), unit
