@@ -118,6 +118,9 @@ RESUMABLE_CHANGES = {
     "optim": {"grad_clip", "reproject_every", "sphere_kernel"},
     "data": {"source", "cache_dir", "num_proc"},
 }  # fmt: skip
+# Keys added after checkpoints were already being written: a checkpoint without one ran with
+# this value (so resuming it with the same value is no change).
+ADDED_KEYS = {"optim": {"gradient": "riemannian"}}
 
 
 def check_resumable(saved: dict, cfg: RunConfig, model: torch.nn.Module, path: Path) -> None:
@@ -138,7 +141,8 @@ def check_resumable(saved: dict, cfg: RunConfig, model: torch.nn.Module, path: P
     old_cfg, new_cfg = saved.get("config"), cfg.to_dict()
     if isinstance(old_cfg, dict):
         for section in ("data", "optim", "train"):
-            compare(f"{section}.", old_cfg.get(section) or {}, new_cfg[section], RESUMABLE_CHANGES[section])
+            old = {**ADDED_KEYS.get(section, {}), **(old_cfg.get(section) or {})}
+            compare(f"{section}.", old, new_cfg[section], RESUMABLE_CHANGES[section])
     if diffs:
         raise ConfigError(
             f"checkpoint {path} was written by a run with other settings; resume with the same values "
@@ -181,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             model, o.method, lr=o.lr, total_steps=t.steps,
             weight_decay=None if o.weight_decay < 0 else o.weight_decay,
             warmup_steps=None if o.warmup_steps < 0 else o.warmup_steps,
-            betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment, sphere_kernel=o.sphere_kernel,
+            betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment, gradient=o.gradient,
+            sphere_kernel=o.sphere_kernel,
         )  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[optim] method {o.method!r} with train.steps={t.steps}: {exc}") from None

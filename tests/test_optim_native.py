@@ -27,16 +27,17 @@ pytestmark = pytest.mark.skipif(
 OP = _native.sphere_adam_op()
 
 
-def reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v):
+def reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean=False):
     """Steps 1-5 of spherenet.optim.radam in plain float64 PyTorch (no spherenet code)."""
     x, g, m, v = (a.double() for a in (x, g, m, v))
-    u = g - (x * g).sum(-1, keepdim=True) * x
+    u = g if euclidean else g - (x * g).sum(-1, keepdim=True) * x
     m = b1 * m + (1 - b1) * u
     v = b2 * v + (1 - b2) * ((u * u).sum(-1, keepdim=True) if row_v else u * u)
     bc1, bc2 = 1 - b1**t, 1 - b2**t
     y = x - lr / bc1 * m / ((v / bc2).sqrt() + eps)
     x = y / y.norm(dim=-1, keepdim=True)
-    m = m - (x * m).sum(-1, keepdim=True) * x
+    if row_v and not euclidean:  # transport (never with a per-element v)
+        m = m - (x * m).sum(-1, keepdim=True) * x
     return x, m, v
 
 
@@ -50,40 +51,43 @@ def random_state(rows, d, dtype, row_v, seed=0):
     return [a.to(dtype).contiguous() for a in (x, g, m, v)]
 
 
-def run_op(x, g, m, v, lr, b1, b2, eps, t, row_v):
-    OP([x], [g], [m], [v], [lr / (1 - b1**t)], [math.sqrt(1 - b2**t)], b1, b2, eps, 1e-30, row_v)
+def run_op(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean=False):
+    OP([x], [g], [m], [v], [lr / (1 - b1**t)], [math.sqrt(1 - b2**t)], b1, b2, eps, 1e-30, row_v, euclidean)
 
 
 @given(
     rows=st.integers(0, 9),
     d=st.integers(2, 70),
     row_v=st.booleans(),
+    euclidean=st.booleans(),
     t=st.integers(1, 50),
     lr=st.floats(1e-4, 0.3),
     seed=st.integers(0, 2**16),
 )
-def test_kernel_matches_float64_reference(rows, d, row_v, t, lr, seed):
+def test_kernel_matches_float64_reference(rows, d, row_v, euclidean, t, lr, seed):
     b1, b2, eps = 0.9, 0.95, 1e-8
     x, g, m, v = random_state(rows, d, torch.float64, row_v, seed)
     g_before = g.clone()
-    want_x, want_m, want_v = reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v)
-    run_op(x, g, m, v, lr, b1, b2, eps, t, row_v)
+    want_x, want_m, want_v = reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean)
+    run_op(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean)
     assert torch.equal(g, g_before)  # gradients are read only
     torch.testing.assert_close(x, want_x, rtol=0, atol=1e-12)
     torch.testing.assert_close(m, want_m, rtol=0, atol=1e-12)
     torch.testing.assert_close(v, want_v, rtol=1e-12, atol=0)
     if rows:
         assert float((x.norm(dim=-1) - 1).abs().max()) <= 1e-14
-        assert float((x * m).sum(-1).abs().max()) <= 1e-14  # m is tangent at the new point
+        if row_v and not euclidean:
+            assert float((x * m).sum(-1).abs().max()) <= 1e-14  # m is transported to the new point
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2), (torch.float16, 4e-3)])
 @pytest.mark.parametrize("row_v", [False, True])
-def test_kernel_low_precision_norms_and_reference(dtype, tol, row_v):
+@pytest.mark.parametrize("euclidean", [False, True])
+def test_kernel_low_precision_norms_and_reference(dtype, tol, row_v, euclidean):
     b1, b2, eps, lr, t = 0.9, 0.95, 1e-8, 0.05, 3
     x, g, m, v = random_state(64, 96, dtype, row_v, seed=1)
-    want_x, want_m, _ = reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v)
-    run_op(x, g, m, v, lr, b1, b2, eps, t, row_v)
+    want_x, want_m, _ = reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean)
+    run_op(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean)
     err = float((x.double().norm(dim=-1) - 1).abs().max())
     # the retraction is computed in float32 and rounded once: within one rounding of unit
     assert err <= {torch.float32: 3e-7, torch.bfloat16: 4e-3, torch.float16: 1e-3}[dtype], err
@@ -136,14 +140,15 @@ def test_kernel_eps_zero_with_a_short_last_chunk(d):
 
 
 @pytest.mark.parametrize("row_v", [False, True])
-def test_kernel_row_does_not_depend_on_its_neighbours(row_v):
+@pytest.mark.parametrize("euclidean", [False, True])
+def test_kernel_row_does_not_depend_on_its_neighbours(row_v, euclidean):
     """Rows are pipelined (the last pass of a row reads the next row's <x, g>): stepping a
     tensor whole and stepping each row as its own tensor give identical bits."""
     whole = random_state(50, 40, torch.float32, row_v, seed=6)
     alone = [a.clone() for a in whole]
-    run_op(*whole, 1e-2, 0.9, 0.95, 1e-8, 3, row_v)
+    run_op(*whole, 1e-2, 0.9, 0.95, 1e-8, 3, row_v, euclidean)
     for r in range(50):
-        run_op(*(a[r : r + 1] for a in alone), 1e-2, 0.9, 0.95, 1e-8, 3, row_v)
+        run_op(*(a[r : r + 1] for a in alone), 1e-2, 0.9, 0.95, 1e-8, 3, row_v, euclidean)
     assert all(torch.equal(a, b) for a, b in zip(whole, alone))
 
 
@@ -197,9 +202,13 @@ def set_grads(models, seed, dtype):
 
 
 @pytest.mark.parametrize("mode", ["element", "row"])
-def test_native_and_foreach_take_the_same_steps_float64(mode):
+@pytest.mark.parametrize("gradient", ["riemannian", "euclidean"])
+def test_native_and_foreach_take_the_same_steps_float64(mode, gradient):
     native, foreach = ngpt(torch.float64), ngpt(torch.float64)
-    opts = [RiemannianAdam(m, lr=1e-2, second_moment=mode, sphere_kernel=k) for m, k in ((native, "native"), (foreach, "foreach"))]
+    opts = [
+        RiemannianAdam(m, lr=1e-2, second_moment=mode, gradient=gradient, sphere_kernel=k)
+        for m, k in ((native, "native"), (foreach, "foreach"))
+    ]
     for step in range(20):
         set_grads([native, foreach], step, torch.float64)
         grads = [p.grad.clone() for p in native.parameters()]
@@ -214,13 +223,16 @@ def test_native_and_foreach_take_the_same_steps_float64(mode):
             torch.testing.assert_close(opts[0].state[a][key], opts[1].state[b][key], rtol=1e-11, atol=1e-13)
 
 
-@pytest.mark.parametrize("mode", ["element", "row"])
-def test_native_float32_tracks_float64_as_closely_as_foreach(mode):
+@pytest.mark.parametrize("mode,gradient", [("element", "riemannian"), ("row", "riemannian"), ("element", "euclidean")])
+def test_native_float32_tracks_float64_as_closely_as_foreach(mode, gradient):
     """Over 50 steps both float32 paths stay within 1e-6 of the float64 run, with unit rows."""
     ref = ngpt(torch.float64)
     runs = {k: copy.deepcopy(ref).float() for k in ("native", "foreach")}
-    opt_ref = RiemannianAdam(ref, lr=1e-3, second_moment=mode, sphere_kernel="foreach")
-    opts = {k: RiemannianAdam(m, lr=1e-3, second_moment=mode, sphere_kernel=k) for k, m in runs.items()}
+    opt_ref = RiemannianAdam(ref, lr=1e-3, second_moment=mode, gradient=gradient, sphere_kernel="foreach")
+    opts = {
+        k: RiemannianAdam(m, lr=1e-3, second_moment=mode, gradient=gradient, sphere_kernel=k)
+        for k, m in runs.items()
+    }
     for step in range(50):
         set_grads([ref], step, torch.float64)
         set_grads(list(runs.values()), step, torch.float32)

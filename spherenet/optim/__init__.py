@@ -3,8 +3,9 @@
 - :func:`param_groups` / :func:`sphere_parameters`: which parameters lie on the sphere, read
   from the modules' declarations (survives FSDP2 and ``load_state_dict(assign=True)``); each
   group carries ``"manifold": "sphere" | "euclidean"``.
-- :class:`RiemannianAdam`: Adam on the sphere (tangent projection, retraction, transport),
-  AdamW elsewhere; ``second_moment="element" | "row"`` (``"row"`` is geoopt's).
+- :class:`RiemannianAdam`: Adam on the sphere, AdamW elsewhere; ``gradient="euclidean"`` is
+  the paper's Adam + renormalize, ``"riemannian"`` Adam on the tangent-projected gradient;
+  ``second_moment="element" | "row"`` (``"row"`` is geoopt's).
 - :class:`Riemannian`: wraps any torch optimizer the same way.
 - :func:`normalize_`, :func:`add_normalize_hook`: the paper's "Euclidean step, then normalize".
 - :func:`build_optimizer`: the paper's recipes (Table 3) with a warmup + cosine schedule.
@@ -12,7 +13,7 @@
 
 from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
 from .normalize import add_normalize_hook, normalize_
-from .radam import SECOND_MOMENTS, RiemannianAdam
+from .radam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
 from .recipes import METHODS, RECIPES, WarmupCosine, build_optimizer
 from .wrapper import MAGNITUDE_STATES, POINT_STATES, VECTOR_STATES, Riemannian
 
@@ -25,6 +26,7 @@ __all__ = [
     "is_matrix",
     "RiemannianAdam",
     "SECOND_MOMENTS",
+    "GRADIENTS",
     "Riemannian",
     "VECTOR_STATES",
     "POINT_STATES",

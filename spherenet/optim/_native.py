@@ -1,6 +1,6 @@
 """The native CPU kernel of the sphere step (``csrc/sphere_adam.cpp``), compiled on first use.
 
-The Riemannian Adam step puts row reductions (tangent projection, retraction norm, transport)
+The sphere Adam step puts row reductions (tangent projection, retraction norm, transport)
 between its elementwise stages. As ``torch._foreach_*`` calls that is about a dozen passes over
 memory; the native kernel does the whole step for one row while the row sits in cache, so it
 streams each tensor once, like ``torch.optim.Adam(fused=True)``.

@@ -9,8 +9,11 @@
 
 ``method``:
 
-- ``"riemannian_adam"``: nGPT with :class:`RiemannianAdam` (sphere weights move on the sphere:
-  tangent projection, Adam, retraction, moment transport);
+- ``"riemannian_adam"``: nGPT with :class:`RiemannianAdam`. With ``gradient="euclidean"``
+  (and ``second_moment="element"``) this is the paper's optimizer, the same steps as
+  ``"adam_normalize"`` to float rounding, in one pass per row; with ``gradient="riemannian"``
+  (the default) Adam's moments see the tangent projection of the gradient, a different
+  optimizer (see :mod:`spherenet.optim.radam` for how far it departs);
 - ``"adam_normalize"``: nGPT as in the paper: Euclidean Adam, then renormalize every sphere
   weight after each step (Section 2.6, step 2) with :func:`add_normalize_hook`;
 - ``"adamw"``: the GPT baseline: AdamW, weight decay on tensors with ``ndim >= 2`` only.
@@ -28,7 +31,7 @@ from ._common import check_betas, check_positive_float
 from .groups import named_sphere_parameters, param_groups
 from .normalize import add_normalize_hook, normalize_
 from ._tensors import is_dtensor
-from .radam import SECOND_MOMENTS, RiemannianAdam, split_fused
+from .radam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam, split_fused
 
 __all__ = ["METHODS", "RECIPES", "build_optimizer", "WarmupCosine"]
 
@@ -81,6 +84,7 @@ def build_optimizer(
     betas: tuple[float, float] = (0.9, 0.95),
     eps: float = 1e-8,
     second_moment: str = "element",
+    gradient: str = "riemannian",
     off_sphere: str = "project",
     fused: bool | None = None,
     sphere_kernel: str = "auto",
@@ -95,12 +99,14 @@ def build_optimizer(
 
     ``second_moment`` applies to ``"riemannian_adam"`` only (``"element"``: learning rates
     transfer from ``"adam_normalize"``; ``"row"``: geoopt's semantics, ``lr`` is then an angle
-    per step per row). ``sphere_kernel`` too (``"auto"``, ``"native"``, ``"foreach"``: see
+    per step per row). ``gradient`` too: ``"euclidean"`` (Adam on the raw gradient; with
+    ``"element"`` the paper's method) or ``"riemannian"`` (Adam on its tangent projection).
+    ``sphere_kernel`` too (``"auto"``, ``"native"``, ``"foreach"``: see
     :class:`RiemannianAdam`).
 
     Raises ``ValueError`` naming the bad value (unknown method, ``lr <= 0``,
     ``total_steps <= 0``, ``warmup_steps >= total_steps``, negative weight decay, betas outside
-    [0, 1), unknown second moment), and for ``"adamw"`` on a model that declares sphere weights
+    [0, 1), unknown second moment or gradient), and for ``"adamw"`` on a model that declares sphere weights
     (they would leave the sphere: use one of the nGPT methods).
     """
     if not isinstance(model, nn.Module):
@@ -124,6 +130,8 @@ def build_optimizer(
         raise ValueError(f"warmup_steps ({warmup_steps}){hint} must be < total_steps ({total_steps})")
     if second_moment not in SECOND_MOMENTS:
         raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
+    if gradient not in GRADIENTS:
+        raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}")
     betas = (float(betas[0]), float(betas[1]))
     sphere = named_sphere_parameters(model)
 
@@ -134,6 +142,7 @@ def build_optimizer(
             betas=betas,
             eps=eps,
             second_moment=second_moment,
+            gradient=gradient,
             model=model,
             off_sphere=off_sphere,
             fused=fused,

@@ -69,6 +69,7 @@ class OptimSection:
     beta2: float = 0.95
     eps: float = 1e-8
     second_moment: str = "element"  # riemannian_adam: element | row
+    gradient: str = "riemannian"  # riemannian_adam: riemannian (tangent-projected moments) | euclidean (the paper's)
     sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | foreach
     grad_clip: float = 0.0  # 0 = off
     reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift
@@ -103,6 +104,7 @@ _CHOICES = {
     ("data", "text_unit"): ("paragraph", "line", "document"),
     ("optim", "method"): ("riemannian_adam", "adam_normalize", "adamw"),
     ("optim", "second_moment"): ("element", "row"),
+    ("optim", "gradient"): ("riemannian", "euclidean"),
     ("optim", "sphere_kernel"): ("auto", "native", "foreach"),
     ("train", "parallel"): ("none", "ddp", "fsdp"),
     ("train", "autocast"): ("auto", "bf16", "off"),

@@ -1,14 +1,18 @@
-// Fused Riemannian Adam step on the unit sphere, CPU.
+// Fused Adam step on the unit sphere, CPU.
 //
 // One call updates a list of sphere tensors. Each tensor is a contiguous stack of rows (unit
 // vectors along the last dimension). For every row, in one visit while the row is in cache:
 //
-//   u  = g - <x, g> x                       tangent projection (paper's Appendix A.3, eq. 24)
+//   u  = g - <x, g> x   (riemannian)  |  u = g   (euclidean)   gradient the moments see
 //   m  = b1 m + (1 - b1) u                  Adam moments (eq. 22); v per element or per row
 //   v  = b2 v + (1 - b2) u*u   |   b2 v + (1 - b2) ||u||^2
 //   y  = x - step_size * m / (sqrt(v) / sqrt(bc2) + eps)      (torch.optim.Adam's formula)
 //   x  = y / ||y||                          retraction Norm (Section 2.2.2)
-//   m  = m - <x, m> x                       transport of m by projection
+//   m  = m - <x, m> x                       transport of m, riemannian gradient with row v only
+//
+// m is not transported with a per-element v: the projection mixes coordinates of m, and
+// |m_i| <= C sqrt(v_i), which bounds Adam's step, would no longer hold (see radam.py).
+// The euclidean gradient with a per-element v is the paper's method (Adam, then Norm).
 //
 // The arithmetic is written with ATen's Vectorized<T> (AVX-512 / AVX2 / NEON lanes, picked by
 // the CPU_CAPABILITY the builder defines), not left to the auto-vectorizer: GCC 12 compiled the
@@ -33,6 +37,7 @@ using at::vec::Vectorized;
 
 struct Hyper {
   double step_size, inv_bias2_sqrt, beta1, beta2, eps, tiny;
+  bool project;  // the riemannian gradient: u = g - <x, g> x (else u = g)
 };
 
 template <typename T>
@@ -67,7 +72,8 @@ inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t d) {
 }
 
 // One row in float or double, in place: the whole update of the header while the row is in
-// cache. v points at d values (per element) or at one (kRowV). `xg` is <x, g> of this row.
+// cache. v points at d values (per element) or at one (kRowV). `xg` is <x, g> of this row, 0
+// for the euclidean gradient (u = g - 0 x is g exactly).
 // The last pass also takes <x, g> of the next row (`next_x`, `next_g`; null for none) and
 // returns it: that pass then streams the next row in while it finishes this one, instead of
 // a pass that only computes and a pass that only loads.
@@ -79,6 +85,7 @@ inline T sphere_adam_row(
   constexpr int64_t K = Vec::size();
   const Vec zero(T(0)), b1(T(h.beta1)), b2(T(h.beta2)), one_b1(T(1) - T(h.beta1)), one_b2(T(1) - T(h.beta2));
   const Vec x_dot_g(xg);  // u = g - <x, g> x, the tangent projection (eq. 24)
+  const bool transport = kRowV && h.project;
 
   // <y, m> is gathered with ||y||^2: the transport below needs <x_new, m> = <y, m> / ||y||.
   Vec yy = zero, ym = zero;
@@ -87,19 +94,15 @@ inline T sphere_adam_row(
     for_chunks<T>(d, [&](int64_t j, int64_t lanes) {
       const Vec xj = Vec::loadu(x + j, lanes);
       const Vec u = at::vec::fnmadd(x_dot_g, xj, Vec::loadu(g + j, lanes));
-      Vec mj = at::vec::fmadd(b1, Vec::loadu(m + j, lanes), one_b1 * u);
+      const Vec mj = at::vec::fmadd(b1, Vec::loadu(m + j, lanes), one_b1 * u);
       const Vec vj = at::vec::fmadd(b2, Vec::loadu(v + j, lanes), one_b2 * (u * u));
       // (step_size m) / denom, rounded as torch.optim.Adam rounds it
       Vec yj = xj - step_size * mj / at::vec::fmadd(vj.sqrt(), inv_bias2_sqrt, eps);
       mj.store(m + j, lanes);
       vj.store(v + j, lanes);
       yj.store(x + j, lanes);
-      if (lanes != K) {  // the missing lanes hold 0/eps, NaN when eps = 0: keep them out of the sums
-        yj = Vec::set(zero, yj, lanes);
-        mj = Vec::set(zero, mj, lanes);
-      }
+      if (lanes != K) yj = Vec::set(zero, yj, lanes);  // the missing lanes hold 0/eps, NaN when eps = 0
       yy = at::vec::fmadd(yj, yj, yy);
-      ym = at::vec::fmadd(yj, mj, ym);
     });
   } else {
     Vec uu = zero;
@@ -119,15 +122,16 @@ inline T sphere_adam_row(
     });
   }
 
-  // Retraction x = y / ||y|| (Section 2.2.2), then transport m = m - <x, m> x.
+  // Retraction x = y / ||y|| (Section 2.2.2), then (row v, riemannian) transport m = m - <x, m> x.
   const T inv_norm_scalar = T(1) / std::max(std::sqrt(sum_lanes<T>(yy)), T(h.tiny));
   const Vec inv_norm(inv_norm_scalar), xm(sum_lanes<T>(ym) * inv_norm_scalar);
   Vec next_xg = zero;  // summed as dot() sums; stays 0 without a next row
   for_chunks<T>(d, [&](int64_t j, int64_t lanes) {
     const Vec xj = Vec::loadu(x + j, lanes) * inv_norm;
     xj.store(x + j, lanes);
-    at::vec::fnmadd(xm, xj, Vec::loadu(m + j, lanes)).store(m + j, lanes);
-    if (next_x != nullptr)  // loop-invariant: the compiler unswitches it
+    if (transport)  // loop-invariant, as the test below: the compiler unswitches both
+      at::vec::fnmadd(xm, xj, Vec::loadu(m + j, lanes)).store(m + j, lanes);
+    if (next_x != nullptr)
       next_xg = at::vec::fmadd(Vec::loadu(next_x + j, lanes), Vec::loadu(next_g + j, lanes), next_xg);
   });
   return sum_lanes<T>(next_xg);
@@ -151,9 +155,10 @@ void step_rows(const Operand& op, int64_t begin, int64_t end, std::vector<float>
   scalar_t* v = static_cast<scalar_t*>(op.v);
   const int64_t d = op.d, vd = kRowV ? 1 : d;
   if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
-    scalar_t xg = dot(x + begin * d, g + begin * d, d);
+    // The euclidean gradient needs no <x, g>: xg stays 0 and no next row is read ahead.
+    scalar_t xg = op.hyper.project ? dot(x + begin * d, g + begin * d, d) : scalar_t(0);
     for (int64_t r = begin; r < end; ++r) {
-      const bool more = r + 1 < end;
+      const bool more = op.hyper.project && r + 1 < end;
       xg = sphere_adam_row<scalar_t, kRowV>(x + r * d, g + r * d, m + r * d, v + r * vd, d, op.hyper, xg,
           more ? x + (r + 1) * d : nullptr, more ? g + (r + 1) * d : nullptr);
     }
@@ -165,7 +170,8 @@ void step_rows(const Operand& op, int64_t begin, int64_t end, std::vector<float>
       at::vec::convert(g + r * d, gf, d);
       at::vec::convert(m + r * d, mf, d);
       at::vec::convert(v + r * vd, vf, vd);
-      sphere_adam_row<float, kRowV>(xf, gf, mf, vf, d, op.hyper, dot(xf, gf, d), nullptr, nullptr);
+      const float xg = op.hyper.project ? dot(xf, gf, d) : 0.0f;
+      sphere_adam_row<float, kRowV>(xf, gf, mf, vf, d, op.hyper, xg, nullptr, nullptr);
       at::vec::convert(xf, x + r * d, d);
       at::vec::convert(mf, m + r * d, d);
       at::vec::convert(vf, v + r * vd, vd);
@@ -200,7 +206,8 @@ void sphere_adam_(
     double beta2,
     double eps,
     double tiny,
-    bool row_v) {
+    bool row_v,
+    bool euclidean_gradient) {
   const size_t n = xs.size();
   TORCH_CHECK(gs.size() == n && ms.size() == n && vs.size() == n && step_sizes.size() == n &&
                   bias2_sqrts.size() == n,
@@ -229,7 +236,7 @@ void sphere_adam_(
     const int64_t rows = x.numel() / d;
     if (rows == 0) continue;
     operands.push_back({x.data_ptr(), ms[i].data_ptr(), vs[i].data_ptr(), gs[i].data_ptr(), d, x.scalar_type(),
-                        Hyper{step_sizes[i], 1.0 / bias2_sqrts[i], beta1, beta2, eps, tiny}});
+                        Hyper{step_sizes[i], 1.0 / bias2_sqrts[i], beta1, beta2, eps, tiny, !euclidean_gradient}});
     const int64_t rows_per_block = std::max<int64_t>(1, kBlock / d);
     for (int64_t r = 0; r < rows; r += rows_per_block)
       blocks.push_back({int64_t(operands.size()) - 1, r, std::min(rows, r + rows_per_block)});
@@ -252,7 +259,7 @@ TORCH_LIBRARY(spherenet, lib) {
   lib.def(
       "sphere_adam_(Tensor(a!)[] xs, Tensor[] gs, Tensor(b!)[] ms, Tensor(c!)[] vs, "
       "float[] step_sizes, float[] bias2_sqrts, float beta1, float beta2, float eps, float tiny, "
-      "bool row_v) -> ()");
+      "bool row_v, bool euclidean_gradient=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spherenet, CPU, lib) {
