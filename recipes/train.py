@@ -211,7 +211,7 @@ def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> Re
             "not supported: resume with train.parallel=ddp (or none)"
         )
     if (old_parallel, old_world) != (t.parallel, world_size):
-        notes.append(f"train.parallel {old_parallel} x {old_world} process(es) -> {t.parallel} x {world_size}")
+        notes.append(f"train.parallel {old_parallel} x {old_world} process(es) -> {t.parallel} x {world_size} process(es)")
 
     # The data position counts global batches of train.batch_size windows (see main): the same
     # in any layout. Checkpoints written before counted micro-batches of (micro x world).
