@@ -42,9 +42,18 @@ class Trained:
     path: Path
 
 
+def model_class_name(model_or_name: nn.Module | str) -> str:
+    """``"NGPT"`` or ``"GPT"``. FSDP2's ``fully_shard`` swaps a model's class for a subclass
+    named ``FSDP<name>``, which runs sharded with FSDP recorded before this was fixed."""
+    name = model_or_name if isinstance(model_or_name, str) else type(model_or_name).__name__
+    if name.startswith("FSDP") and name[4:] in _MODELS:
+        return name[4:]
+    return name
+
+
 def checkpoint_files(model: nn.Module, tokenizer: Tokenizer) -> dict[str, str]:
     """The files that make a checkpoint self-contained (``CheckpointManager.save(files=...)``)."""
-    files = {MODEL_FILE: json.dumps({"class": type(model).__name__, "config": asdict(model.config)}, indent=1)}
+    files = {MODEL_FILE: json.dumps({"class": model_class_name(model), "config": asdict(model.config)}, indent=1)}
     files.update({f"{TOKENIZER_DIR}/{name}": text for name, text in tokenizer.to_files().items()})
     return files
 
@@ -101,6 +110,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Traine
     except Exception as exc:  # noqa: BLE001 - verified, yet not a state.pt this code can read
         raise CheckpointError(f"{ckpt.path} does not hold a spherenet training run's state: {exc}") from None
     class_name, config = _model_description(ckpt, values)
+    class_name = model_class_name(class_name)
     if class_name not in _MODELS:
         raise CheckpointError(f"{ckpt.path} holds a model of unknown class {class_name!r}; known: {sorted(_MODELS)}")
     model_cls, config_cls = _MODELS[class_name]

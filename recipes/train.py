@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from recipes.checkpoints import checkpoint_files
+from recipes.checkpoints import checkpoint_files, model_class_name
 from spherenet.checkpoint import CheckpointError, CheckpointManager, NonFiniteStateError, VerifiedCheckpoint
 from spherenet.data import DataError, prepare_dataset
 from spherenet.manifolds import Sphere, named_manifold_parameters
@@ -160,7 +160,7 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
                 diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
 
     if isinstance(saved.get("model_config"), dict):
-        compare("model ", {"class": saved.get("model_class")}, {"class": model_class})
+        compare("model ", {"class": model_class_name(str(saved.get("model_class")))}, {"class": model_class})
         compare("model.", saved["model_config"], model_config)
     old_cfg, new_cfg = saved.get("config"), cfg.to_dict()
     if isinstance(old_cfg, dict):
@@ -303,14 +303,14 @@ def main(argv: list[str] | None = None) -> int:
 
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "train_windows": train_windows,
              "config": cfg.to_dict(), "tokenizer": tokenizer.spec(),
-             "model_class": type(model).__name__, "model_config": dataclasses.asdict(model.config)}  # fmt: skip
+             "model_class": model_class_name(model), "model_config": dataclasses.asdict(model.config)}  # fmt: skip
     run_files = checkpoint_files(model, tokenizer)  # the model config and tokenizer, inside every checkpoint
     start = 0
     if plan is not None:
         # The data position and (with another train.steps) the schedule are restored below.
         skip = {"train_windows"} | ({"scheduler"} if plan.steps_changed else set())
         loaded = ckpt.load(plan.checkpoint, {k: v for k, v in state.items() if k not in skip})
-        check_resumable(loaded.extra, cfg, type(model).__name__, dataclasses.asdict(model.config), loaded.path)
+        check_resumable(loaded.extra, cfg, model_class_name(model), dataclasses.asdict(model.config), loaded.path)
         start = loaded.step
         restore_position(train_windows, plan, start)
         if plan.steps_changed:

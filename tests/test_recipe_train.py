@@ -343,6 +343,10 @@ def test_fsdp_run_resumed_as_ddp_then_single_process(tmp_path, cache, text_file)
     assert cli([*common, f"train.out_dir={tmp_path / 'one'}"]) == 0
     out = tmp_path / "moved"
     torchrun(2, [*common, f"train.out_dir={out}", "train.parallel=fsdp", "train.halt_after=4"])
+    from recipes.checkpoints import load_trained
+
+    sharded = load_trained(out)  # a DCP checkpoint read into one unsharded model, as sample does
+    assert type(sharded.model).__name__ == "NGPT" and sharded.step == 4
     proc = torchrun(2, [*common, f"train.out_dir={out}", "train.parallel=ddp", "train.halt_after=8", "--resume"])
     assert "resume: train.parallel fsdp x 2 process(es) -> ddp x 2 process(es)" in proc.stdout
     assert cli([*common, f"train.out_dir={out}", "--resume"]) == 0
