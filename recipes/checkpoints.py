@@ -23,7 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from spherenet.checkpoint import MANIFEST, CheckpointError, CheckpointManager, VerifiedCheckpoint
+from spherenet.checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    CheckpointManager,
+    VerifiedCheckpoint,
+)
 from spherenet.data import DataError, Tokenizer, build_tokenizer
 from spherenet.data.tokenizer import load_tokenizer
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig

@@ -30,14 +30,25 @@ from typing import Any
 import torch
 
 from recipes.checkpoints import checkpoint_files, model_class_name
-from spherenet.checkpoint import CheckpointError, CheckpointManager, NonFiniteStateError, VerifiedCheckpoint
+from spherenet.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    NonFiniteStateError,
+    VerifiedCheckpoint,
+)
 from spherenet.data import DataError, prepare_dataset
 from spherenet.manifolds import Sphere, named_manifold_parameters
 from spherenet.models import from_preset
 from spherenet.models.presets import preset_config
 from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config
-from spherenet.train.distributed import all_reduce_max, barrier, init_distributed, shutdown, wrap_model
+from spherenet.train.distributed import (
+    all_reduce_max,
+    barrier,
+    init_distributed,
+    shutdown,
+    wrap_model,
+)
 from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
@@ -131,7 +142,6 @@ class ResumePlan:
     """What ``--resume`` continues from, found and checked before the data or model is built."""
 
     checkpoint: VerifiedCheckpoint
-    saved: dict[str, Any]  # the checkpoint's plain values (config, model description, ...)
     data_position: dict[str, Any]  # the train windows' saved state
     steps_changed: bool  # train.steps differs: the LR schedule is recomputed over the new total
     notes: list[str]  # accepted changes, printed and logged
@@ -226,7 +236,7 @@ def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> Re
     if old_micro != t.micro_batch_size:
         notes.append(f"train.micro_batch_size {old_micro or 'unset'} -> {t.micro_batch_size or 'unset'}: "
                      "gradient accumulation changes, the global batch and the data order do not")  # fmt: skip
-    return ResumePlan(ckpt, saved, dict(position), t.steps != old_steps, notes)
+    return ResumePlan(ckpt, dict(position), t.steps != old_steps, notes)
 
 
 def restore_position(train_windows, plan: ResumePlan, step: int) -> None:

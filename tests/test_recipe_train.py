@@ -236,6 +236,7 @@ def checkpoint_bytes(out_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_resume_with_another_micro_batch_continues_the_run(tmp_path, cache, text_file, capsys):
     """The data position counts global batches: a resumed run may accumulate gradients over
     another number of micro-batches and still sees the data of the uninterrupted run."""
@@ -253,6 +254,7 @@ def test_resume_with_another_micro_batch_continues_the_run(tmp_path, cache, text
         assert split[step] == pytest.approx(straight[step], abs=1e-5), step
 
 
+@pytest.mark.slow
 def test_resume_with_more_steps_recomputes_the_schedule(tmp_path, cache, text_file, capsys):
     """A finished run extended with a larger train.steps follows the warmup + cosine schedule of
     the new total from the checkpoint's step on (the LR jumps up from the old schedule's end)."""
