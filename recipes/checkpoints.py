@@ -1,19 +1,40 @@
 """Rebuild a trained model (and its tokenizer) from a run directory or a checkpoint, for the
-recipes that read checkpoints (sample, analyze)."""
+recipes that read checkpoints (sample, analyze).
+
+A checkpoint written by ``recipes.train`` is self-contained: besides the weights it holds, as
+files covered by its manifest's hashes,
+
+    model.json                   the model class and its config
+    tokenizer/tokenizer_spec.json
+    tokenizer/tokenizer.json     (BPE / Hub tokenizers: the vocabulary and merges themselves)
+
+so a run directory can be copied elsewhere, and the data cache deleted, and still be sampled.
+Checkpoints written before these files existed are read through the description in their
+``state.pt`` (the tokenizer then comes from the path recorded at training time).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from spherenet.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
-from spherenet.data import Tokenizer, build_tokenizer
+from spherenet.checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    CheckpointManager,
+    VerifiedCheckpoint,
+)
+from spherenet.data import DataError, Tokenizer, build_tokenizer
+from spherenet.data.tokenizer import load_tokenizer
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig
 
+MODEL_FILE = "model.json"
+TOKENIZER_DIR = "tokenizer"
 _MODELS = {"NGPT": (NGPT, NGPTConfig), "GPT": (GPT, GPTConfig)}
 
 
@@ -26,32 +47,83 @@ class Trained:
     path: Path
 
 
-def find_checkpoint(path: str | Path) -> Path:
+def model_class_name(model_or_name: nn.Module | str) -> str:
+    """``"NGPT"`` or ``"GPT"``. FSDP2's ``fully_shard`` swaps a model's class for a subclass
+    named ``FSDP<name>``, which runs sharded with FSDP recorded before this was fixed."""
+    name = model_or_name if isinstance(model_or_name, str) else type(model_or_name).__name__
+    if name.startswith("FSDP") and name[4:] in _MODELS:
+        return name[4:]
+    return name
+
+
+def checkpoint_files(model: nn.Module, tokenizer: Tokenizer) -> dict[str, str]:
+    """The files that make a checkpoint self-contained (``CheckpointManager.save(files=...)``)."""
+    files = {MODEL_FILE: json.dumps({"class": model_class_name(model), "config": asdict(model.config)}, indent=1)}
+    files.update({f"{TOKENIZER_DIR}/{name}": text for name, text in tokenizer.to_files().items()})
+    return files
+
+
+def find_checkpoint(path: str | Path) -> VerifiedCheckpoint:
     """``path`` is a run directory (``runs/x``), its ``checkpoints/`` directory, or one
-    ``step_*`` directory; returns the newest checkpoint directory under it."""
+    ``step_*`` directory. Returns the newest *sound* checkpoint under it: a damaged one is
+    skipped with a ``CheckpointWarning`` (the same verification ``--resume`` uses); a ``step_*``
+    directory given explicitly is verified and never replaced by another one."""
     path = Path(path)
-    if (path / "MANIFEST.json").is_file():
-        return path
+    if (path / MANIFEST).is_file() or path.name.startswith("step_"):
+        return CheckpointManager(path.parent).verify(path)
     for directory in (path / "checkpoints", path):
-        found = CheckpointManager(directory).checkpoints() if directory.is_dir() else []
-        if found:
-            return found[-1][1]
+        manager = CheckpointManager(directory)
+        if manager.checkpoints():
+            found = manager.latest_verified()  # raises, naming the directory, when all are damaged
+            if found is not None:
+                return found
     raise CheckpointError(f"no checkpoint found at {path} (expected a run dir, its checkpoints/ dir, or a step_* dir)")
 
 
-def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Trained:
-    """The model of the newest checkpoint at ``path`` (weights verified and loaded in place),
-    its tokenizer and run config. Falls back to an older checkpoint if the newest is damaged."""
-    ckpt_dir = find_checkpoint(path)
-    state_file = ckpt_dir / STATE_FILE
+def _model_description(ckpt: VerifiedCheckpoint, values: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
     try:
-        values = torch.load(state_file, map_location="cpu", weights_only=True)["values"]
-        model_cls, config_cls = _MODELS[values["model_class"]]
-        model_config = config_cls(**values["model_config"])
-    except (OSError, KeyError, RuntimeError, TypeError) as exc:
-        raise CheckpointError(f"{ckpt_dir} does not hold a spherenet training run's model description: {exc}") from None
-    model = model_cls(model_config)
-    loaded = CheckpointManager(ckpt_dir.parent).load(ckpt_dir, {"model": model}, restore_rng=False)
-    tokenizer = build_tokenizer(values["tokenizer"])
+        if ckpt.has_file(MODEL_FILE):
+            desc = json.loads(ckpt.read_file(MODEL_FILE))
+            return desc["class"], desc["config"]
+        return values["model_class"], values["model_config"]  # written before model.json existed
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{ckpt.path} does not hold a spherenet training run's model description: {exc!r}") from None
+
+
+def _tokenizer(ckpt: VerifiedCheckpoint, values: dict[str, Any]) -> Tokenizer:
+    if ckpt.has_file(f"{TOKENIZER_DIR}/tokenizer_spec.json"):
+        return load_tokenizer(ckpt.path / TOKENIZER_DIR)
+    if "tokenizer" not in values:
+        raise CheckpointError(f"{ckpt.path} records no tokenizer")
+    try:  # written before checkpoints stored their tokenizer: rebuild it from the recorded spec
+        return build_tokenizer(values["tokenizer"])
+    except DataError as exc:
+        raise CheckpointError(
+            f"{ckpt.path} was written before checkpoints held their tokenizer, and the tokenizer it records "
+            f"cannot be loaded ({exc}); restore that file, or sample from a checkpoint written since"
+        ) from None
+
+
+def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Trained:
+    """The model of the newest sound checkpoint at ``path`` (weights verified and loaded in
+    place), its tokenizer and run config. A damaged newest checkpoint is skipped with a warning
+    (see :func:`find_checkpoint`); when none is sound, ``CheckpointCorruptError`` names the
+    directory and what is wrong with each."""
+    ckpt = find_checkpoint(path)
+    try:
+        values = ckpt.read_state()["values"]
+    except Exception as exc:  # noqa: BLE001 - verified, yet not a state.pt this code can read
+        raise CheckpointError(f"{ckpt.path} does not hold a spherenet training run's state: {exc}") from None
+    class_name, config = _model_description(ckpt, values)
+    class_name = model_class_name(class_name)
+    if class_name not in _MODELS:
+        raise CheckpointError(f"{ckpt.path} holds a model of unknown class {class_name!r}; known: {sorted(_MODELS)}")
+    model_cls, config_cls = _MODELS[class_name]
+    try:
+        model = model_cls(config_cls(**config))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{ckpt.path}: the recorded {class_name} config does not build a model: {exc}") from None
+    CheckpointManager(ckpt.path.parent).load(ckpt, {"model": model}, restore_rng=False)
+    tokenizer = _tokenizer(ckpt, values)
     model.to(device).eval()
-    return Trained(model, tokenizer, values.get("config", {}), loaded.step, ckpt_dir)
+    return Trained(model, tokenizer, values.get("config", {}), ckpt.step, ckpt.path)

@@ -25,16 +25,30 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from spherenet.checkpoint import CheckpointError, CheckpointManager, NonFiniteStateError
+from recipes.checkpoints import checkpoint_files, model_class_name
+from spherenet.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    NonFiniteStateError,
+    VerifiedCheckpoint,
+)
 from spherenet.data import DataError, prepare_dataset
 from spherenet.manifolds import Sphere, named_manifold_parameters
 from spherenet.models import from_preset
+from spherenet.models.presets import preset_config
 from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config
-from spherenet.train.distributed import all_reduce_max, barrier, init_distributed, shutdown, wrap_model
+from spherenet.train.distributed import (
+    all_reduce_max,
+    barrier,
+    init_distributed,
+    shutdown,
+    wrap_model,
+)
 from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
@@ -108,13 +122,17 @@ def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.
 
 
 # Settings that may differ between the invocations of one run (--resume, torchrun restarts).
-# Any other difference would be silently overridden by the checkpoint (learning rates and the
-# schedule's length live in the optimizer/scheduler state, the model's options in nothing that
-# load checks) or would make it another run: refused.
+# Any other difference would be silently overridden by the checkpoint (learning rates live in
+# the optimizer/scheduler state, the model's options in nothing that load checks) or would make
+# it another run: refused, before any work. Special cases, checked in plan_resume:
+#   train.steps             the schedule is recomputed over the new total (not below the checkpoint's step)
+#   train.micro_batch_size  the data position counts global batches, so only accumulation changes
+#   train.parallel / world  an FSDP (DCP) checkpoint loads into any layout (DCP reshards); an
+#                           unsharded one (single process / DDP) into anything but FSDP
 RESUMABLE_CHANGES = {
     "train": {"eval_every", "eval_batches", "log_every", "checkpoint_every", "keep_last", "out_dir", "compile",
               "autocast", "progress", "sample_tokens", "halt_after", "nonfinite", "max_nonfinite", "parallel",
-              "micro_batch_size"},
+              "micro_batch_size", "steps"},
     "optim": {"grad_clip", "reproject_every", "sphere_kernel"},
     "data": {"source", "cache_dir", "num_proc"},
 }  # fmt: skip
@@ -123,7 +141,27 @@ RESUMABLE_CHANGES = {
 ADDED_KEYS = {"optim": {"gradient": "riemannian"}}
 
 
-def check_resumable(saved: dict, cfg: RunConfig, model: torch.nn.Module, path: Path) -> None:
+@dataclasses.dataclass
+class ResumePlan:
+    """What ``--resume`` continues from, found and checked before the data or model is built."""
+
+    checkpoint: VerifiedCheckpoint
+    data_position: dict[str, Any]  # the train windows' saved state
+    steps_changed: bool  # train.steps differs: the LR schedule is recomputed over the new total
+    notes: list[str]  # accepted changes, printed and logged
+
+
+def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[str, Any]]:
+    overrides = dict(cfg.model.overrides)
+    overrides.setdefault("vocab_size", vocab_size)
+    try:
+        config = preset_config(cfg.model.preset, **overrides)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
+    return ("NGPT" if type(config).__name__ == "NGPTConfig" else "GPT"), dataclasses.asdict(config)
+
+
+def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config: dict, path: Path) -> None:
     """ConfigError naming every setting that differs from the run that wrote the checkpoint
     (``saved``: its plain values), except those in :data:`RESUMABLE_CHANGES`. The model is
     compared by its effective config (preset plus overrides), the rest by the config's values."""
@@ -136,8 +174,8 @@ def check_resumable(saved: dict, cfg: RunConfig, model: torch.nn.Module, path: P
                 diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
 
     if isinstance(saved.get("model_config"), dict):
-        compare("model ", {"class": saved.get("model_class")}, {"class": type(model).__name__})
-        compare("model.", saved["model_config"], dataclasses.asdict(model.config))
+        compare("model ", {"class": model_class_name(str(saved.get("model_class")))}, {"class": model_class})
+        compare("model.", saved["model_config"], model_config)
     old_cfg, new_cfg = saved.get("config"), cfg.to_dict()
     if isinstance(old_cfg, dict):
         for section in ("data", "optim", "train"):
@@ -150,6 +188,84 @@ def check_resumable(saved: dict, cfg: RunConfig, model: torch.nn.Module, path: P
         )
 
 
+def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> ResumePlan:
+    """Check, from the verified checkpoint alone, that this invocation can continue it: the
+    settings (:func:`check_resumable`), ``train.steps``, the global batch and the parallel
+    layout. Raises ConfigError naming the key; nothing has been built or written yet."""
+    t = cfg.train
+    try:
+        state = ckpt.read_state()
+    except Exception as exc:  # noqa: BLE001 - verified, yet not readable as a training state
+        raise CheckpointError(f"checkpoint {ckpt.path} holds no training state this recipe can read: {exc}") from None
+    saved = state["values"]
+    position = state["stateful"].get("train_windows")
+    if not isinstance(position, dict) or "step" not in position:
+        raise CheckpointError(f"checkpoint {ckpt.path} holds no data position (train_windows)")
+    vocab = (saved.get("model_config") or {}).get("vocab_size", 0)
+    check_resumable(saved, cfg, *_effective_model_config(cfg, vocab), ckpt.path)
+
+    notes = []
+    old_train = (saved.get("config") or {}).get("train") or {}
+    old_steps = int(old_train.get("steps", t.steps))
+    if t.steps < ckpt.step:
+        raise ConfigError(
+            f"train.steps {t.steps} is below the step of checkpoint {ckpt.path} ({ckpt.step}); "
+            f"resume with train.steps >= {ckpt.step}"
+        )
+    if t.steps != old_steps:
+        notes.append(f"train.steps {old_steps} -> {t.steps}: the learning-rate schedule (warmup + cosine to 0) "
+                     f"is recomputed over {t.steps} steps from step {ckpt.step}")  # fmt: skip
+
+    backend, old_world = ckpt.manifest.get("backend"), int(ckpt.manifest.get("world_size", 1))
+    old_parallel = old_train.get("parallel", "none")
+    sharded_now = t.parallel == "fsdp" and world_size > 1
+    if backend == "torch" and sharded_now:
+        raise ConfigError(
+            f"train.parallel: checkpoint {ckpt.path} was written unsharded (train.parallel={old_parallel!r}, "
+            f"{old_world} process(es)); resuming it under FSDP (train.parallel='fsdp', {world_size} processes) is "
+            "not supported: resume with train.parallel=ddp (or none)"
+        )
+    if (old_parallel, old_world) != (t.parallel, world_size):
+        notes.append(f"train.parallel {old_parallel} x {old_world} process(es) -> {t.parallel} x {world_size} process(es)")
+
+    # The data position counts global batches of train.batch_size windows (see main): the same
+    # in any layout. Checkpoints written before counted micro-batches of (micro x world).
+    saved_global = int(position.get("batch_size", 0)) * old_world
+    if saved_global != t.batch_size:
+        notes.append(
+            f"the checkpoint counts its data position in batches of {saved_global} windows, not global batches of "
+            f"{t.batch_size} (written by an older spherenet with gradient accumulation): the data order from here "
+            "on differs from that of the uninterrupted run"
+        )
+    old_micro = old_train.get("micro_batch_size", 0)
+    if old_micro != t.micro_batch_size:
+        notes.append(f"train.micro_batch_size {old_micro or 'unset'} -> {t.micro_batch_size or 'unset'}: "
+                     "gradient accumulation changes, the global batch and the data order do not")  # fmt: skip
+    return ResumePlan(ckpt, dict(position), t.steps != old_steps, notes)
+
+
+def restore_position(train_windows, plan: ResumePlan, step: int) -> None:
+    """Set the data position from the checkpoint; the seed, block size and token count must
+    match (the windows' own check), the per-rank batch may differ (another world size)."""
+    saved = dict(plan.data_position)
+    if int(saved.get("batch_size", 0)) * int(plan.checkpoint.manifest.get("world_size", 1)) != (
+        train_windows.batch_size * train_windows.world_size
+    ):
+        saved["step"] = step  # older layout (see plan_resume): one global batch per step from here on
+    saved["batch_size"] = train_windows.batch_size
+    train_windows.load_state_dict(saved)
+
+
+def extend_schedule(scheduler, saved_state: dict) -> None:
+    """Restore a scheduler saved with another ``train.steps``: its position and base LRs from
+    the checkpoint, its LR function (warmup + cosine over the new total) from this run; the
+    optimizer's LRs are set to the new schedule's value at the current step."""
+    saved_state = dict(saved_state, lr_lambdas=[None] * len(scheduler.lr_lambdas))  # keep the new function
+    scheduler.load_state_dict(saved_state)
+    scheduler.last_epoch -= 1
+    scheduler.step()  # recomputes every group's lr at last_epoch with the new function
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = build_config(args)
@@ -159,6 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     t = cfg.train
     out_dir = Path(t.out_dir)
     micro, accum = batch_geometry(cfg, info.world_size)
+    ckpt = CheckpointManager(out_dir / "checkpoints", keep_last=t.keep_last)
+    # torchrun --max-restarts: a restarted worker group continues from the last checkpoint.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    plan = None
+    if args.resume or restarted:  # checked before any work: a refusal costs nothing
+        found = ckpt.latest_verified()
+        plan = plan_resume(found, cfg, info.world_size) if found is not None else None
     if info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -169,9 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     block = t.block_size or model.config.max_seq_len
     if block > model.config.max_seq_len:
         raise ConfigError(f"train.block_size {block} exceeds the model's max_seq_len {model.config.max_seq_len}")
+    # One draw per step: this rank's share of the global batch, split into micro-batches below.
+    # So the data position is the step (global batches), whatever the micro-batch or world size.
     train_windows = data.windows(
-        "train", block_size=block, batch_size=micro, seed=t.seed, rank=info.rank, world_size=info.world_size,
-        vocab_size=model.config.vocab_size,
+        "train", block_size=block, batch_size=micro * accum, seed=t.seed, rank=info.rank,
+        world_size=info.world_size, vocab_size=model.config.vocab_size,
     )  # fmt: skip
     val_windows = data.windows(
         "val", block_size=block, batch_size=micro, seed=t.seed, rank=info.rank, world_size=info.world_size,
@@ -192,22 +317,28 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"[optim] method {o.method!r} with train.steps={t.steps}: {exc}") from None
     step_model = torch.compile(wrapped) if t.compile else wrapped
 
-    ckpt = CheckpointManager(out_dir / "checkpoints", keep_last=t.keep_last)
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "train_windows": train_windows,
              "config": cfg.to_dict(), "tokenizer": tokenizer.spec(),
-             "model_class": type(model).__name__, "model_config": dataclasses.asdict(model.config)}  # fmt: skip
+             "model_class": model_class_name(model), "model_config": dataclasses.asdict(model.config)}  # fmt: skip
+    run_files = checkpoint_files(model, tokenizer)  # the model config and tokenizer, inside every checkpoint
     start = 0
-    # torchrun --max-restarts: a restarted worker group continues from the last checkpoint.
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if args.resume or restarted:
-        loaded = ckpt.load_latest(state)
-        if loaded is not None:
-            check_resumable(loaded.extra, cfg, model, loaded.path)
-            start = loaded.step
-            if info.is_main:
-                print(f"resumed from {loaded.path} at step {start}", flush=True)
-        elif info.is_main:
-            print(f"--resume: no checkpoint in {ckpt.directory}, starting from step 0", flush=True)
+    if plan is not None:
+        # The data position and (with another train.steps) the schedule are restored below.
+        skip = {"train_windows"} | ({"scheduler"} if plan.steps_changed else set())
+        loaded = ckpt.load(plan.checkpoint, {k: v for k, v in state.items() if k not in skip})
+        check_resumable(loaded.extra, cfg, model_class_name(model), dataclasses.asdict(model.config), loaded.path)
+        start = loaded.step
+        restore_position(train_windows, plan, start)
+        if plan.steps_changed:
+            extend_schedule(scheduler, loaded.extra["scheduler"])
+        if info.is_main:
+            print(f"resumed from {loaded.path} at step {start}", flush=True)
+            for note in plan.notes:
+                print(f"resume: {note}", flush=True)
+            if plan.steps_changed and start < t.steps:
+                print(f"resume: learning rate at step {start + 1}: {scheduler.get_last_lr()[0]:.3e}", flush=True)
+    elif (args.resume or restarted) and info.is_main:
+        print(f"--resume: no checkpoint in {ckpt.directory}, starting from step 0", flush=True)
 
     n_params = sum(p.numel() for p in model.parameters())
     tokens_per_step = t.batch_size * block
@@ -221,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         log.log(event="start", step=start, params=n_params, world_size=info.world_size, config=cfg.to_dict())
+        if plan is not None and plan.notes:
+            log.log(event="resume_changes", step=start, changes=plan.notes)
 
     bar = None
     if info.is_main and t.progress and start < t.steps and sys.stderr.isatty():
@@ -249,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for step in range(start + 1, last_step + 1):
             lr = scheduler.get_last_lr()[0]
-            batches = [tuple(x.to(info.device) for x in train_windows.next_batch()) for _ in range(accum)]
+            x, y = (v.to(info.device) for v in train_windows.next_batch())
+            batches = list(zip(x.split(micro), y.split(micro)))
             result = train_step(
                 step_model, batches, optimizer, autocast=t.autocast, grad_clip=o.grad_clip,
                 nonfinite=t.nonfinite, sharded=t.parallel == "fsdp" and info.enabled,
@@ -280,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             if info.enabled:  # every rank must leave the loop at the same step
                 stop = bool(all_reduce_max(torch.tensor(float(stop))) > 0)
             if step % t.checkpoint_every == 0 or step == last_step or stop:
-                ckpt.save(step, state)
+                ckpt.save(step, state, files=run_files)
             if stop:
                 last_step = step
                 if info.is_main:

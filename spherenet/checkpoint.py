@@ -7,6 +7,8 @@ One checkpoint is one directory ``<directory>/step_<step:08d>/``::
                     values (data-loader position, config, ...) and the RNG states of every rank
     sharded/        FSDP2 only: the model and optimizer, written by torch.distributed.checkpoint
                     (DCP), each rank its own shards
+    <extra files>   optional, given to ``save(..., files=...)``: e.g. the model's config and
+                    the tokenizer, so that a checkpoint directory is self-contained
     MANIFEST.json   written last: step, backend, world size, model fingerprint (parameter and
                     buffer names, shapes, dtypes), and the size and sha256 of every other file
 
@@ -17,8 +19,9 @@ complete new checkpoint or only a ``.tmp-*`` directory, which no load ever reads
 save deletes. Older checkpoints are pruned (``keep_last``) only after the new one is in place.
 
 How a load stays safe: the manifest and every file's size and sha256 are checked first. A
-damaged checkpoint raises :class:`CheckpointCorruptError`; :meth:`CheckpointManager.load_latest`
-then warns and falls back to the next older one. A checkpoint that does not fit the model raises
+damaged checkpoint raises :class:`CheckpointCorruptError`; :meth:`CheckpointManager.latest_verified`
+(behind :meth:`~CheckpointManager.load_latest`, and the one way every reader finds "the newest
+sound checkpoint") then warns and falls back to the next older one. A checkpoint that does not fit the model raises
 :class:`CheckpointMismatchError` naming the differing keys (no fallback: an older checkpoint
 would not fit either).
 
@@ -56,6 +59,7 @@ from torch import nn
 __all__ = [
     "CheckpointManager",
     "LoadedCheckpoint",
+    "VerifiedCheckpoint",
     "CheckpointError",
     "CheckpointCorruptError",
     "CheckpointMismatchError",
@@ -105,6 +109,34 @@ class LoadedCheckpoint:
     path: Path
     extra: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VerifiedCheckpoint:
+    """A checkpoint whose manifest and file hashes were checked (by
+    :meth:`CheckpointManager.verify` or :meth:`~CheckpointManager.latest_verified`): its files
+    can be read, and :meth:`CheckpointManager.load` restores it without hashing again."""
+
+    step: int
+    path: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def has_file(self, name: str) -> bool:
+        """Whether ``name`` (relative, e.g. ``"model.json"``) is one of the checkpoint's files."""
+        return name in self.manifest.get("files", {})
+
+    def read_file(self, name: str) -> bytes:
+        """The bytes of the extra file ``name`` given to ``save(..., files=...)``."""
+        if not self.has_file(name):
+            raise CheckpointError(f"checkpoint {self.path} has no file {name!r}")
+        return (self.path / name).read_bytes()
+
+    def read_state(self) -> dict[str, Any]:
+        """The plain values and the stateful objects' state dicts (``{"values": ...,
+        "stateful": ...}``) without restoring anything; the model's tensors are memory-mapped,
+        not read."""
+        rest = torch.load(self.path / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+        return {"values": dict(rest["values"]), "stateful": dict(rest["stateful"])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -469,13 +501,18 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- save
 
-    def save(self, step: int, state: Mapping[str, Any]) -> Path:
+    def save(self, step: int, state: Mapping[str, Any], *, files: Mapping[str, bytes | str] | None = None) -> Path:
         """Write a checkpoint for ``step`` atomically; returns its directory. Collective when
         a process group exists. Raises :class:`NonFiniteStateError` (nothing written) when the
         model or optimizer state holds NaN/inf, ``TypeError`` for values that could not be
-        loaded back safely."""
+        loaded back safely.
+
+        ``files`` (``{relative name: bytes or str}``, rank 0's are written) are stored as files
+        inside the checkpoint directory and covered by its manifest like every other file;
+        read them back with :meth:`VerifiedCheckpoint.read_file`."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
+        extra_files = _check_extra_files(files or {})
         model, optimizer, stateful, values = _split_state(state)
         g = _Group(self.process_group)
         inner = _unwrap(model)
@@ -532,8 +569,13 @@ class CheckpointManager:
                         rest["model"] = msd
                         rest["optimizer"] = osd
                     _torch_save_synced(rest, tmp / STATE_FILE)
+                    for name, content in extra_files.items():
+                        _write_synced(tmp / name, content)
+                    for directory in {(tmp / name).parent for name in extra_files}:
+                        _fsync_dir(directory)
                     files = dict(shard_files)
-                    files[STATE_FILE] = _describe(tmp, STATE_FILE)
+                    for name in [STATE_FILE, *extra_files]:
+                        files[name] = _describe(tmp, name)
                     manifest = {
                         "format": "spherenet-checkpoint",
                         "version": FORMAT_VERSION,
@@ -640,29 +682,45 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- load
 
-    def load(self, path: str | os.PathLike, state: Mapping[str, Any], *, restore_rng: bool = True) -> LoadedCheckpoint:
+    def load(
+        self, path: str | os.PathLike | VerifiedCheckpoint, state: Mapping[str, Any], *, restore_rng: bool = True
+    ) -> LoadedCheckpoint:
         """Verify the checkpoint at ``path`` and restore it into ``state`` (see the class
-        doc). Raises :class:`CheckpointCorruptError` or :class:`CheckpointMismatchError`."""
-        path = Path(path)
-        manifest = self._verify(path)
-        return self._restore(path, manifest, state, restore_rng)
+        doc). Raises :class:`CheckpointCorruptError` or :class:`CheckpointMismatchError`. A
+        :class:`VerifiedCheckpoint` is restored without hashing its files again."""
+        verified = path if isinstance(path, VerifiedCheckpoint) else self.verify(path)
+        return self._restore(verified.path, verified.manifest, state, restore_rng)
 
     def load_latest(self, state: Mapping[str, Any], *, restore_rng: bool = True) -> LoadedCheckpoint | None:
-        """Restore the newest sound checkpoint; ``None`` when there is none at all. Damaged
-        ones are skipped with a :class:`CheckpointWarning`; if every checkpoint is damaged,
-        raises :class:`CheckpointCorruptError` (rather than silently starting over)."""
+        """Restore the newest sound checkpoint (:meth:`latest_verified`); ``None`` when there
+        is none at all."""
+        verified = self.latest_verified()
+        if verified is None:
+            return None
+        return self._restore(verified.path, verified.manifest, state, restore_rng)
+
+    def verify(self, path: str | os.PathLike) -> VerifiedCheckpoint:
+        """Check the manifest and every file's size and sha256 (collective; the verdict is the
+        same on every rank). Raises :class:`CheckpointCorruptError` naming what is wrong."""
+        path = Path(path)
+        manifest = self._verify(path)
+        return VerifiedCheckpoint(step=int(manifest["step"]), path=path, manifest=manifest)
+
+    def latest_verified(self) -> VerifiedCheckpoint | None:
+        """The newest checkpoint that passes :meth:`verify`; ``None`` when there is none at
+        all. Damaged ones are skipped with a :class:`CheckpointWarning`; if every checkpoint
+        is damaged, raises :class:`CheckpointCorruptError` naming the directory (rather than
+        silently starting over)."""
         g = _Group(self.process_group)
         candidates = g.broadcast([str(p) for _, p in reversed(self.checkpoints())] if g.rank == 0 else None)
         skipped = []
         for p in map(Path, candidates):
             try:
-                manifest = self._verify(p)
+                return self.verify(p)
             except CheckpointCorruptError as e:
                 skipped.append(str(e))
                 if g.rank == 0:
                     warnings.warn(f"skipping damaged checkpoint: {e}", CheckpointWarning, stacklevel=2)
-                continue
-            return self._restore(p, manifest, state, restore_rng)
         if skipped:
             raise CheckpointCorruptError(
                 f"every checkpoint in {self.directory} is damaged:\n  " + "\n  ".join(skipped)
@@ -830,6 +888,33 @@ def _keep_python_scalars(optimizer: torch.optim.Optimizer, saved_state: Mapping,
             python_number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if python_number and isinstance(live.get(name), torch.Tensor):
                 live[name] = value
+
+
+def _check_extra_files(files: Mapping[str, bytes | str]) -> dict[str, bytes]:
+    """Extra files for a checkpoint: relative POSIX names, outside the names it uses itself."""
+    if not isinstance(files, Mapping):
+        raise TypeError(f"files must be a dict of name -> bytes/str, got {type(files).__name__}")
+    out = {}
+    for name, content in files.items():
+        parts = name.split("/") if isinstance(name, str) else []
+        if not parts or any(part in ("", ".", "..") for part in parts) or "\\" in name:
+            raise ValueError(f"extra checkpoint file name {name!r} must be a relative path like 'a/b.json'")
+        if name in (STATE_FILE, MANIFEST) or parts[0] == SHARDED_DIR:
+            raise ValueError(f"extra checkpoint file name {name!r} is used by the checkpoint itself")
+        if isinstance(content, str):
+            content = content.encode("utf-8")
+        if not isinstance(content, (bytes, bytearray)):
+            raise TypeError(f"extra checkpoint file {name!r} must be bytes or str, got {type(content).__name__}")
+        out[name] = bytes(content)
+    return out
+
+
+def _write_synced(path: Path, content: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _write_manifest(tmp: Path, manifest: dict[str, Any]) -> None:

@@ -104,12 +104,17 @@ class Tokenizer(abc.ABC):
         ``tokenizers``-based ones, ``tokenizer.json``); returns the spec file's path."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        spec = self._saved_spec(d)
-        _atomic_write_text(d / SPEC_FILE, json.dumps(spec, indent=2, sort_keys=True) + "\n")
+        files = self.to_files()
+        for name, text in files.items():  # the spec last: it refers to the others
+            if name != SPEC_FILE:
+                _atomic_write_text(d / name, text)
+        _atomic_write_text(d / SPEC_FILE, files[SPEC_FILE])
         return d / SPEC_FILE
 
-    def _saved_spec(self, directory: Path) -> dict[str, Any]:
-        return self.spec()
+    def to_files(self) -> dict[str, str]:
+        """The files :meth:`save` writes, as ``{file name: text}`` (e.g. to store them in a
+        checkpoint); written into one directory, :func:`load_tokenizer` reads them back."""
+        return {SPEC_FILE: json.dumps(self.spec(), indent=2, sort_keys=True) + "\n"}
 
     def __repr__(self) -> str:
         return (
@@ -276,14 +281,15 @@ class HFTokenizer(Tokenizer):
         )
         return spec
 
-    def _saved_spec(self, directory: Path) -> dict[str, Any]:
-        self._tok.save(str(directory / (TOKENIZER_JSON + ".tmp")))
-        os.replace(directory / (TOKENIZER_JSON + ".tmp"), directory / TOKENIZER_JSON)
+    def to_files(self) -> dict[str, str]:
         spec = self.spec()
         if "path" in spec:
             spec["original_path"] = spec.pop("path")
         spec["path"] = TOKENIZER_JSON  # relative to the directory holding the spec
-        return spec
+        return {
+            TOKENIZER_JSON: self._tok.to_str(pretty=True),
+            SPEC_FILE: json.dumps(spec, indent=2, sort_keys=True) + "\n",
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         # tokenizers.Tokenizer pickles itself as JSON; keep the flag that pickling may lose.
