@@ -11,6 +11,14 @@ For every sphere parameter ``x`` (Appendix A.3 of the nGPT paper, applied to the
    tensors (averaged or slow weights) are normalized, magnitude-like tensors (second moments,
    accumulators of squares) are left alone. A same-shaped state tensor under a key not known
    to be one of the three is refused, since guessing wrong would corrupt it silently.
+
+   Exception: when the state also holds a per-element magnitude (Adam's ``exp_avg_sq``,
+   Adagrad's ``sum``, ...), vector states are *not* projected. The projection adds
+   ``-<x, m> x_i`` to every coordinate, unrelated to that coordinate's magnitude, which breaks
+   the element-wise bound ``|m_i| <~ sqrt(v_i)`` that keeps Adam's step small (an element whose
+   past gradients were tiny would take a step of many ``lr``); the normal part left in ``m`` is
+   removed by the retraction instead. This is :class:`RiemannianAdam`'s rule for
+   ``second_moment="element"``; its module docstring gives the derivation.
 """
 
 from __future__ import annotations
@@ -269,6 +277,7 @@ class Riemannian(Optimizer):
         names = None
         for p in ps:
             vec = []
+            elementwise_magnitude = False
             state = self.base.state.get(p) or {}
             for key, value in state.items():
                 if not isinstance(value, torch.Tensor) or value.shape != p.shape or not value.is_floating_point():
@@ -277,7 +286,9 @@ class Riemannian(Optimizer):
                     vec.append(local(value))
                 elif key in self.point_states:
                     points.append(local(value))
-                elif key not in self.magnitude_states:
+                elif key in self.magnitude_states:
+                    elementwise_magnitude = True
+                else:
                     names = names if names is not None else _names_of(self.param_groups)
                     raise RuntimeError(
                         f"Riemannian: {type(self.base).__name__} keeps a state tensor {key!r} shaped like the sphere "
@@ -285,7 +296,8 @@ class Riemannian(Optimizer):
                         "onto the new tangent space), a point (to normalize) or a magnitude (to keep). Classify "
                         f"it: Riemannian(..., vector_states={{{key!r}}}) / point_states= / magnitude_states=."
                     )
-            vectors.append(vec)
+            # With a per-element magnitude, projecting would unbound the step (module docstring, 4.).
+            vectors.append([] if elementwise_magnitude else vec)
         rows = self._rows
         with_vec = [i for i, v in enumerate(vectors) if v]
         bare = [xs[i] for i, v in enumerate(vectors) if not v]
