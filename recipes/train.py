@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             weight_decay=None if o.weight_decay < 0 else o.weight_decay,
             warmup_steps=None if o.warmup_steps < 0 else o.warmup_steps,
             betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment, sphere_kernel=o.sphere_kernel,
+            muon_lr=None if o.muon_lr < 0 else o.muon_lr, muon_momentum=o.muon_momentum,
         )  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[optim] method {o.method!r} with train.steps={t.steps}: {exc}") from None
