@@ -507,3 +507,34 @@ def test_fsdp2_sharded_rows_step_like_the_whole_matrix():
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     mp.spawn(_fsdp_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# recipes/train.py: a run split by a checkpoint equals the straight run
+
+
+@pytest.mark.parametrize("preset,method", [("ngpt-tiny", "spherical_muon"), ("gpt-tiny", "muon")])
+def test_train_cli_resume_continues_exactly(tmp_path, preset, method):
+    import json
+
+    from recipes.train import cli
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"paragraph {i}: the unit sphere holds every row. " * 4 for i in range(60)))
+    common = [
+        f"model.preset={preset}", "model.max_seq_len=16", "model.n_layers=1", f"optim.method={method}",
+        "optim.warmup_steps=1", "optim.muon_lr=0.02", "train.batch_size=4", "train.steps=6", "train.log_every=1",
+        "train.eval_every=3", "train.eval_batches=1", "train.checkpoint_every=3", "train.sample_tokens=0",
+        "train.progress=false", f"data.source={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
+    ]  # fmt: skip
+
+    def losses(out):
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+    assert cli([*common, f"train.out_dir={tmp_path / 'straight'}"]) == 0
+    assert cli([*common, f"train.out_dir={tmp_path / 'split'}", "train.halt_after=3"]) == 0
+    assert cli([*common, f"train.out_dir={tmp_path / 'split'}", "--resume"]) == 0
+    straight, split = losses(tmp_path / "straight"), losses(tmp_path / "split")
+    assert sorted(split) == list(range(1, 7))
+    assert all(split[s] == straight[s] for s in range(1, 7)), (straight, split)
