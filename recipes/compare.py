@@ -12,6 +12,8 @@ the shared overrides plus the variant's own. Built-in variants:
     ngpt-riemannian       nGPT, Riemannian update (eq. 24-26)
     ngpt-adam_normalize   nGPT, the paper's Adam followed by renormalization (Section 2.6)
     ngpt-row              nGPT, RiemannianAdam with geoopt's per-row second moment
+    gpt-muon              GPT, torch.optim.Muon on the blocks' matrices, AdamW on the rest
+    ngpt-muon             nGPT, SphericalMuon on the blocks' matrices, RiemannianAdam on the rest
 
 and any ``name:key=value,key=value`` for your own (e.g. ``big:model.n_layers=8``). The size
 comes from ``--size`` (tiny, cpu, small, 0.5b, 1b). Writes ``compare.json`` (every curve),
@@ -48,6 +50,8 @@ BUILTIN = {
     "ngpt-riemannian": ["model.preset=ngpt-{size}", "model.update=riemannian", "optim.method=riemannian_adam"],
     "ngpt-adam_normalize": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=adam_normalize"],
     "ngpt-row": ["model.preset=ngpt-{size}", "optim.method=riemannian_adam", "optim.second_moment=row"],
+    "gpt-muon": ["model.preset=gpt-{size}", "optim.method=muon"],
+    "ngpt-muon": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=spherical_muon"],
 }
 
 

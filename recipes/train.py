@@ -138,7 +138,7 @@ RESUMABLE_CHANGES = {
 }  # fmt: skip
 # Keys added after checkpoints were already being written: a checkpoint without one ran with
 # this value (so resuming it with the same value is no change).
-ADDED_KEYS = {"optim": {"gradient": "riemannian"}}
+ADDED_KEYS = {"optim": {"gradient": "riemannian", "muon_lr": -1.0, "muon_momentum": 0.95}}
 
 
 @dataclasses.dataclass
@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup_steps=None if o.warmup_steps < 0 else o.warmup_steps,
             betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment, gradient=o.gradient,
             sphere_kernel=o.sphere_kernel,
+            muon_lr=None if o.muon_lr < 0 else o.muon_lr, muon_momentum=o.muon_momentum,
         )  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[optim] method {o.method!r} with train.steps={t.steps}: {exc}") from None

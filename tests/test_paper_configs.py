@@ -5,43 +5,25 @@ Each config is loaded through the project's loader and its model built on the me
 what is checked is what a run would use. docs/paper.md lists the sources and the departures.
 """
 
-import dataclasses
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from spherenet.models import from_preset, preset_config
-from spherenet.train.config import OptimSection, load_config
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from spherenet.train.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "recipes" / "configs"
 REPLICATION = ("ngpt-0.5b", "ngpt-1b", "gpt-0.5b", "gpt-1b")
 NGPT = tuple(name for name in REPLICATION if name.startswith("ngpt"))
 GPT = tuple(name for name in REPLICATION if name.startswith("gpt"))
 TABLE_2 = {"0.5b": dict(n_layers=24, d_model=1024, n_heads=16), "1b": dict(n_layers=36, d_model=1280, n_heads=20)}
-GRADIENT_IS_A_KEY = "gradient" in {f.name for f in dataclasses.fields(OptimSection)}
 
 
 def load(name: str, tmp_path: Path):
-    """The run config of ``recipes/configs/<name>.toml``, as ``recipes.train`` loads it.
-
-    ``optim.gradient`` is read by the loader only once ``OptimSection`` has that key; before
-    that, the file is loaded without its ``gradient`` line (whose value
-    :func:`test_ngpt_configs_take_adam_on_the_raw_gradient` checks in the TOML itself).
-    """
-    path = CONFIGS / f"{name}.toml"
-    if not GRADIENT_IS_A_KEY:
-        kept = [line for line in path.read_text().splitlines() if not line.startswith("gradient ")]
-        path = tmp_path / path.name
-        path.write_text("\n".join(kept) + "\n")
-    return load_config(path)
+    """The run config of ``recipes/configs/<name>.toml``, as ``recipes.train`` loads it."""
+    return load_config(CONFIGS / f"{name}.toml")
 
 
 def model_config(cfg):
@@ -80,10 +62,7 @@ def test_ngpt_configs_follow_table_3_and_section_2_6(name, tmp_path):
 @pytest.mark.parametrize("name", NGPT)
 def test_ngpt_configs_take_adam_on_the_raw_gradient(name, tmp_path):
     """Table 3 / Section 2.6 step 2: Adam on the Euclidean gradient, then Norm."""
-    raw = tomllib.loads((CONFIGS / f"{name}.toml").read_text())
-    assert raw["optim"]["gradient"] == "euclidean"
-    if GRADIENT_IS_A_KEY:
-        assert load(name, tmp_path).optim.gradient == "euclidean"
+    assert load(name, tmp_path).optim.gradient == "euclidean"
 
 
 @pytest.mark.parametrize("name", GPT)

@@ -8,13 +8,18 @@
   ``second_moment="element" | "row"`` (``"row"`` is geoopt's).
 - :class:`Riemannian`: wraps any torch optimizer the same way.
 - :func:`normalize_`, :func:`add_normalize_hook`: the paper's "Euclidean step, then normalize".
-- :func:`build_optimizer`: the paper's recipes (Table 3) with a warmup + cosine schedule.
+- :class:`SphericalMuon`: Muon (orthogonalized momentum) on matrices of unit rows;
+  :class:`CombinedOptimizer`: several optimizers seen as one (the Muon recipes).
+- :func:`build_optimizer`: the paper's recipes (Table 3) with a warmup + cosine schedule, and
+  the Muon recipes ``"spherical_muon"`` (nGPT) and ``"muon"`` (GPT).
 """
 
 from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
+from .combined import CombinedOptimizer
+from .muon import SphericalMuon, is_hidden_matrix, zeropower_via_newton_schulz
 from .normalize import add_normalize_hook, normalize_
 from .radam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
-from .recipes import METHODS, RECIPES, WarmupCosine, build_optimizer
+from .recipes import METHODS, MUON_METHODS, RECIPES, WarmupCosine, build_optimizer
 from .wrapper import MAGNITUDE_STATES, POINT_STATES, VECTOR_STATES, Riemannian
 
 __all__ = [
@@ -27,6 +32,10 @@ __all__ = [
     "RiemannianAdam",
     "SECOND_MOMENTS",
     "GRADIENTS",
+    "SphericalMuon",
+    "zeropower_via_newton_schulz",
+    "is_hidden_matrix",
+    "CombinedOptimizer",
     "Riemannian",
     "VECTOR_STATES",
     "POINT_STATES",
@@ -36,5 +45,6 @@ __all__ = [
     "build_optimizer",
     "WarmupCosine",
     "METHODS",
+    "MUON_METHODS",
     "RECIPES",
 ]

@@ -16,7 +16,17 @@
   optimizer (see :mod:`spherenet.optim.radam` for how far it departs);
 - ``"adam_normalize"``: nGPT as in the paper: Euclidean Adam, then renormalize every sphere
   weight after each step (Section 2.6, step 2) with :func:`add_normalize_hook`;
-- ``"adamw"``: the GPT baseline: AdamW, weight decay on tensors with ``ndim >= 2`` only.
+- ``"adamw"``: the GPT baseline: AdamW, weight decay on tensors with ``ndim >= 2`` only;
+- ``"spherical_muon"``: nGPT with :class:`SphericalMuon` on the 2-D sphere weights of the
+  blocks and :class:`RiemannianAdam` (the nGPT recipe: no weight decay) on the rest: the
+  sphere embeddings, the output head and the scalings;
+- ``"muon"``: GPT with ``torch.optim.Muon`` (Nesterov, ``adjust_lr_fn="match_rms_adamw"``,
+  decoupled weight decay) on the 2-D weights of the blocks and AdamW on the embeddings, the
+  output head and the vectors (Table 3's GPT settings otherwise).
+
+The Muon recipes return one :class:`CombinedOptimizer`. Their Muon learning rate
+(``muon_lr``) defaults to ``lr``: with the RMS-matching step size (Liu et al. 2025) the Muon
+update has AdamW's RMS, so the Adam recipes' learning rate transfers.
 """
 
 from __future__ import annotations
@@ -28,20 +38,25 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from ._common import check_betas, check_positive_float
-from .groups import named_sphere_parameters, param_groups
+from .groups import EUCLIDEAN, SPHERE, named_sphere_parameters, param_groups
 from .normalize import add_normalize_hook, normalize_
 from ._tensors import is_dtensor
+from .combined import CombinedOptimizer
+from .muon import SphericalMuon, is_hidden_matrix
 from .radam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam, split_fused
 
-__all__ = ["METHODS", "RECIPES", "build_optimizer", "WarmupCosine"]
+__all__ = ["METHODS", "MUON_METHODS", "RECIPES", "build_optimizer", "WarmupCosine"]
 
-METHODS = ("riemannian_adam", "adam_normalize", "adamw")
+METHODS = ("riemannian_adam", "adam_normalize", "adamw", "spherical_muon", "muon")
+MUON_METHODS = ("spherical_muon", "muon")
 
 #: Table 3 defaults per method: weight decay and warmup steps.
 RECIPES = {
     "riemannian_adam": {"weight_decay": 0.0, "warmup_steps": 0},
     "adam_normalize": {"weight_decay": 0.0, "warmup_steps": 0},
     "adamw": {"weight_decay": 0.1, "warmup_steps": 2000},
+    "spherical_muon": {"weight_decay": 0.0, "warmup_steps": 0},
+    "muon": {"weight_decay": 0.1, "warmup_steps": 2000},
 }
 
 
@@ -88,6 +103,8 @@ def build_optimizer(
     off_sphere: str = "project",
     fused: bool | None = None,
     sphere_kernel: str = "auto",
+    muon_lr: float | None = None,
+    muon_momentum: float = 0.95,
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
     """Build the optimizer and the LR schedule of one of the paper's recipes (Table 3).
 
@@ -104,10 +121,16 @@ def build_optimizer(
     ``sphere_kernel`` too (``"auto"``, ``"native"``, ``"foreach"``: see
     :class:`RiemannianAdam`).
 
+    ``muon_lr`` (``None``: ``lr``) and ``muon_momentum`` apply to the Muon methods only: the
+    learning rate and momentum of the Muon part (the 2-D weights of ``model.blocks``, see
+    :func:`spherenet.optim.muon.is_hidden_matrix`); ``lr``, ``betas`` and ``eps`` are the
+    Adam part's.
+
     Raises ``ValueError`` naming the bad value (unknown method, ``lr <= 0``,
     ``total_steps <= 0``, ``warmup_steps >= total_steps``, negative weight decay, betas outside
     [0, 1), unknown second moment or gradient), and for ``"adamw"`` on a model that declares sphere weights
-    (they would leave the sphere: use one of the nGPT methods).
+    (they would leave the sphere: use one of the nGPT methods), ``"muon"`` likewise, and the
+    Muon methods on a model without hidden matrices for Muon.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"build_optimizer expects an nn.Module, got {type(model).__name__}")
@@ -133,6 +156,11 @@ def build_optimizer(
     if gradient not in GRADIENTS:
         raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}")
     betas = (float(betas[0]), float(betas[1]))
+    if method in MUON_METHODS:
+        muon_lr = lr if muon_lr is None else muon_lr
+        check_positive_float("muon_lr", muon_lr)
+        if isinstance(muon_momentum, bool) or not isinstance(muon_momentum, (int, float)) or not 0 <= muon_momentum < 1:
+            raise ValueError(f"muon_momentum must be in [0, 1), got {muon_momentum!r}")
     sphere = named_sphere_parameters(model)
 
     if method == "riemannian_adam":
@@ -157,6 +185,13 @@ def build_optimizer(
         with torch.no_grad():
             normalize_(model)  # start on the sphere, as the paper's init does (Section 2.6)
         add_normalize_hook(optimizer, model)
+    elif method == "spherical_muon":
+        optimizer = _spherical_muon(
+            model, sphere, weight_decay, lr, betas, eps, second_moment, off_sphere, fused, sphere_kernel,
+            muon_lr, muon_momentum,
+        )  # fmt: skip
+    elif method == "muon":
+        optimizer = _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, muon_momentum)
     else:
         if sphere:
             raise ValueError(
@@ -170,12 +205,70 @@ def build_optimizer(
     return optimizer, scheduler
 
 
-def _torch_groups(model: nn.Module, weight_decay: float, fused: bool | None) -> list[dict]:
+def _spherical_muon(
+    model, sphere, weight_decay, lr, betas, eps, second_moment, off_sphere, fused, sphere_kernel, muon_lr, momentum
+) -> CombinedOptimizer:
+    """SphericalMuon on the blocks' sphere matrices, RiemannianAdam on everything else."""
+    hidden = [(name, p) for name, p in sphere if p.requires_grad and is_hidden_matrix(name, p)]
+    if not hidden:
+        raise ValueError(
+            "method 'spherical_muon': the model has no 2-D sphere weights in model.blocks for Muon "
+            "(use 'riemannian_adam')"
+        )
+    muon = SphericalMuon(
+        [{"params": hidden, "manifold": SPHERE}], lr=muon_lr, momentum=momentum, off_sphere=off_sphere
+    )
+    rest = _without(param_groups(model, weight_decay), {id(p) for _, p in hidden})
+    parts: list[torch.optim.Optimizer] = [muon]
+    if rest:
+        parts.append(
+            RiemannianAdam(
+                rest, lr=lr, betas=betas, eps=eps, second_moment=second_moment, off_sphere=off_sphere,
+                fused=fused, sphere_kernel=sphere_kernel,
+            )  # fmt: skip
+        )
+    return CombinedOptimizer(parts, model=model)
+
+
+def _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, momentum) -> CombinedOptimizer:
+    """torch.optim.Muon on the blocks' 2-D weights, AdamW on everything else."""
+    if sphere:
+        raise ValueError(
+            f"method 'muon' on a model with sphere parameters ({sphere[0][0]!r}, ...): they would leave the "
+            "sphere. Use 'spherical_muon'."
+        )
+    hidden = [(name, p) for name, p in model.named_parameters() if p.requires_grad and is_hidden_matrix(name, p)]
+    if not hidden:
+        raise ValueError("method 'muon': the model has no 2-D weights in model.blocks for Muon (use 'adamw')")
+    muon = torch.optim.Muon(
+        [{"params": hidden, "manifold": EUCLIDEAN}], lr=muon_lr, weight_decay=weight_decay, momentum=momentum,
+        nesterov=True, adjust_lr_fn="match_rms_adamw",
+    )  # fmt: skip
+    rest = _torch_groups(model, weight_decay, fused, exclude={id(p) for _, p in hidden})
+    parts: list[torch.optim.Optimizer] = [muon]
+    if rest:
+        parts.append(torch.optim.AdamW(rest, lr=lr, betas=betas, eps=eps, weight_decay=0.0, fused=fused))
+    return CombinedOptimizer(parts)
+
+
+def _without(groups: list[dict], ids: set[int]) -> list[dict]:
+    """``groups`` without the parameters in ``ids``; groups left empty are dropped."""
+    out = []
+    for g in groups:
+        kept = [(name, p) for name, p in g["params"] if id(p) not in ids]
+        if kept:
+            out.append({**g, "params": kept})
+    return out
+
+
+def _torch_groups(
+    model: nn.Module, weight_decay: float, fused: bool | None, exclude: set[int] = frozenset()
+) -> list[dict]:
     """Param groups for torch's AdamW. ``fused=None`` on plain tensors: each group is split into
     a fused-kernel part (the tensors torch has a fused kernel for) and a part for torch's other kernels, by
     :func:`spherenet.optim.radam.split_fused` (torch alone would take a per-tensor loop on CPU).
     torch's AdamW ignores the extra ``"manifold"`` key; it is kept for readers."""
-    groups = param_groups(model, weight_decay)
+    groups = _without(param_groups(model, weight_decay), exclude)
     if fused is not None or any(is_dtensor(p) for g in groups for _, p in g["params"]):
         return groups
     out = []

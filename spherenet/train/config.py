@@ -61,7 +61,7 @@ class DataSection:
 
 @dataclass
 class OptimSection:
-    method: str = "riemannian_adam"  # riemannian_adam | adam_normalize | adamw
+    method: str = "riemannian_adam"  # riemannian_adam | adam_normalize | adamw | spherical_muon | muon
     lr: float = 3e-3
     weight_decay: float = -1.0  # < 0: the recipe's default (Table 3: 0 for nGPT, 0.1 for GPT)
     warmup_steps: int = -1  # < 0: the recipe's default (Table 3: 0 for nGPT, 2000 for GPT)
@@ -73,6 +73,8 @@ class OptimSection:
     sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | foreach
     grad_clip: float = 0.0  # 0 = off
     reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift
+    muon_lr: float = -1.0  # spherical_muon | muon: lr of the Muon part; < 0: optim.lr (RMS-matched step)
+    muon_momentum: float = 0.95  # spherical_muon | muon: Muon's momentum, in [0, 1)
 
 
 @dataclass
@@ -102,7 +104,7 @@ _SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, 
 
 _CHOICES = {
     ("data", "text_unit"): ("paragraph", "line", "document"),
-    ("optim", "method"): ("riemannian_adam", "adam_normalize", "adamw"),
+    ("optim", "method"): ("riemannian_adam", "adam_normalize", "adamw", "spherical_muon", "muon"),
     ("optim", "second_moment"): ("element", "row"),
     ("optim", "gradient"): ("riemannian", "euclidean"),
     ("optim", "sphere_kernel"): ("auto", "native", "foreach"),
@@ -162,6 +164,10 @@ class RunConfig:
                 raise ConfigError(f"{section}.{key} must be >= 0, got {value!r}")
         if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
             raise ConfigError(f"optim.beta1/beta2 must be in [0, 1), got {self.optim.beta1}, {self.optim.beta2}")
+        if self.optim.muon_lr == 0:
+            raise ConfigError("optim.muon_lr must be > 0 (or < 0 for optim.lr), got 0.0")
+        if not 0.0 <= self.optim.muon_momentum < 1.0:
+            raise ConfigError(f"optim.muon_momentum must be in [0, 1), got {self.optim.muon_momentum!r}")
         if not 0.0 < self.data.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.data.val_fraction!r}")
         if not self.data.source:
