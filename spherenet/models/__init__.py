@@ -2,6 +2,7 @@
 
 from .common import generate, sample_next_token
 from .gpt import GPT, GPTConfig
+from .hub import PretrainedFileError, load_pretrained
 from .ngpt import NGPT, NGPTConfig
 from .presets import PRESETS, from_preset, model_from_config, preset_config
 
@@ -16,4 +17,6 @@ __all__ = [
     "model_from_config",
     "generate",
     "sample_next_token",
+    "load_pretrained",
+    "PretrainedFileError",
 ]

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..layers import GPTBlock, KVCache, RMSNorm, RotaryEmbedding
 from . import common
+from .hub import HubMixin
 
 __all__ = ["GPTConfig", "GPT"]
 
@@ -44,9 +45,13 @@ class GPTConfig:
         return self.d_model // self.n_heads
 
 
-class GPT(nn.Module):
+class GPT(nn.Module, HubMixin):
     """The baseline Transformer decoder: ``h = E_in[ids]``, L pre-norm blocks, RMSNorm,
     logits ``z = E_out h`` (eq. 1)."""
+
+    config_class = GPTConfig  # save_pretrained / from_pretrained (spherenet.models.hub)
+    model_type = "gpt"
+    architecture = "GPT"
 
     def __init__(self, config: GPTConfig):
         super().__init__()

@@ -24,6 +24,7 @@ from ..layers import (
 )
 from ..layers.scale import SCALE_MODES
 from . import common
+from .hub import HubMixin
 
 __all__ = ["NGPTConfig", "NGPT"]
 
@@ -83,13 +84,17 @@ class NGPTConfig:
         return self.d_model // self.n_heads
 
 
-class NGPT(nn.Module):
+class NGPT(nn.Module, HubMixin):
     """The normalized Transformer.
 
     ``h = E_in[ids]`` (unit rows), then L blocks ``h <- Norm(h + alpha (Norm(block(h)) - h))``
     (eq. 10, 11), then logits ``z = (E_out h) * s_z`` (eq. 1, 3): cosine similarities scaled
     per token. No final normalization (h is already unit).
     """
+
+    config_class = NGPTConfig  # save_pretrained / from_pretrained (spherenet.models.hub)
+    model_type = "ngpt"
+    architecture = "NGPT"
 
     def __init__(self, config: NGPTConfig):
         super().__init__()

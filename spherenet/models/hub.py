@@ -1,0 +1,276 @@
+"""Save and load NGPT / GPT in the Hugging Face Hub layout, and push them to the Hub.
+
+A saved model is a directory (or a Hub repository) holding
+
+    config.json          the config dataclass's fields, plus ``model_type`` ("ngpt" / "gpt"),
+                         ``architectures`` (["NGPT"] / ["GPT"]) and ``spherenet_version``
+    model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``
+
+nGPT's sphere weights are stored as the model holds them: matrices of unit rows (the unit
+vectors along the last dimension, Section 2.6 of the paper). Loading checks every tensor's name
+and shape against the model the config builds, and that the sphere weights are unit rows, and
+refuses a file that fails either check with a :class:`PretrainedFileError` naming the tensor.
+
+safetensors and huggingface_hub are optional (``pip install "spherenet[hub]"``); they are
+imported only when a model is saved, loaded or pushed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..manifolds import point_tolerance
+
+__all__ = ["HubMixin", "PretrainedFileError", "load_pretrained", "WEIGHTS_NAME", "CONFIG_NAME", "INSTALL_HINT"]
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+INSTALL_HINT = 'pip install "spherenet[hub]"'
+# keys config.json holds besides the config's fields
+_METADATA_KEYS = ("model_type", "architectures", "spherenet_version")
+
+
+class PretrainedFileError(ValueError):
+    """A saved model's config.json or model.safetensors does not describe a loadable model."""
+
+
+def _require(module: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(
+            f"saving and loading models in the Hugging Face format needs the package {module.split('.')[0]!r}; "
+            f"install it with: {INSTALL_HINT}"
+        ) from None
+
+
+def _max_row_norm_error(tensor: torch.Tensor) -> float:
+    return float((tensor.detach().float().norm(dim=-1) - 1).abs().max())
+
+
+def _check_unit_rows(named_tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Refuse sphere weights whose rows are not unit vectors (within the dtype's tolerance)."""
+    bad = []
+    for name, tensor in named_tensors.items():
+        error, tolerance = _max_row_norm_error(tensor), point_tolerance(tensor.dtype)
+        if not error <= tolerance:  # also catches NaN
+            bad.append(f"{name!r} (|row norm - 1| up to {error:.3g}, tolerance {tolerance:g} for {tensor.dtype})")
+    if bad:
+        raise PretrainedFileError(
+            f"{where}: sphere weights must be matrices of unit rows, but these are not: {'; '.join(bad)}"
+        )
+
+
+class HubMixin:
+    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for a model built from one
+    config dataclass (``Model(config)``, kept as ``model.config``).
+
+    huggingface_hub's ``PyTorchModelHubMixin`` is not a base class here: a base class cannot be
+    optional, and the mixin decodes a dataclass ``config`` argument from its annotation, which
+    is a string under ``from __future__ import annotations``. The file layout is the same.
+    """
+
+    config_class: ClassVar[type]
+    model_type: ClassVar[str]  # config.json's "model_type"
+    architecture: ClassVar[str]  # config.json's "architectures" entry: the class name
+
+    config: Any
+
+    def sphere_weights(self) -> dict[str, torch.Tensor]:
+        """``{name: tensor}`` of the parameters declared on the unit sphere."""
+        from ..optim.groups import named_sphere_parameters
+
+        return dict(named_sphere_parameters(self))
+
+    def hub_config(self) -> dict[str, Any]:
+        """What ``config.json`` holds: the config's fields and which model they build."""
+        from .. import __version__
+
+        return {
+            "model_type": self.model_type,
+            "architectures": [self.architecture],
+            "spherenet_version": __version__,
+            **dataclasses.asdict(self.config),
+        }
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, *, push_to_hub: bool = False, repo_id: str | None = None, **push_kwargs
+    ) -> str | None:
+        """Write ``config.json`` and ``model.safetensors`` into ``save_directory``; with
+        ``push_to_hub=True`` also upload them to ``repo_id`` (default: the directory's name)
+        and return the commit's URL."""
+        safetensors_torch = _require("safetensors.torch")
+        _check_unit_rows(self.sphere_weights(), f"cannot save {self.architecture}")
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
+        safetensors_torch.save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+        (directory / CONFIG_NAME).write_text(json.dumps(self.hub_config(), indent=2) + "\n", encoding="utf-8")
+        if push_to_hub:
+            return self.push_to_hub(repo_id or directory.name, **push_kwargs)
+        return None
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        commit_message: str = "Upload model",
+        private: bool | None = None,
+        token: str | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+    ) -> str:
+        """Save the model into a temporary directory and upload it to the Hub repository
+        ``repo_id`` (created when missing). Returns the commit's URL."""
+        hub = _require("huggingface_hub")
+        api = hub.HfApi(token=token)
+        repo = api.create_repo(repo_id, private=private, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.save_pretrained(tmp)
+            commit = api.upload_folder(
+                repo_id=repo.repo_id, folder_path=tmp, commit_message=commit_message,
+                revision=revision, create_pr=create_pr,
+            )  # fmt: skip
+        return commit.commit_url
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        map_location: str | torch.device = "cpu",
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        force_download: bool = False,
+        token: str | None = None,
+        local_files_only: bool = False,
+    ):
+        """The model saved at a local directory or a Hub repository id, in eval mode.
+
+        Its tensors keep the dtype they were saved in. Raises :class:`PretrainedFileError`
+        when config.json describes another model or bad values, when model.safetensors misses
+        a tensor, has an unexpected one or one of another shape, and when a sphere weight's
+        rows are not unit vectors.
+        """
+        safetensors_torch = _require("safetensors.torch")
+        download = dict(
+            revision=revision, cache_dir=cache_dir, force_download=force_download,
+            token=token, local_files_only=local_files_only,
+        )  # fmt: skip
+        config_file = _resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
+        weights_file = _resolve(pretrained_model_name_or_path, WEIGHTS_NAME, download)
+        model = cls(cls._config_from_file(config_file))
+        try:
+            tensors = safetensors_torch.load_file(str(weights_file), device="cpu")
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type for a bad file
+            raise PretrainedFileError(f"cannot read {weights_file}: {exc}") from None
+        _check_tensors(model, tensors, weights_file)
+        _check_unit_rows({name: tensors[name] for name in model.sphere_weights()}, str(weights_file))
+        dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+        if len(dtypes) == 1:
+            model.to(dtypes.pop())
+        model.load_state_dict(tensors, strict=True)
+        return model.to(map_location).eval()
+
+    @classmethod
+    def _config_from_file(cls, config_file: Path):
+        try:
+            values = json.loads(Path(config_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise PretrainedFileError(f"cannot read {config_file}: {exc}") from None
+        if not isinstance(values, dict):
+            raise PretrainedFileError(f"{config_file} must hold a JSON object, got {type(values).__name__}")
+        model_type = values.get("model_type")
+        if model_type != cls.model_type:
+            raise PretrainedFileError(
+                f"{config_file} describes model_type {model_type!r}, not {cls.model_type!r}: load it with "
+                f"{_ARCHITECTURE_HINT.get(model_type, 'the class that saved it')}.from_pretrained"
+            )
+        fields = {key: value for key, value in values.items() if key not in _METADATA_KEYS}
+        known = {f.name for f in dataclasses.fields(cls.config_class)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise PretrainedFileError(
+                f"{config_file} has field(s) {', '.join(map(repr, unknown))} that {cls.config_class.__name__} "
+                f"does not know (saved by another spherenet version?); valid fields: {', '.join(sorted(known))}"
+            )
+        try:
+            return cls.config_class(**fields)
+        except (TypeError, ValueError) as exc:
+            raise PretrainedFileError(f"{config_file} does not build a {cls.config_class.__name__}: {exc}") from None
+
+
+_ARCHITECTURE_HINT = {"ngpt": "NGPT", "gpt": "GPT"}
+
+
+def _resolve(path_or_repo: str | os.PathLike, filename: str, download: dict[str, Any]) -> Path:
+    """The local path of ``filename`` in a directory, or downloaded from a Hub repository."""
+    local = Path(path_or_repo).expanduser()
+    if local.is_dir():
+        if not (local / filename).is_file():
+            raise FileNotFoundError(f"no {filename} in {local}: not a directory written by save_pretrained()")
+        return local / filename
+    repo_id = os.fspath(path_or_repo)
+    if local.exists() or not _REPO_ID.fullmatch(repo_id):
+        raise FileNotFoundError(f"{local} is not a directory written by save_pretrained() nor a Hub repository id")
+    hub = _require("huggingface_hub")
+    try:
+        return Path(hub.hf_hub_download(repo_id=repo_id, filename=filename, **download))
+    except Exception as exc:  # noqa: BLE001 - network, authentication, missing repo or file
+        raise FileNotFoundError(
+            f"no directory {local}, and {filename} of the Hub repository {repo_id!r} cannot be fetched: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
+# "name" or "owner/name", the form of a Hub repository id
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def _check_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], weights_file: Path) -> None:
+    """Every tensor the model expects, with its shape, and no other: one error naming all that differ."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    problems = [
+        f"missing tensor {name!r} (expected shape {shape})" for name, shape in expected.items() if name not in tensors
+    ]
+    problems += [
+        f"unexpected tensor {name!r} (shape {tuple(t.shape)})" for name, t in tensors.items() if name not in expected
+    ]
+    problems += [
+        f"tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]}"
+        for name, t in tensors.items()
+        if name in expected and tuple(t.shape) != expected[name]
+    ]
+    if problems:
+        raise PretrainedFileError(
+            f"{weights_file} does not match the {type(model).__name__} its config.json describes: {'; '.join(problems)}"
+        )
+
+
+def load_pretrained(pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> nn.Module:
+    """An NGPT or GPT saved by ``save_pretrained``, whichever its config.json names
+    (keyword arguments as in :meth:`HubMixin.from_pretrained`)."""
+    from .gpt import GPT
+    from .ngpt import NGPT
+
+    models = {cls.model_type: cls for cls in (NGPT, GPT)}
+    download = {k: kwargs[k] for k in ("revision", "cache_dir", "force_download", "token", "local_files_only") if k in kwargs}
+    config_file = _resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
+    try:
+        model_type = json.loads(Path(config_file).read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise PretrainedFileError(f"cannot read the model_type of {config_file}: {exc}") from None
+    if model_type not in models:
+        raise PretrainedFileError(f"{config_file} has model_type {model_type!r}; spherenet knows {sorted(models)}")
+    return models[model_type].from_pretrained(pretrained_model_name_or_path, **kwargs)
