@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,53 @@ def test_missing_directory_and_files_are_named(safetensors_torch, tmp_path):
         NGPT.from_pretrained(tmp_path / "nothing" / "here")
 
 
+def test_saving_non_unit_sphere_rows_is_refused(safetensors_torch, tmp_path):
+    model = from_preset("ngpt-tiny")
+    with torch.no_grad():
+        model.embed_out.weight.mul_(2)
+    with pytest.raises(PretrainedFileError, match="cannot save NGPT: .*'embed_out.weight'"):
+        model.save_pretrained(tmp_path)
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_hub_repository_that_cannot_be_fetched_is_named(safetensors_torch, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache: nothing to find offline
+    with pytest.raises(FileNotFoundError, match="config.json of the Hub repository 'someone/no-such-model' cannot be fetched"):
+        NGPT.from_pretrained("someone/no-such-model", local_files_only=True, cache_dir=tmp_path)
+
+
+def test_push_to_hub_uploads_the_saved_files(safetensors_torch, monkeypatch):
+    """push_to_hub creates the repository and uploads config.json and model.safetensors (the Hub
+    API replaced by a recorder: no network here)."""
+    import huggingface_hub
+
+    calls = []
+
+    class RecordingApi:
+        def __init__(self, token=None):
+            calls.append(("token", token))
+
+        def create_repo(self, repo_id, private=None, exist_ok=False):
+            calls.append(("create_repo", repo_id, exist_ok))
+            return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+        def upload_folder(self, *, repo_id, folder_path, **kwargs):
+            calls.append(("upload_folder", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+            return huggingface_hub.CommitInfo(
+                commit_url=f"https://huggingface.co/{repo_id}/commit/abc", commit_message=kwargs["commit_message"],
+                commit_description="", oid="abc",
+            )  # fmt: skip
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
+    url = from_preset("gpt-tiny").push_to_hub("someone/gpt-tiny", token="t")
+    assert url == "https://huggingface.co/someone/gpt-tiny/commit/abc"
+    assert calls == [
+        ("token", "t"),
+        ("create_repo", "someone/gpt-tiny", True),
+        ("upload_folder", "someone/gpt-tiny", ["config.json", "model.safetensors"]),
+    ]
+
+
 def test_without_the_hub_extra_import_works_and_saving_names_the_extra(tmp_path):
     """With safetensors and huggingface_hub unimportable, spherenet and recipes.export import,
     and save_pretrained / from_pretrained raise ImportError naming the extra."""
@@ -137,8 +185,8 @@ for call in (lambda: from_preset("ngpt-tiny").save_pretrained({str(tmp_path)!r})
         raise SystemExit("no ImportError")
 print("ok")
 """
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 

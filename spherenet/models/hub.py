@@ -32,7 +32,7 @@ from torch import nn
 
 from ..manifolds import point_tolerance
 
-__all__ = ["HubMixin", "PretrainedFileError", "load_pretrained", "WEIGHTS_NAME", "CONFIG_NAME", "INSTALL_HINT"]
+__all__ = ["CONFIG_NAME", "INSTALL_HINT", "WEIGHTS_NAME", "HubMixin", "PretrainedFileError", "load_pretrained"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -164,10 +164,10 @@ class HubMixin:
         rows are not unit vectors.
         """
         safetensors_torch = _require("safetensors.torch")
-        download = dict(
-            revision=revision, cache_dir=cache_dir, force_download=force_download,
-            token=token, local_files_only=local_files_only,
-        )  # fmt: skip
+        download = {
+            "revision": revision, "cache_dir": cache_dir, "force_download": force_download,
+            "token": token, "local_files_only": local_files_only,
+        }  # fmt: skip
         config_file = _resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
         weights_file = _resolve(pretrained_model_name_or_path, WEIGHTS_NAME, download)
         model = cls(cls._config_from_file(config_file))
