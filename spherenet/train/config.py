@@ -69,7 +69,7 @@ class OptimSection:
     eps: float = 1e-8
     second_moment: str = "element"  # riemannian_adam: element | row
     gradient: str = "riemannian"  # riemannian_adam: riemannian (tangent-projected moments) | euclidean (the paper's)
-    sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | foreach
+    sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | foreach | compiled (torch.compile)
     grad_clip: float = 0.0  # 0 = off
     reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift
 
@@ -103,7 +103,7 @@ _CHOICES = {
     ("optim", "method"): ("riemannian_adam", "adam_normalize", "adamw"),
     ("optim", "second_moment"): ("element", "row"),
     ("optim", "gradient"): ("riemannian", "euclidean"),
-    ("optim", "sphere_kernel"): ("auto", "native", "foreach"),
+    ("optim", "sphere_kernel"): ("auto", "native", "foreach", "compiled"),
     ("train", "parallel"): ("none", "ddp", "fsdp"),
     ("train", "autocast"): ("auto", "bf16", "off"),
     ("train", "nonfinite"): ("skip", "stop"),
