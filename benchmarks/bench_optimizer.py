@@ -1,8 +1,9 @@
 """Optimizer step time on an nGPT of >= 50M parameters: spherenet's Riemannian optimizers
 against torch's Adam (+ the paper's renormalization) and geoopt's RiemannianAdam.
 
-RiemannianAdam runs twice: with its native CPU kernel (one fused pass per row, built on first
-use) and with its ``_foreach`` kernels. Only ``optimizer.step()`` is timed (plus the renormalization for "Adam + normalize"): the
+RiemannianAdam runs three times: with its native CPU kernel (one fused pass per row, built on
+first use), with its ``torch.compile``'d kernel (compiled during the warmup steps) and with
+its ``_foreach`` kernels. Only ``optimizer.step()`` is timed (plus the renormalization for "Adam + normalize"): the
 gradients are fixed random tensors set once, so every contender does the same work on the
 same tensors. Contenders run interleaved in a fresh random order in every round; the table
 gives the median over rounds and the ratio to ``torch.optim.Adam(fused=True)``.
@@ -74,7 +75,7 @@ def contenders(model, lr: float) -> dict:
                 ),
                 plain_step,
             )
-            for kernel in ("native", "foreach")
+            for kernel in ("native", "compiled", "foreach")
             for moment in ("element", "row")
         },
         "spherenet Riemannian(Adam fused)": (

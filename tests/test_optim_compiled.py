@@ -68,8 +68,8 @@ def test_compiled_step_matches_float64_reference(mode, gradient):
     for t in (1, 7):  # the step count as the optimizer holds it: before the step (element), after (row)
         held = torch.tensor(float(t if row_v else t - 1))
         want = reference_step(x, g, m, v, 0.05, 0.9, 0.95, 1e-8, t, row_v, euclidean)
-        compiled_kernel.sphere_adam_(x, g, m, v, held, torch.tensor(0.05, dtype=torch.float64), 0.9, 0.95, 1e-8,
-                                     row_v, not euclidean)  # fmt: skip
+        step_size, inv_b2 = (s[0] for s in compiled_kernel.step_scalars([held], 0.05, 0.9, 0.95, row_v))
+        compiled_kernel.sphere_adam_(x, g, m, v, step_size, inv_b2, 0.9, 0.95, 1e-8, row_v, not euclidean)
         for got, expected in zip((x, m, v), want):
             torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     assert torch.equal(g, g_before)

@@ -12,9 +12,9 @@ applies across keys. Within one function the row count is dynamic (one graph for
 number of rows >= 2; a tensor of a single row gets its own graph, as Dynamo specializes sizes
 0 and 1). ``d`` is static so that Inductor can keep a row in registers (CUDA) or unroll its
 vector loop (CPU). An nGPT has two or three row lengths (``d_model``, the MLP width), hence two
-or three graphs per dtype and mode. The learning rate and the step count are 0-d tensors and
-the bias corrections are computed in the graph, so a schedule that changes ``lr`` at every
-step never recompiles; the betas and eps are Python floats baked into the graph (a change
+or three graphs per dtype and mode. The step size ``lr / (1 - b1^t)`` and ``1 / sqrt(1 - b2^t)``
+are 0-d tensors computed outside the graph, so a schedule that changes ``lr`` at every step
+never recompiles; the betas and eps are Python floats baked into the graph (a change
 recompiles once, then Dynamo makes them dynamic).
 """
 
@@ -42,20 +42,19 @@ _lock = threading.Lock()
 _compiled: dict[tuple, object] = {}
 
 
-def _sphere_adam_math(x, g, m, v, step, lr, b1: float, b2: float, eps: float, tiny: float, row_v: bool, project: bool):
+def _sphere_adam_math(
+    x, g, m, v, step_size, inv_bias2_sqrt, b1: float, b2: float, eps: float, tiny: float, row_v: bool, project: bool
+):
     """Steps 1-5 of :mod:`spherenet.optim.radam`, in place. ``x, g, m``: ``(rows, d)``; ``v``:
-    ``(rows, d)`` or ``(rows, 1)`` (``row_v``); ``step``: 0-d float32, the step count as the
-    optimizer holds it (before this step with a per-element ``v``, after it with a per-row
-    ``v``); ``lr``: 0-d float64."""
+    ``(rows, d)`` or ``(rows, 1)`` (``row_v``); ``step_size = lr / (1 - b1^t)`` and
+    ``inv_bias2_sqrt = 1 / sqrt(1 - b2^t)``: 0-d float64 tensors (see :func:`step_scalars`)."""
     work = torch.float32 if x.dtype in _HALF else x.dtype
     xw, gw, mw, vw = x.to(work), g.to(work), m.to(work), v.to(work)
     u = gw - (xw * gw).sum(-1, keepdim=True) * xw if project else gw  # 1. tangent projection (eq. 24)
     mw = b1 * mw + (1 - b1) * u  # 2. Adam moments (eq. 22)
     vw = b2 * vw + (1 - b2) * ((u * u).sum(-1, keepdim=True) if row_v else u * u)
-    t = step.to(torch.float64) + (0.0 if row_v else 1.0)
-    step_size = (lr / (1 - b1**t)).to(work)  # 3. bias corrections, computed in the graph
-    inv_bias2_sqrt = torch.rsqrt(1 - b2**t).to(work)
-    y = xw - step_size * mw / (vw.sqrt() * inv_bias2_sqrt + eps)
+    # 3. direction, rounded as torch.optim.Adam rounds it
+    y = xw - step_size.to(work) * mw / (vw.sqrt() * inv_bias2_sqrt.to(work) + eps)
     xn = y / (y * y).sum(-1, keepdim=True).sqrt().clamp_min(tiny)  # 4. retraction Norm (Section 2.2.2)
     if row_v and project:
         mw = mw - (xn * mw).sum(-1, keepdim=True) * xn  # 5. transport of m by projection
@@ -96,10 +95,30 @@ def compiled_for(device_type: str, dtype: torch.dtype, d: int, row_v: bool, proj
     return fn
 
 
-def sphere_adam_(x, g, m, v, step, lr, b1: float, b2: float, eps: float, row_v: bool, project: bool) -> None:
+def step_scalars(steps: list[torch.Tensor], lr: float, b1: float, b2: float, row_v: bool):
+    """``(step_sizes, inv_bias2_sqrts)`` for the step counts ``steps`` as the optimizer holds them
+    (before this step with a per-element ``v``, after it with a per-row ``v``): 0-d float64
+    tensors on the counts' devices, computed eagerly. Inductor would evaluate these scalars
+    once per vector of elements inside its loops; as tensor inputs they are one load. Tensors,
+    not floats, so that a new ``lr`` or ``t`` never recompiles."""
+    t = [s.to(torch.float64) for s in steps]
+    if not row_v:
+        torch._foreach_add_(t, 1.0)
+    step_sizes = torch._foreach_pow(b1, t)
+    torch._foreach_mul_(step_sizes, -1.0)
+    torch._foreach_add_(step_sizes, 1.0)
+    torch._foreach_reciprocal_(step_sizes)
+    torch._foreach_mul_(step_sizes, lr)
+    inv_bias2_sqrts = torch._foreach_pow(b2, t)
+    torch._foreach_mul_(inv_bias2_sqrts, -1.0)
+    torch._foreach_add_(inv_bias2_sqrts, 1.0)
+    torch._foreach_rsqrt_(inv_bias2_sqrts)
+    return step_sizes, inv_bias2_sqrts
+
+
+def sphere_adam_(x, g, m, v, step_size, inv_bias2_sqrt, b1: float, b2: float, eps: float, row_v: bool, project: bool):
     """One sphere-Adam step of one contiguous tensor (rows along the last dimension), in place
-    on ``x``, ``m``, ``v``; ``g`` is read only. ``step`` and ``lr`` as in
-    :func:`_sphere_adam_math`. Raises whatever ``torch.compile`` raises at the first call of a
+    on ``x``, ``m``, ``v``; ``g`` is read only. The scalars as in :func:`_sphere_adam_math`. Raises whatever ``torch.compile`` raises at the first call of a
     key (a missing compiler, an Inductor error)."""
     d = x.shape[-1]
     rows = [t.view(-1, d) for t in (x, g, m)]
@@ -108,4 +127,4 @@ def sphere_adam_(x, g, m, v, step, lr, b1: float, b2: float, eps: float, row_v: 
         torch._dynamo.maybe_mark_dynamic(t, 0)
     fn = compiled_for(x.device.type, x.dtype, d, row_v, project)
     tiny = TINY[torch.float64 if x.dtype == torch.float64 else torch.float32]  # of the working dtype
-    fn(*rows, step, lr, b1, b2, eps, tiny, row_v, project)
+    fn(*rows, step_size, inv_bias2_sqrt, b1, b2, eps, tiny, row_v, project)

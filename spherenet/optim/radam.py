@@ -449,13 +449,10 @@ class RiemannianAdam(Optimizer):
         compile failure (raised before the failing tensor is written; the rest go foreach)."""
         b1, b2 = (float(b) for b in group["betas"])
         eps = float(group["eps"])
-        lrs: dict[torch.device, torch.Tensor] = {}  # 0-d: a new lr never recompiles
-        for i, (x, g, m, v, step) in enumerate(zip(xs, gs, ms, vs, steps)):
-            lr = lrs.get(x.device)
-            if lr is None:
-                lr = lrs[x.device] = torch.tensor(float(group["lr"]), dtype=torch.float64, device=x.device)
+        step_sizes, inv_bias2_sqrts = compiled_kernel.step_scalars(steps, float(group["lr"]), b1, b2, row_v)
+        for i, (x, g, m, v, step_size, inv_b2) in enumerate(zip(xs, gs, ms, vs, step_sizes, inv_bias2_sqrts)):
             try:
-                compiled_kernel.sphere_adam_(x, g, m, v, step, lr, b1, b2, eps, row_v, project)
+                compiled_kernel.sphere_adam_(x, g, m, v, step_size, inv_b2, b1, b2, eps, row_v, project)
             except Exception as exc:  # a compile failure: raised before anything is written
                 lines = str(exc).strip().splitlines()
                 reason = f"torch.compile failed: {type(exc).__name__}: {lines[0] if lines else ''}"
