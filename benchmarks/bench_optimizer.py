@@ -1,10 +1,11 @@
 """Optimizer step time on an nGPT: spherenet's Riemannian optimizers against torch's Adam
 (+ the paper's renormalization) and geoopt's RiemannianAdam.
 
-On CPU, RiemannianAdam runs twice: with its native CPU kernel (one fused pass per row, built on
-first use; skipped when it cannot be built or ``SPHERENET_NATIVE=0``) and with its
-``_foreach`` kernels. On CUDA only the ``_foreach`` path exists (it is what RiemannianAdam runs
-there), and the baseline is ``torch.optim.Adam(fused=True)``'s CUDA kernel. Only
+RiemannianAdam runs with each of its sphere kernels: on CPU the native kernel (one fused pass
+per row, built on first use; skipped when it cannot be built or ``SPHERENET_NATIVE=0``), the
+``torch.compile``'d kernel (compiled during the warmup steps; one fused C++ kernel on CPU, a
+Triton kernel on CUDA) and the ``_foreach`` kernels; on CUDA the compiled and ``_foreach``
+kernels, and the baseline is ``torch.optim.Adam(fused=True)``'s CUDA kernel. Only
 ``optimizer.step()`` is timed (plus the renormalization for "Adam + normalize"): the gradients
 are fixed random tensors set once, so every contender does the same work on the same tensors.
 Contenders run interleaved in a fresh random order in every round; each timed sample is
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message=".*projecting sphere parameters onto the sphere")
 
     model = build_model(args, device)
-    kernels, notes = ["foreach"], []
+    kernels, notes = ["compiled", "foreach"], []
     if device.type == "cpu":  # the native kernel is CPU-only
         available, reason = _native.native_status()
         if available:

@@ -153,7 +153,7 @@ CONFIG_CASES = {
     "huge_seed": ("data.seed=99999999999999999999", "data.seed must be in [0, 2**63)"),
     "unknown_choice": ("train.nonfinite=ignore", "train.nonfinite = 'ignore' is not one of skip, stop"),
     "unknown_method": ("optim.method=sgd", "optim.method = 'sgd' is not one of riemannian_adam"),
-    "unknown_sphere_kernel": ("optim.sphere_kernel=cuda", "optim.sphere_kernel = 'cuda' is not one of auto, native, foreach"),
+    "unknown_sphere_kernel": ("optim.sphere_kernel=cuda", "optim.sphere_kernel = 'cuda' is not one of auto, native, foreach, compiled"),
 }
 
 

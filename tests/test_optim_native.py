@@ -285,7 +285,7 @@ def test_build_optimizer_passes_the_kernel_choice():
 
 
 def test_sphere_kernel_option_is_checked():
-    assert SPHERE_KERNELS == ("auto", "native", "foreach")
+    assert SPHERE_KERNELS == ("auto", "native", "foreach", "compiled")
     with pytest.raises(ValueError, match="sphere_kernel must be one of"):
         RiemannianAdam(ngpt(torch.float32), sphere_kernel="cuda")
 

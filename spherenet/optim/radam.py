@@ -67,21 +67,32 @@ from ._common import (
     check_positive_float,
     ensure_on_sphere,
 )
-from . import _native, _tensors
+from . import _native, _tensors, compiled_kernel
 from ._tensors import TINY, RowOps, check_sphere_layout, local, waves
 from .groups import EUCLIDEAN, MANIFOLDS, SPHERE, _names_of, check_groups, describe, param_groups
 
-__all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS"]
+__all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS", "resolve_sphere_kernel"]
 
 SECOND_MOMENTS = ("element", "row")
 GRADIENTS = ("riemannian", "euclidean")
-SPHERE_KERNELS = ("auto", "native", "foreach")
+SPHERE_KERNELS = ("auto", "native", "foreach", "compiled")
 _FUSED_DEVICES = ("cpu", "cuda", "xpu")
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _fusable(t: torch.Tensor) -> bool:
     return t.device.type in _FUSED_DEVICES and t.dtype in _FUSED_DTYPES
+
+
+def resolve_sphere_kernel(choice: str, device_type: str) -> str:
+    """The kernel a ``sphere_kernel`` choice asks for, for a tensor on ``device_type``, before
+    availability and layout are checked: ``"auto"`` is ``"native"`` on CPU, ``"compiled"`` on
+    CUDA, ``"foreach"`` elsewhere; ``"native"`` is CPU only (``"foreach"`` elsewhere)."""
+    if choice == "auto":
+        return {"cpu": "native", "cuda": "compiled"}.get(device_type, "foreach")
+    if choice == "native" and device_type != "cpu":
+        return "foreach"
+    return choice
 
 
 def split_fused(option, tensors: list[torch.Tensor]) -> list[bool]:
@@ -131,8 +142,12 @@ class RiemannianAdam(Optimizer):
             for contiguous CPU tensors (built on first use, see :mod:`spherenet.optim._native`;
             other tensors take the foreach path), a ``RuntimeError`` if it cannot be built; ``"foreach"``: ``torch._foreach_*`` passes
             over cache-sized blocks of rows (any device); ``"auto"`` (default): native for CPU
-            tensors when it builds (else foreach, with one warning), foreach elsewhere. Both
-            compute the same step; they differ by float rounding only.
+            tensors when it builds (else foreach, with one warning), compiled for CUDA tensors
+            (else foreach, with one warning), foreach elsewhere. ``"compiled"``: the whole step
+            of one tensor as one ``torch.compile``'d function (a fused Triton kernel on CUDA, a
+            fused C++ kernel on CPU; see :mod:`spherenet.optim.compiled_kernel`) for contiguous
+            tensors, a ``RuntimeError`` if torch.compile is unavailable or fails at the first
+            step. All compute the same step; they differ by float rounding only.
 
     Refusals (``ValueError`` unless said): a geoopt ``ManifoldParameter`` on a sphere in a
     Euclidean group; a declared sphere parameter of ``model`` in no sphere group; weight decay
@@ -177,6 +192,10 @@ class RiemannianAdam(Optimizer):
             available, reason = _native.native_status()
             if not available:
                 raise RuntimeError(f"RiemannianAdam(sphere_kernel='native'): the native kernel is unavailable: {reason}")
+        if sphere_kernel == "compiled":
+            available, reason = compiled_kernel.compiled_status()
+            if not available:
+                raise RuntimeError(f"RiemannianAdam(sphere_kernel='compiled'): torch.compile is unavailable: {reason}")
         if isinstance(params, nn.Module):
             if model is not None and model is not params:
                 raise ValueError("RiemannianAdam: got a module as params and a different model=")
@@ -185,6 +204,7 @@ class RiemannianAdam(Optimizer):
         self.off_sphere = off_sphere
         self.sphere_kernel = sphere_kernel
         self._warned_native = False
+        self._compiled_failure: str | None = None  # why "auto" stopped using the compiled kernel
         self._rows = RowOps()
         self.wave_bytes = _tensors.WAVE_BYTES  # row-block size of the sphere step (a tuning knob)
         self._watch = ModelWatch(model if check_model else None)
@@ -343,6 +363,12 @@ class RiemannianAdam(Optimizer):
         if any(native):
             self._native_step(group, *self._pick(native, True, xs, gs, ms, vs, steps), row_v, project)
             xs, gs, ms, vs, steps = self._pick(native, False, xs, gs, ms, vs, steps)
+        compiled = self._compiled_mask(xs, gs, ms, vs)
+        if any(compiled):
+            done = self._compiled_step(group, *self._pick(compiled, True, xs, gs, ms, vs, steps), row_v, project)
+            stepped = set([i for i, c in enumerate(compiled) if c][:done])
+            mask = [i in stepped for i in range(len(xs))]
+            xs, gs, ms, vs, steps = self._pick(mask, False, xs, gs, ms, vs, steps)
         if row_v:
             b1, b2 = (float(b) for b in group["betas"])
             t = [float(s) for s in steps]
@@ -372,10 +398,8 @@ class RiemannianAdam(Optimizer):
 
     def _native_mask(self, xs, gs, ms, vs) -> list[bool]:
         """Per tensor: does the native kernel update it? (CPU, a supported dtype, contiguous.)"""
-        if self.sphere_kernel == "foreach":
-            return [False] * len(xs)
         eligible = [
-            x.device.type == "cpu"
+            resolve_sphere_kernel(self.sphere_kernel, x.device.type) == "native"
             and x.dtype in _native.NATIVE_DTYPES
             and all(t.is_contiguous() and t.dtype == x.dtype for t in (x, g, m, v))
             for x, g, m, v in zip(xs, gs, ms, vs)
@@ -391,6 +415,52 @@ class RiemannianAdam(Optimizer):
                 stacklevel=6,  # the caller of optimizer.step()
             )
         return [False] * len(xs)
+
+    def _compiled_mask(self, xs, gs, ms, vs) -> list[bool]:
+        """Per tensor: does the compiled kernel update it? (Asked for, contiguous, one dtype.)"""
+        if self._compiled_failure is not None:
+            return [False] * len(xs)
+        eligible = [
+            resolve_sphere_kernel(self.sphere_kernel, x.device.type) == "compiled"
+            and x.dtype in compiled_kernel.COMPILED_DTYPES
+            and all(t.is_contiguous() and t.dtype == x.dtype and t.device == x.device for t in (x, g, m, v))
+            for x, g, m, v in zip(xs, gs, ms, vs)
+        ]
+        if not any(eligible) or self.sphere_kernel == "compiled":
+            return eligible  # an explicit "compiled" was checked when the optimizer was built
+        available, reason = compiled_kernel.compiled_status()
+        if not available:
+            self._give_up_compiled(reason)
+            return [False] * len(xs)
+        return eligible
+
+    def _give_up_compiled(self, reason: str) -> None:
+        self._compiled_failure = reason
+        warnings.warn(
+            f"RiemannianAdam: the compiled sphere kernel is unavailable ({reason}); "
+            "using the foreach kernels (same step, slower)",
+            RuntimeWarning,
+            stacklevel=7,  # the caller of optimizer.step()
+        )
+
+    def _compiled_step(self, group, xs, gs, ms, vs, steps, row_v: bool, project: bool) -> int:
+        """Steps 1-5 of the module docstring, one compiled function call per tensor. Returns how
+        many tensors (from the first) it updated: fewer than all when ``"auto"`` gives up on a
+        compile failure (raised before the failing tensor is written; the rest go foreach)."""
+        b1, b2 = (float(b) for b in group["betas"])
+        eps = float(group["eps"])
+        step_sizes, inv_bias2_sqrts = compiled_kernel.step_scalars(steps, float(group["lr"]), b1, b2, row_v)
+        for i, (x, g, m, v, step_size, inv_b2) in enumerate(zip(xs, gs, ms, vs, step_sizes, inv_bias2_sqrts)):
+            try:
+                compiled_kernel.sphere_adam_(x, g, m, v, step_size, inv_b2, b1, b2, eps, row_v, project)
+            except Exception as exc:  # a compile failure: raised before anything is written
+                lines = str(exc).strip().splitlines()
+                reason = f"torch.compile failed: {type(exc).__name__}: {lines[0] if lines else ''}"
+                if self.sphere_kernel == "compiled":
+                    raise RuntimeError(f"RiemannianAdam(sphere_kernel='compiled'): {reason}") from exc
+                self._give_up_compiled(reason)
+                return i
+        return len(xs)
 
     def _native_step(self, group, xs, gs, ms, vs, steps, row_v: bool, project: bool) -> None:
         """Steps 1-5 of the module docstring for CPU tensors, one fused pass per row.
