@@ -160,6 +160,9 @@ def main(argv=None) -> int:
 
     model = build_model(args, device)
     kernels, notes = ["compiled", "foreach"], []
+    if args.quick and device.type == "cpu":
+        kernels.remove("compiled")
+        notes.append("compiled kernel not run in --quick (compiling it takes 30-90 s on a CPU)")
     if device.type == "cpu":  # the native kernel is CPU-only
         available, reason = _native.native_status()
         if available:
