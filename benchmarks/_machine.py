@@ -16,7 +16,13 @@ from spherenet.models.presets import PRESETS
 
 # Preset sizes (spherenet.models.presets): ngpt-SIZE and gpt-SIZE have the same shape.
 SIZES = sorted({name.split("-", 1)[1] for name in PRESETS})
-SHAPE_FIELDS = {"vocab": "vocab_size", "n_layers": "n_layers", "d_model": "d_model", "n_heads": "n_heads", "ctx": "max_seq_len"}
+SHAPE_FIELDS = {
+    "vocab": "vocab_size",
+    "n_layers": "n_layers",
+    "d_model": "d_model",
+    "n_heads": "n_heads",
+    "ctx": "max_seq_len",
+}
 
 
 def cpu_name() -> str:

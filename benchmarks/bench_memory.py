@@ -220,8 +220,12 @@ def report(args, device, modes, rows, argv) -> str:
            else "live tensor storage (TorchDispatchMode), eager only")  # fmt: skip
     n_params = {f: rows[(f, "eager")]["n_params"] for f in RECIPE}
     lines = [
-        header(f"Peak memory of a training step, nGPT vs GPT: {args.device} {args.dtype}, context "
-               f"{config.max_seq_len}, batch {args.batch}", device, argv),  # fmt: skip
+        header(
+            f"Peak memory of a training step, nGPT vs GPT: {args.device} {args.dtype}, context "
+            f"{config.max_seq_len}, batch {args.batch}",
+            device,
+            argv,
+        ),
         f"Shape: {shape_text(config)}, batch {args.batch}; parameters nGPT {n_params['nGPT'] / 1e6:.2f}M, GPT "
         f"{n_params['GPT'] / 1e6:.2f}M. Precision: {args.dtype}"
         f"{' (autocast, fp32 parameters and optimizer states)' if args.dtype == 'bf16' else ''}. Each contender in "

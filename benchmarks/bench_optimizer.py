@@ -112,7 +112,9 @@ def contenders(model, lr: float, kernels: list[str]) -> dict:
         },
         **{
             f"spherenet RiemannianAdam, {moment}, foreach, wave_bytes unlimited": (
-                lambda moment=moment: one_wave(RiemannianAdam(model, lr=lr, second_moment=moment, sphere_kernel="foreach")),
+                lambda moment=moment: one_wave(
+                    RiemannianAdam(model, lr=lr, second_moment=moment, sphere_kernel="foreach")
+                ),
                 plain_step,
             )
             for moment in ("element", "row")
@@ -219,7 +221,9 @@ def report(args, device, model, times, notes, argv) -> str:
     for name, t in times.items():
         med = statistics.median(t)
         geo_ratio = f"{geo / med:.2f}" if geo is not None else "n/a"
-        lines.append(f"| {name} | {med * 1e3:.2f} ({min(t) * 1e3:.2f}–{max(t) * 1e3:.2f}) | {med / base:.2f} | {geo_ratio} |")
+        lines.append(
+            f"| {name} | {med * 1e3:.2f} ({min(t) * 1e3:.2f}–{max(t) * 1e3:.2f}) | {med / base:.2f} | {geo_ratio} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -34,7 +34,15 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from _machine import add_shape_args, emit, header, pick_device, shape_overrides, shape_text, sync  # benchmarks/ is on sys.path
+from _machine import (  # benchmarks/ is on sys.path
+    add_shape_args,
+    emit,
+    header,
+    pick_device,
+    shape_overrides,
+    shape_text,
+    sync,
+)
 
 from spherenet.models import model_from_config, preset_config
 from spherenet.optim import build_optimizer
@@ -95,7 +103,9 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: autocast to bfloat16, fp32 parameters and optimizer states")  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    p.add_argument("--quick", action="store_true", help="smoke run: size tiny, ctx 64, batch 4, 3 rounds, eager only, 1 thread")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: size tiny, ctx 64, batch 4, 3 rounds, eager only, 1 thread"
+    )
     p.add_argument("--markdown", metavar="FILE", help="also append the tables to FILE")
     args = p.parse_args(argv)
     if args.quick:
@@ -160,7 +170,9 @@ def report(args, device, config, n_params, modes, times, warmup_s, peak, argv) -
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     spread = {k: (min(v) * 1e3, max(v) * 1e3) for k, v in times.items()}
     tokens = args.batch * config.max_seq_len
-    title = f"Training step time, nGPT vs GPT: {args.device} {args.dtype}, context {config.max_seq_len}, batch {args.batch}"
+    title = (
+        f"Training step time, nGPT vs GPT: {args.device} {args.dtype}, context {config.max_seq_len}, batch {args.batch}"
+    )
     warm = ", ".join(f"{f} {MODE_LABEL[m]} {s:.0f} s" for (f, m), s in warmup_s.items())
     lines = [
         header(title, device, argv),

@@ -47,11 +47,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _machine import cpu_name  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
+
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.train import DEFAULT_CONFIG  # noqa: E402
 from spherenet.train.config import load_config  # noqa: E402
-
-from _machine import cpu_name  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 
 TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 VARIANTS = ["gpt", "ngpt", "ngpt-slerp", "ngpt-riemannian", "ngpt-adam_normalize"]
@@ -250,8 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--data", default=None, help="data.source of every run: a text file, stdlib or a Hub dataset "
-                   "(default: tinyshakespeare when present, else the trainer's default corpus)")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="data.source of every run: a text file, stdlib or a Hub dataset "
+        "(default: tinyshakespeare when present, else the trainer's default corpus)",
+    )
     p.add_argument("--out", type=Path, default=None, help="run directories (default /tmp/convergence[_quick])")
     p.add_argument("--results", type=Path, default=None, help="where the .md / .png go")
     p.add_argument("--jobs", type=int, default=2, help="trainings at a time")

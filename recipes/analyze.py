@@ -197,7 +197,9 @@ def analyze(args: argparse.Namespace) -> int:
         analysis.plot_embeddings(emb, out / FIGURES["embeddings"]),
         # dotted lines only where renormalizing changes something: GPT (nGPT is unit already)
         analysis.plot_condition_numbers(
-            cond, out / FIGURES["condition"], normalized={k: v for k, v in cond_norm.items() if scal[k]["family"] == "gpt"}
+            cond,
+            out / FIGURES["condition"],
+            normalized={k: v for k, v in cond_norm.items() if scal[k]["family"] == "gpt"},
         ),
         analysis.plot_scalings(scal, out / FIGURES["scalings"]),
     ]
@@ -218,12 +220,16 @@ def analyze(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m recipes.analyze", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directory, checkpoints/ directory or step_* checkpoint")
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run directory, checkpoints/ directory or step_* checkpoint"
+    )
     p.add_argument("--out", required=True, help="directory for the figures, stats.json and summary.md")
     p.add_argument("--labels", nargs="+", help="legend names, one per RUN_DIR (default: model class + directory name)")
     p.add_argument("--extrapolate", action="store_true", help="also measure validation loss at longer contexts (A.7)")
     p.add_argument("--data", default=None, help="data source for --extrapolate (default: each run's training source)")
-    p.add_argument("--cache-dir", default=None, help="where prepared data is cached (default: the run's data.cache_dir)")
+    p.add_argument(
+        "--cache-dir", default=None, help="where prepared data is cached (default: the run's data.cache_dir)"
+    )
     p.add_argument("--factors", nargs="+", type=int, default=[1, 2, 4], help="context multiples (default 1 2 4)")
     p.add_argument("--eval-batches", type=int, default=4, help="token budget = batches x batch size x context")
     p.add_argument("--batch-size", type=int, default=8)

@@ -87,7 +87,9 @@ def _model_description(ckpt: VerifiedCheckpoint, values: dict[str, Any] | None) 
             return desc["class"], desc["config"]
         return values["model_class"], values["model_config"]  # written before model.json existed
     except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{ckpt.path} does not hold a spherenet training run's model description: {exc!r}") from None
+        raise CheckpointError(
+            f"{ckpt.path} does not hold a spherenet training run's model description: {exc!r}"
+        ) from None
 
 
 def _tokenizer(ckpt: VerifiedCheckpoint, values: dict[str, Any]) -> Tokenizer:

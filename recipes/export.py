@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m recipes.export", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="run directory, checkpoints/ directory or step_* checkpoint")
     p.add_argument("out", help="directory to write config.json, model.safetensors and the tokenizer into")
-    p.add_argument("--step", type=int, default=None, help="export this step's checkpoint (default: the newest sound one)")
+    p.add_argument(
+        "--step", type=int, default=None, help="export this step's checkpoint (default: the newest sound one)"
+    )
     args = p.parse_args(argv)
     try:
         if not Path(args.run).exists():

@@ -226,7 +226,9 @@ def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> Re
             "not supported: resume with train.parallel=ddp (or none)"
         )
     if (old_parallel, old_world) != (t.parallel, world_size):
-        notes.append(f"train.parallel {old_parallel} x {old_world} process(es) -> {t.parallel} x {world_size} process(es)")
+        notes.append(
+            f"train.parallel {old_parallel} x {old_world} process(es) -> {t.parallel} x {world_size} process(es)"
+        )
 
     # The data position counts global batches of train.batch_size windows (see main): the same
     # in any layout. Checkpoints written before counted micro-batches of (micro x world).
@@ -419,8 +421,12 @@ def main(argv: list[str] | None = None) -> int:
             if stop:
                 last_step = step
                 if info.is_main:
-                    why = signal.Signals(stop_requested["signal"]).name if stop_requested["signal"] else "on another rank"
-                    print(f"stop requested ({why}): checkpoint saved at step {step}; continue with --resume", flush=True)
+                    why = (
+                        signal.Signals(stop_requested["signal"]).name if stop_requested["signal"] else "on another rank"
+                    )
+                    print(
+                        f"stop requested ({why}): checkpoint saved at step {step}; continue with --resume", flush=True
+                    )
                 break
     except NonFiniteError as exc:
         if bar is not None:

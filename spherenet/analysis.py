@@ -116,9 +116,7 @@ def _embedding_tables(model: nn.Module) -> dict[str, torch.Tensor]:
     return {"input": model.embed_in.weight, "output": _matrix(model.embed_out)}
 
 
-def _pairwise_dots(
-    rows: np.ndarray, max_pairs: int, seed: int, cosine: bool
-) -> tuple[np.ndarray, np.ndarray, bool]:
+def _pairwise_dots(rows: np.ndarray, max_pairs: int, seed: int, cosine: bool) -> tuple[np.ndarray, np.ndarray, bool]:
     """Dot products ``rows[i] . rows[j]`` for ``i != j``: all ``V (V-1) / 2`` pairs ``i < j``
     when there are at most ``max_pairs``, else ``max_pairs`` pairs drawn uniformly (with
     replacement) from ``numpy.random.default_rng(seed)``. Returns (dots, pairs (n, 2), exact)."""
@@ -224,7 +222,9 @@ def condition_number(matrix: torch.Tensor | np.ndarray) -> np.ndarray | float:
         raise ValueError(f"condition_number needs a matrix, got shape {tuple(t.shape)}")
     s = torch.linalg.svdvals(t)
     smax, smin = s[..., 0], s[..., -1]
-    cond = torch.where(smin > 0, smax / torch.where(smin > 0, smin, torch.ones_like(smin)), torch.full_like(smax, math.inf))
+    cond = torch.where(
+        smin > 0, smax / torch.where(smin > 0, smin, torch.ones_like(smin)), torch.full_like(smax, math.inf)
+    )
     return float(cond) if cond.ndim == 0 else cond.numpy()
 
 
@@ -246,7 +246,9 @@ def _blocks(key: str, m: torch.Tensor, n_heads: int, d_model: int, normalize: bo
     """
     d_side = 1 if key in ("attn_q", "attn_k", "attn_v", "mlp_u", "mlp_v") else 0  # axis of length d_model
     if m.shape[d_side] != d_model:
-        raise ValueError(f"{key}: expected its d_model side (dim {d_side}) to have {d_model} entries, got {tuple(m.shape)}")
+        raise ValueError(
+            f"{key}: expected its d_model side (dim {d_side}) to have {d_model} entries, got {tuple(m.shape)}"
+        )
     if normalize:
         m = _unit_along(m, d_side)
     if key in ("attn_q", "attn_k", "attn_v"):

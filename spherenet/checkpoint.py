@@ -429,9 +429,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     files = manifest.get("files")
     if not isinstance(files, dict) or STATE_FILE not in files:
         raise CheckpointCorruptError(f"{mpath} lists no {STATE_FILE}")
-    malformed = [
-        k for k in ("step", "backend", "fingerprint") if k not in manifest
-    ] + [rel for rel, e in files.items() if not (isinstance(e, dict) and {"size", "sha256"} <= set(e))]
+    malformed = [k for k in ("step", "backend", "fingerprint") if k not in manifest] + [
+        rel for rel, e in files.items() if not (isinstance(e, dict) and {"size", "sha256"} <= set(e))
+    ]
     if malformed or manifest["backend"] not in ("torch", "dcp"):
         raise CheckpointCorruptError(f"{mpath} is malformed (bad or missing entries: {malformed or ['backend']})")
     return manifest
@@ -722,9 +722,7 @@ class CheckpointManager:
                 if g.rank == 0:
                     warnings.warn(f"skipping damaged checkpoint: {e}", CheckpointWarning, stacklevel=2)
         if skipped:
-            raise CheckpointCorruptError(
-                f"every checkpoint in {self.directory} is damaged:\n  " + "\n  ".join(skipped)
-            )
+            raise CheckpointCorruptError(f"every checkpoint in {self.directory} is damaged:\n  " + "\n  ".join(skipped))
         return None
 
     def _verify(self, path: Path) -> dict[str, Any]:
@@ -769,8 +767,9 @@ class CheckpointManager:
                 "model is not supported: load it into the unsharded model before fully_shard()"
             )
 
-        _check_fingerprint(manifest["fingerprint"], model_fingerprint(
-            self._model_sd_for_fingerprint(inner, backend)), path)
+        _check_fingerprint(
+            manifest["fingerprint"], model_fingerprint(self._model_sd_for_fingerprint(inner, backend)), path
+        )
 
         rest = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
         params_before = [(n, p, type(p)) for n, p in inner.named_parameters()]
@@ -860,9 +859,7 @@ class CheckpointManager:
             set_model_state_dict(inner, payload["model"])
             # strict=False: parameters without saved state (never had a gradient) start fresh,
             # as they would have in the uninterrupted run.
-            set_optimizer_state_dict(
-                inner, [optimizer], payload["optimizer"], options=StateDictOptions(strict=False)
-            )
+            set_optimizer_state_dict(inner, [optimizer], payload["optimizer"], options=StateDictOptions(strict=False))
             _keep_python_scalars(optimizer, payload["optimizer"]["state"], dict(inner.named_parameters()))
         else:
             set_model_state_dict(inner, payload["model"])

@@ -20,7 +20,7 @@ import torch
 
 import recipes.train
 from recipes.train import cli
-from spherenet.checkpoint import CheckpointCorruptError, CheckpointMismatchError, CheckpointWarning
+from spherenet.checkpoint import CheckpointCorruptError, CheckpointWarning
 from spherenet.data import DataError, DataFileNotFoundError, TokenizerError, TokenWindows
 from spherenet.models import from_preset
 from spherenet.train.config import ConfigError
@@ -153,7 +153,10 @@ CONFIG_CASES = {
     "huge_seed": ("data.seed=99999999999999999999", "data.seed must be in [0, 2**63)"),
     "unknown_choice": ("train.nonfinite=ignore", "train.nonfinite = 'ignore' is not one of skip, stop"),
     "unknown_method": ("optim.method=sgd", "optim.method = 'sgd' is not one of riemannian_adam"),
-    "unknown_sphere_kernel": ("optim.sphere_kernel=cuda", "optim.sphere_kernel = 'cuda' is not one of auto, native, foreach, compiled"),
+    "unknown_sphere_kernel": (
+        "optim.sphere_kernel=cuda",
+        "optim.sphere_kernel = 'cuda' is not one of auto, native, foreach, compiled",
+    ),
 }
 
 
@@ -354,7 +357,9 @@ def test_prompt_token_id_out_of_vocabulary(preset, bad_id):
     with pytest.raises(IndexError) as e:
         model.generate(torch.tensor([[5, bad_id, 7]]), 3)
     span = f"[{min(bad_id, 5)}, {max(bad_id, 7)}]"
-    expected = f"token id out of vocabulary: id {bad_id} at position (0, 1) is not in [0, vocab_size=256) (ids span {span})"
+    expected = (
+        f"token id out of vocabulary: id {bad_id} at position (0, 1) is not in [0, vocab_size=256) (ids span {span})"
+    )
     assert expected in str(e.value)
     assert raised_in_spherenet(e)
 

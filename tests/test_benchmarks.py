@@ -60,7 +60,9 @@ def check_preamble(text: str, title: str) -> None:
 def test_bench_step_quick_markdown(tmp_path):
     text = run_bench("bench_step.py", tmp_path / "step.md")
     check_preamble(text, "Training step time, nGPT vs GPT: cpu fp32, context 64, batch 4")
-    rows = table(text, "| mode | nGPT ms/step | GPT ms/step | nGPT/GPT (medians) | nGPT/GPT (median of per-round ratios) |")
+    rows = table(
+        text, "| mode | nGPT ms/step | GPT ms/step | nGPT/GPT (medians) | nGPT/GPT (median of per-round ratios) |"
+    )
     assert [r[0] for r in rows] == ["eager"]
     for mode, n, g, ratio, paired in rows:
         assert re.fullmatch(TIMING, n) and re.fullmatch(TIMING, g), (n, g)
@@ -73,9 +75,7 @@ def test_bench_step_quick_markdown(tmp_path):
 def test_bench_memory_quick_markdown(tmp_path):
     text = run_bench("bench_memory.py", tmp_path / "memory.md")
     check_preamble(text, "Peak memory of a training step, nGPT vs GPT: cpu fp32, context 64, batch 4")
-    header = (
-        "| model | mode | params MiB | optim state MiB | step peak MiB | total MiB | saved for backward MiB | VmHWM MiB |"
-    )
+    header = "| model | mode | params MiB | optim state MiB | step peak MiB | total MiB | saved for backward MiB | VmHWM MiB |"
     rows = table(text, header)
     assert [r[:2] for r in rows] == [["nGPT", "eager"], ["GPT", "eager"]]
     for row in rows:
@@ -83,7 +83,9 @@ def test_bench_memory_quick_markdown(tmp_path):
         params, state, peak, total, saved = map(float, row[2:7])
         assert params > 0 and state > 0 and saved > 0 and peak >= saved
         assert total == pytest.approx(params + state + peak, abs=0.15)
-    rows = table(text, "| mode | nGPT / GPT step peak | nGPT / GPT total | nGPT / GPT saved for backward | nGPT / GPT VmHWM |")
+    rows = table(
+        text, "| mode | nGPT / GPT step peak | nGPT / GPT total | nGPT / GPT saved for backward | nGPT / GPT VmHWM |"
+    )
     assert rows[0][0] == "eager" and all(re.fullmatch(NUMBER, cell) for cell in rows[0][1:])
 
 

@@ -48,9 +48,7 @@ def paragraphs(n: int = 40) -> list[str]:
     """Distinct multi-line paragraphs (documents for the 'text' kind)."""
     words = ["sphere", "norm", "lerp", "token", "alpha", "adam", "ünïcode", "naïve", "日本", "🙂"]
     return [
-        f"Doc {i}: "
-        + " ".join(words[(i * 7 + j) % len(words)] for j in range(5 + i % 9))
-        + f"\nline two of {i}."
+        f"Doc {i}: " + " ".join(words[(i * 7 + j) % len(words)] for j in range(5 + i % 9)) + f"\nline two of {i}."
         for i in range(n)
     ]
 
@@ -426,9 +424,7 @@ def test_windows_ranks_train_and_eval():
     assert s0 | s1 <= set(single.eval_starts().tolist())
     batches = list(r0.eval_batches())
     assert sum(len(x) for x, _ in batches) == len(s0) and all(x.shape[1] == 64 for x, _ in batches)
-    assert torch.equal(
-        torch.cat([x for x, _ in batches])[:, 0], torch.as_tensor(sorted(s0))
-    )  # non-overlapping
+    assert torch.equal(torch.cat([x for x, _ in batches])[:, 0], torch.as_tensor(sorted(s0)))  # non-overlapping
     assert list(r0.eval_batches()) and torch.equal(next(r0.eval_batches())[0], batches[0][0])  # fixed
     assert len(list(r0.eval_batches(max_batches=2))) == 2
 
@@ -504,11 +500,7 @@ def test_bad_fields_and_documents(tmp_path):
 
 
 def test_token_ids_and_vocab_dtype_errors(tmp_path):
-    assert (
-        token_dtype(256) == np.uint16
-        and token_dtype(65_536) == np.uint16
-        and token_dtype(65_537) == np.uint32
-    )
+    assert token_dtype(256) == np.uint16 and token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
     with pytest.raises(DataError, match=r"vocab of 70000 ids is too large for uint16"):
         token_dtype(70_000, "uint16")
     src = write_text(tmp_path / "c.txt", paragraphs(10))
@@ -516,9 +508,7 @@ def test_token_ids_and_vocab_dtype_errors(tmp_path):
         prepare_dataset(src, ShiftedBytes(70_000), tmp_path / "out", dtype="uint16")
     liar = ShiftedBytes(10, vocab=200)  # claims vocab 200 but emits ids up to 265
     for num_proc in (1, 2):  # the error also crosses from a worker process intact
-        with pytest.raises(
-            DataError, match=r"tokenizer shift10 produced token id \d+, outside its vocab of 200"
-        ):
+        with pytest.raises(DataError, match=r"tokenizer shift10 produced token id \d+, outside its vocab of 200"):
             prepare_dataset(src, liar, tmp_path / "out", num_proc=num_proc, batch_size=4)
 
 

@@ -99,7 +99,9 @@ def test_mismatched_tensors_are_named(safetensors_torch, tmp_path, change, needl
 
 def test_sphere_weight_without_unit_rows_is_refused(safetensors_torch, tmp_path):
     _save_with(safetensors_torch, tmp_path, lambda t: t["blocks.0.mlp.w_v.weight"].mul_(1.5))
-    with pytest.raises(PretrainedFileError, match=r"unit rows.*'blocks\.0\.mlp\.w_v\.weight' \(\|row norm - 1\| up to 0\.5"):
+    with pytest.raises(
+        PretrainedFileError, match=r"unit rows.*'blocks\.0\.mlp\.w_v\.weight' \(\|row norm - 1\| up to 0\.5"
+    ):
         NGPT.from_pretrained(tmp_path)
 
 
@@ -131,7 +133,9 @@ def test_saving_non_unit_sphere_rows_is_refused(safetensors_torch, tmp_path):
 
 def test_hub_repository_that_cannot_be_fetched_is_named(safetensors_torch, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache: nothing to find offline
-    with pytest.raises(FileNotFoundError, match="config.json of the Hub repository 'someone/no-such-model' cannot be fetched"):
+    with pytest.raises(
+        FileNotFoundError, match="config.json of the Hub repository 'someone/no-such-model' cannot be fetched"
+    ):
         NGPT.from_pretrained("someone/no-such-model", local_files_only=True, cache_dir=tmp_path)
 
 
@@ -186,7 +190,9 @@ for call in (lambda: from_preset("ngpt-tiny").save_pretrained({str(tmp_path)!r})
 print("ok")
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 

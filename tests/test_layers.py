@@ -98,7 +98,10 @@ def test_rope_dot_product_depends_only_on_relative_offset(p, q_pos, shift, seed)
     head_dim = 16
     rope = RotaryEmbedding(head_dim)
     g = torch.Generator().manual_seed(seed)
-    q, k = torch.randn(1, head_dim, dtype=torch.float64, generator=g), torch.randn(1, head_dim, dtype=torch.float64, generator=g)
+    q, k = (
+        torch.randn(1, head_dim, dtype=torch.float64, generator=g),
+        torch.randn(1, head_dim, dtype=torch.float64, generator=g),
+    )
     dot = (rope(q, p) * rope(k, q_pos)).sum()
     dot_shifted = (rope(q, p + shift) * rope(k, q_pos + shift)).sum()
     # Explicitly: <R(p) q, R(p') k> = <q, R(p' - p) k>.
@@ -139,7 +142,10 @@ def test_residual_alpha_parametrization():
 def test_residual_three_updates_differ_and_stay_unit():
     dim = 16
     h, h_block = unit(4, dim, seed=1), unit(4, dim, seed=2)
-    outs = {u: SphericalResidual(dim, update=u, alpha_init=0.3).double()(h, h_block) for u in ("lerp", "slerp", "riemannian")}
+    outs = {
+        u: SphericalResidual(dim, update=u, alpha_init=0.3).double()(h, h_block)
+        for u in ("lerp", "slerp", "riemannian")
+    }
     for out in outs.values():
         torch.testing.assert_close(out.norm(dim=-1), torch.ones(4, dtype=torch.float64))
     names = list(outs)

@@ -273,7 +273,11 @@ def test_gradcheck_float64_generic_points():
     for f in UPDATES.values():
         assert torch.autograd.gradcheck(
             lambda x, y, t: f(normalize(x), normalize(y), t),
-            (a.clone().requires_grad_(), b.clone().requires_grad_(), torch.full((6,), 0.3, dtype=torch.float64, requires_grad=True)),
+            (
+                a.clone().requires_grad_(),
+                b.clone().requires_grad_(),
+                torch.full((6,), 0.3, dtype=torch.float64, requires_grad=True),
+            ),
         )
 
 

@@ -67,7 +67,9 @@ def test_every_ngpt_sphere_weight_is_a_declared_unit_manifold_parameter():
         assert isinstance(entry.param, geoopt.ManifoldParameter), entry.name
         assert isinstance(entry.param.manifold, Sphere) and isinstance(entry.manifold, Sphere), entry.name
         assert entry.param.shape[-1] == d, (entry.name, entry.param.shape)
-        torch.testing.assert_close(entry.param.detach().norm(dim=-1), torch.ones(entry.param.shape[0]), rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            entry.param.detach().norm(dim=-1), torch.ones(entry.param.shape[0]), rtol=0, atol=1e-6
+        )
         path = entry.name.removesuffix(".weight")
         kinds.add(SPHERE_KINDS[path.split(".", 2)[-1] if path.startswith("blocks.") else path])
     assert kinds == set(SPHERE_KINDS.values())
@@ -179,7 +181,9 @@ def test_meta_model_materializes_with_init_weights():
     model.to_empty(device="cpu")
     model.init_weights()
     for entry in named_manifold_parameters(model):
-        torch.testing.assert_close(entry.param.detach().norm(dim=-1), torch.ones(entry.param.shape[0]), rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            entry.param.detach().norm(dim=-1), torch.ones(entry.param.shape[0]), rtol=0, atol=1e-5
+        )
     assert model.blocks[0].attn.s_qk().item() == 1.0  # a fixed scale's constant buffer is refilled
     assert torch.isfinite(model(ids(1, 8, vocab=256))).all()
 
@@ -280,7 +284,9 @@ def test_vocab_assertion_on_narrow_integer_ids():
 def test_generate_names_the_bad_prompt_id(kind):
     """The prompt is where ids enter generation: checked on the host, naming the id."""
     model = tiny(kind)
-    with pytest.raises(IndexError, match=r"id 40 at position \(1, 2\) is not in \[0, vocab_size=32\) \(ids span \[0, 40\]\)"):
+    with pytest.raises(
+        IndexError, match=r"id 40 at position \(1, 2\) is not in \[0, vocab_size=32\) \(ids span \[0, 40\]\)"
+    ):
         model.generate(torch.tensor([[1, 2, 3], [0, 5, 40]]), 2)
     with pytest.raises(IndexError, match=r"id -1 at position \(0, 0\)"):
         model.generate(torch.tensor([[-1, 2]]), 1)
@@ -397,7 +403,9 @@ def test_presets():
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's inductor imports
+@pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+)  # torch's inductor imports
 def test_torch_compile_matches_eager():
     """The compiled forward agrees with eager (the design doc warns of compounding error through
     repeated normalizations in compiled code). Tiny model: compilation dominates the time."""

@@ -29,6 +29,7 @@ from spherenet.optim import (
     sphere_parameters,
 )
 
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """These models are tiny: one intra-op thread is fastest, and it keeps the tests quick when

@@ -16,8 +16,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from spherenet.models import from_preset
-from spherenet.optim import RiemannianAdam, _native, compiled_kernel, normalize_
-from spherenet.optim import radam
+from spherenet.optim import RiemannianAdam, _native, compiled_kernel, normalize_, radam
 from spherenet.optim.radam import resolve_sphere_kernel
 
 MODES = [("element", "riemannian"), ("element", "euclidean"), ("row", "riemannian"), ("row", "euclidean")]
@@ -80,7 +79,9 @@ def test_compiled_step_matches_float64_reference(mode, gradient):
 @pytest.mark.parametrize("mode,gradient", MODES)
 def test_compiled_native_foreach_same_steps_float64(mode, gradient):
     models = {k: ngpt(torch.float64) for k in ("compiled", "native", "foreach")}
-    opts = {k: RiemannianAdam(m, lr=1e-2, second_moment=mode, gradient=gradient, sphere_kernel=k) for k, m in models.items()}
+    opts = {
+        k: RiemannianAdam(m, lr=1e-2, second_moment=mode, gradient=gradient, sphere_kernel=k) for k, m in models.items()
+    }
     for step in range(10):
         set_grads(list(models.values()), step, torch.float64)
         for opt in opts.values():

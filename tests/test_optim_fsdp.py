@@ -60,13 +60,13 @@ def _worker(rank: int, port: int) -> None:
 
 
 def _checks(rank: int) -> None:
+    from test_optim import SPHERE_NAMES, Tiny, loss_of
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     from spherenet.manifolds.sphere import geoopt
     from spherenet.optim import RiemannianAdam, named_sphere_parameters, normalize_, sphere_parameters
-    from test_optim import SPHERE_NAMES, Tiny, loss_of
 
     mesh = init_device_mesh("cpu", (WORLD,))
     g = torch.Generator().manual_seed(7)

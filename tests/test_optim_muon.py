@@ -379,7 +379,9 @@ def test_muon_recipe_splits_gpt():
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     group = muon.param_groups[0]
     assert group["initial_lr"] == 3e-3 and group["weight_decay"] == 0.1 and group["adjust_lr_fn"] == "match_rms_adamw"
-    assert set(group["param_names"]) == {n for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
+    assert set(group["param_names"]) == {
+        n for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2
+    }
     decayed = {n for g in adamw.param_groups if g["weight_decay"] > 0 for n in g["param_names"]}
     assert decayed == {"embed_in.weight", "embed_out.weight"}
     losses = [lm_step(model, opt, sched, ids) for ids in lm_batches(25)]
@@ -463,12 +465,12 @@ def _fsdp_worker(rank: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     try:
+        from test_optim import Tiny, loss_of
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import DTensor
 
         from spherenet.optim import normalize_
-        from test_optim import Tiny, loss_of
 
         mesh = init_device_mesh("cpu", (WORLD,))
         g = torch.Generator().manual_seed(7)

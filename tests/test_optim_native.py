@@ -230,8 +230,7 @@ def test_native_float32_tracks_float64_as_closely_as_foreach(mode, gradient):
     runs = {k: copy.deepcopy(ref).float() for k in ("native", "foreach")}
     opt_ref = RiemannianAdam(ref, lr=1e-3, second_moment=mode, gradient=gradient, sphere_kernel="foreach")
     opts = {
-        k: RiemannianAdam(m, lr=1e-3, second_moment=mode, gradient=gradient, sphere_kernel=k)
-        for k, m in runs.items()
+        k: RiemannianAdam(m, lr=1e-3, second_moment=mode, gradient=gradient, sphere_kernel=k) for k, m in runs.items()
     }
     for step in range(50):
         set_grads([ref], step, torch.float64)
@@ -313,10 +312,7 @@ def test_unavailable_kernel_native_refuses_auto_warns_once(monkeypatch):
 
 
 def test_environment_switch_disables_the_build():
-    code = (
-        "from spherenet.optim import _native; ok, why = _native.native_status(); "
-        "print(ok); print(why)"
-    )
+    code = "from spherenet.optim import _native; ok, why = _native.native_status(); print(ok); print(why)"
     env = dict(os.environ, SPHERENET_NATIVE="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -125,12 +125,7 @@ def test_installed_torch_meets_the_declared_floor_and_the_check_agrees():
 def test_import_refuses_an_older_torch(version, refused):
     """spherenet refuses, at import, a torch older than the floor, with a message that names
     both versions (checked in a fresh interpreter whose torch reports ``version``)."""
-    code = (
-        "import torch\n"
-        f"torch.__version__ = {version!r}\n"
-        "import spherenet\n"
-        "print('imported')\n"
-    )
+    code = f"import torch\ntorch.__version__ = {version!r}\nimport spherenet\nprint('imported')\n"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     if refused:

@@ -183,7 +183,10 @@ def test_load_trained_falls_back_and_names_the_directory_when_all_are_damaged(tw
     assert trained.step == 2 and trained.path == run / "checkpoints" / "step_00000002"
 
     DAMAGE["state_truncated"](run / "checkpoints" / "step_00000002")
-    with pytest.warns(CheckpointWarning), pytest.raises(CheckpointCorruptError, match="every checkpoint in .* is damaged"):
+    with (
+        pytest.warns(CheckpointWarning),
+        pytest.raises(CheckpointCorruptError, match="every checkpoint in .* is damaged"),
+    ):
         load_trained(run)
     with pytest.warns(CheckpointWarning):
         assert sample.main([str(run)]) == 2

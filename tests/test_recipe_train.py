@@ -193,7 +193,16 @@ def test_checkpoint_from_another_model(tmp_path, cache, text_file, capsys):
 
 def torchrun(nproc: int, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "recipes.train", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "recipes.train",
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -326,7 +335,13 @@ def test_unsharded_checkpoint_is_refused_under_fsdp(finished_run, cache, text_fi
     from spherenet.train.config import ConfigError
 
     found = CheckpointManager(finished_run / "checkpoints").latest_verified()
-    args = [*TINY, f"train.out_dir={finished_run}", f"data.cache_dir={cache}", f"data.source={text_file}", "train.steps=4"]
+    args = [
+        *TINY,
+        f"train.out_dir={finished_run}",
+        f"data.cache_dir={cache}",
+        f"data.source={text_file}",
+        "train.steps=4",
+    ]
     fsdp = build_config(parse_args([*args, "train.parallel=fsdp"]))
     with pytest.raises(ConfigError, match=r"train.parallel: checkpoint .* was written unsharded .* train.parallel=ddp"):
         plan_resume(found, fsdp, world_size=2)
@@ -341,7 +356,13 @@ def test_fsdp_run_resumed_as_ddp_then_single_process(tmp_path, cache, text_file)
     """FSDP2 x 2 (steps 1-4, a DCP checkpoint) -> DDP x 2 (5-8, DCP resharded into whole
     tensors) -> one process (9-12, a torch.save checkpoint of 2 ranks): the losses are those of
     one uninterrupted single-process run."""
-    common = [*TINY, "train.steps=12", "train.checkpoint_every=4", f"data.source={text_file}", f"data.cache_dir={cache}"]
+    common = [
+        *TINY,
+        "train.steps=12",
+        "train.checkpoint_every=4",
+        f"data.source={text_file}",
+        f"data.cache_dir={cache}",
+    ]
     assert cli([*common, f"train.out_dir={tmp_path / 'one'}"]) == 0
     out = tmp_path / "moved"
     torchrun(2, [*common, f"train.out_dir={out}", "train.parallel=fsdp", "train.halt_after=4"])

@@ -187,7 +187,7 @@ def test_signal_is_forwarded_then_a_stubborn_child_is_killed(tmp_path):
     """The helper alone: a child that ignores SIGTERM is killed after the grace period, and
     Ctrl-C (SIGINT) is forwarded to a child's whole process group."""
     script = tmp_path / "tool.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         import sys
         from recipes import subprocesses
 

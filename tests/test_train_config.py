@@ -17,7 +17,9 @@ def test_defaults_validate():
 
 
 def test_toml_and_overrides(tmp_path):
-    p = write(tmp_path, '[model]\npreset = "gpt-tiny"\nn_layers = 3\n[optim]\nmethod = "adamw"\nlr = 1\n[train]\nsteps = 7\n')
+    p = write(
+        tmp_path, '[model]\npreset = "gpt-tiny"\nn_layers = 3\n[optim]\nmethod = "adamw"\nlr = 1\n[train]\nsteps = 7\n'
+    )
     cfg = load_config(p, ["train.steps=9", "optim.lr=2e-3", "data.source=my.file.txt", "model.update=slerp"])
     assert cfg.model.preset == "gpt-tiny"
     assert cfg.model.overrides == {"n_layers": 3, "update": "slerp"}

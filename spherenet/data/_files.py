@@ -55,8 +55,7 @@ def check_text_file(path: str | os.PathLike, what: str = "text file") -> Path:
                 except UnicodeDecodeError as exc:
                     pos = offset - pending + exc.start
                     raise DataError(
-                        f"{what} {p} is not valid UTF-8 (bad byte at offset {pos}); convert it to UTF-8 "
-                        "text first"
+                        f"{what} {p} is not valid UTF-8 (bad byte at offset {pos}); convert it to UTF-8 text first"
                     ) from None
                 if not has_text and text.strip():
                     has_text = True

@@ -38,9 +38,7 @@ def hub_offline() -> bool:
             return True
     except Exception:  # pragma: no cover
         pass
-    return any(
-        os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    )
+    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _target(endpoint: str) -> tuple[str, int, str]:

@@ -218,11 +218,7 @@ def _read_meta(d: Path) -> dict[str, Any] | None:
         meta = json.loads((d / META_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if (
-        not isinstance(meta, dict)
-        or meta.get("format") != "spherenet.tokens"
-        or meta.get("version") != FORMAT_VERSION
-    ):
+    if not isinstance(meta, dict) or meta.get("format") != "spherenet.tokens" or meta.get("version") != FORMAT_VERSION:
         return None
     return meta
 
@@ -239,9 +235,7 @@ def _complete(d: Path, key: str) -> dict[str, Any] | None:
     return meta
 
 
-def default_corpus(
-    out_dir: str | os.PathLike = "data", tokenizer: Any = "byte", **kwargs: Any
-) -> PreparedData:
+def default_corpus(out_dir: str | os.PathLike = "data", tokenizer: Any = "byte", **kwargs: Any) -> PreparedData:
     """Prepare the built-in corpus: this Python's standard library source (no download).
 
     About 8 MB of ``.py`` files (one document per file), about 8M byte-level tokens; takes a few
@@ -368,9 +362,7 @@ def _tokenizer_plan(tokenizer: Any, timeout: float) -> tuple[Tokenizer | None, i
     ):
         n = int(tokenizer.split(":", 1)[1])
         if n <= 257:
-            raise DataError(
-                f"BPE vocab size {n} is too small: byte-level BPE needs more than 257 (256 bytes + EOS)"
-            )
+            raise DataError(f"BPE vocab size {n} is too small: byte-level BPE needs more than 257 (256 bytes + EOS)")
         return None, n
     if (
         isinstance(tokenizer, Mapping)
@@ -474,9 +466,7 @@ def _build(
     tok.save(tmp)
     tok_spec = json.loads((tmp / SPEC_FILE).read_text(encoding="utf-8"))
     sha = {s: hashes[s].hexdigest() for s in SPLITS}
-    content = hashlib.sha256(
-        json.dumps([dt.name, sha["train"], sha["val"], tok.fingerprint]).encode()
-    ).hexdigest()
+    content = hashlib.sha256(json.dumps([dt.name, sha["train"], sha["val"], tok.fingerprint]).encode()).hexdigest()
     meta = {
         "format": "spherenet.tokens",
         "version": FORMAT_VERSION,
@@ -542,8 +532,7 @@ class _Encoder:
             if ids.size and (int(ids.max()) >= vocab or int(ids.min()) < 0):
                 bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
                 raise DataError(
-                    f"tokenizer {tok.name} produced token id {bad}, outside its vocab of {vocab} ids "
-                    f"(0..{vocab - 1})"
+                    f"tokenizer {tok.name} produced token id {bad}, outside its vocab of {vocab} ids (0..{vocab - 1})"
                 )
             arr = np.empty(ids.size + 1, dtype=self.dt)
             arr[:-1] = ids

@@ -196,9 +196,7 @@ def stdlib_files(max_bytes: int | None = DEFAULT_STDLIB_BYTES) -> list[Path]:
         out.append(p)
         total += size
     if not out:
-        raise DataError(
-            f"found no .py files under the standard library directory {root} (max_bytes={max_bytes})"
-        )
+        raise DataError(f"found no .py files under the standard library directory {root} (max_bytes={max_bytes})")
     return out
 
 
@@ -299,12 +297,7 @@ def _local_source(paths: list[str], kind: str | None, text_field: str, text_unit
         p = Path(s).expanduser()
         if not p.exists():
             hint = ""
-            if (
-                kind is None
-                and p.suffix.lower() not in _EXTENSIONS
-                and "/" in s
-                and not s.startswith((".", "/", "~"))
-            ):
+            if kind is None and p.suffix.lower() not in _EXTENSIONS and "/" in s and not s.startswith((".", "/", "~")):
                 hint = f" (for a Hub dataset write 'hf:{s}')"
             raise DataFileNotFoundError(f"source file not found: {p}{hint}")
         existing_file(p, "source file")
@@ -317,13 +310,9 @@ def _local_source(paths: list[str], kind: str | None, text_field: str, text_unit
         kinds.add(k)
         resolved.append(str(p.resolve()))
     if len(kinds) > 1:
-        raise DataError(
-            f"source files mix formats ({', '.join(sorted(kinds))}); prepare them separately or pass kind="
-        )
+        raise DataError(f"source files mix formats ({', '.join(sorted(kinds))}); prepare them separately or pass kind=")
     k = kinds.pop()
-    return Source(
-        kind=k, files=tuple(resolved), text_field="text" if k == "text" else text_field, text_unit=text_unit
-    )
+    return Source(kind=k, files=tuple(resolved), text_field="text" if k == "text" else text_field, text_unit=text_unit)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -385,22 +374,17 @@ def load_documents(
     field_ = src.text_field
     if field_ not in ds.column_names:
         raise DataError(
-            f"{where} has no column {field_!r} (columns: {', '.join(ds.column_names) or 'none'}); pass "
-            "text_field="
+            f"{where} has no column {field_!r} (columns: {', '.join(ds.column_names) or 'none'}); pass text_field="
         )
     feat = ds.features[field_]
     if getattr(feat, "dtype", None) not in ("string", "large_string"):
-        raise DataError(
-            f"column {field_!r} of {where} holds {feat}, not text; pass the text column as text_field="
-        )
+        raise DataError(f"column {field_!r} of {where} holds {feat}, not text; pass the text column as text_field=")
     ds = ds.select_columns([field_])
     if field_ != "text":
         ds = ds.rename_column(field_, "text")
     if src.kind == "text" and src.text_unit == "paragraph":
         # The paragraph reader keeps the newlines around a paragraph (e.g. the file's final "\n").
-        ds = ds.map(
-            _strip_newlines, batched=True, new_fingerprint=f"{ds._fingerprint}-strip", desc="paragraphs"
-        )
+        ds = ds.map(_strip_newlines, batched=True, new_fingerprint=f"{ds._fingerprint}-strip", desc="paragraphs")
     ds = _drop_empty(ds)
     if len(ds) == 0:
         raise DataError(f"{where} contains no text: every document in column {field_!r} is empty")
@@ -413,9 +397,7 @@ def _load(fn: Any, src: Source) -> Any:
     except DataError:
         raise
     except Exception as exc:
-        raise DataError(
-            f"could not read {src.kind} source {', '.join(src.files)}: {_root_cause(exc)}"
-        ) from None
+        raise DataError(f"could not read {src.kind} source {', '.join(src.files)}: {_root_cause(exc)}") from None
 
 
 def _load_hub(src: Source, cache_dir: Any, timeout: float) -> Any:
@@ -452,9 +434,7 @@ def _load_hub(src: Source, cache_dir: Any, timeout: float) -> Any:
                 "Hub's "
                 "Parquet export, or use a Parquet copy of the dataset"
             )
-        raise DataError(
-            f"could not load Hub dataset {label}, split {src.split!r}: {msg}. {local_hint}"
-        ) from None
+        raise DataError(f"could not load Hub dataset {label}, split {src.split!r}: {msg}. {local_hint}") from None
 
 
 def _strip_newlines(batch: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -117,9 +117,7 @@ class Tokenizer(abc.ABC):
         return {SPEC_FILE: json.dumps(self.spec(), indent=2, sort_keys=True) + "\n"}
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
-        )
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
 
 
 class ByteTokenizer(Tokenizer):
@@ -208,9 +206,7 @@ class HFTokenizer(Tokenizer):
         self.eos_token = eos_token if eos_token is not None else _find_eos(tokenizer, self._label)
         eos = tokenizer.token_to_id(self.eos_token)
         if eos is None:
-            raise TokenizerError(
-                f"EOS token {self.eos_token!r} is not in the vocabulary of tokenizer {self._label}"
-            )
+            raise TokenizerError(f"EOS token {self.eos_token!r} is not in the vocabulary of tokenizer {self._label}")
         self._eos_id = int(eos)
         # Special-token strings inside documents are text, never control ids (tokenizers >= 0.19).
         if hasattr(tokenizer, "encode_special_tokens"):
@@ -329,9 +325,7 @@ def _hf_fingerprint(tok: Any) -> str:
         model["merges"] = [m.split(" ", 1) if isinstance(m, str) else list(m) for m in merges]
     ident = {
         "model": model,
-        "added": sorted(
-            (t.get("id"), t.get("content"), bool(t.get("special"))) for t in j.get("added_tokens") or []
-        ),
+        "added": sorted((t.get("id"), t.get("content"), bool(t.get("special"))) for t in j.get("added_tokens") or []),
         "normalizer": j.get("normalizer"),
         "pre_tokenizer": j.get("pre_tokenizer"),
     }
@@ -372,15 +366,12 @@ def train_bpe(
     floor = 256 + 1
     if vocab_size < floor:
         raise TokenizerError(
-            f"BPE vocab_size {vocab_size} is too small: byte-level BPE needs at least {floor} (256 bytes + "
-            "EOS)"
+            f"BPE vocab_size {vocab_size} is too small: byte-level BPE needs at least {floor} (256 bytes + EOS)"
         )
     if files is None and isinstance(data, Sequence) and not isinstance(data, str) and len(data) > 0:
         files = all(isinstance(x, os.PathLike) for x in data)
     if isinstance(data, (str, os.PathLike)):
-        raise TokenizerError(
-            "train_bpe expects an iterable of documents or a list of file paths, not a single string"
-        )
+        raise TokenizerError("train_bpe expects an iterable of documents or a list of file paths, not a single string")
 
     tok = _Tok(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -474,15 +465,11 @@ def load_pretrained(
     try:
         tok = _Tok.from_file(local)
     except Exception as exc:
-        raise TokenizerError(
-            f"tokenizer.json of Hub repo {text} could not be parsed: {_short(exc)}"
-        ) from None
+        raise TokenizerError(f"tokenizer.json of Hub repo {text} could not be parsed: {_short(exc)}") from None
     return HFTokenizer(tok, kind=kind, origin={"name": text, "revision": revision}, eos_token=eos_token)
 
 
-def _hub_tokenizer_file(
-    repo: str, *, revision: str | None, token: str | None, cache_dir: Any, timeout: float
-) -> str:
+def _hub_tokenizer_file(repo: str, *, revision: str | None, token: str | None, cache_dir: Any, timeout: float) -> str:
     how = (
         f"To use it without network, download its {TOKENIZER_JSON} on a machine that has network "
         f"(e.g. `hf download {repo} {TOKENIZER_JSON} --local-dir DIR`) and pass the path: "
@@ -521,14 +508,8 @@ def _hub_tokenizer_file(
         try:
             tok = _Tok.from_pretrained(repo, revision=revision or "main", token=token)
         except Exception as exc:
-            raise TokenizerError(
-                f"cannot fetch tokenizer '{repo}' from the Hub: {_short(exc)}. {how}"
-            ) from None
-        tmp = (
-            Path(cache_dir or Path.home() / ".cache" / "spherenet")
-            / re.sub(r"\W+", "-", repo)
-            / TOKENIZER_JSON
-        )
+            raise TokenizerError(f"cannot fetch tokenizer '{repo}' from the Hub: {_short(exc)}. {how}") from None
+        tmp = Path(cache_dir or Path.home() / ".cache" / "spherenet") / re.sub(r"\W+", "-", repo) / TOKENIZER_JSON
         tmp.parent.mkdir(parents=True, exist_ok=True)
         tok.save(str(tmp))
         return str(tmp)
@@ -546,9 +527,7 @@ def _hub_tokenizer_file(
             why = f"no revision {revision!r}"
         else:
             why = _short(exc)
-        raise TokenizerError(
-            f"cannot fetch tokenizer '{repo}' from the Hugging Face Hub: {why}. {how}"
-        ) from None
+        raise TokenizerError(f"cannot fetch tokenizer '{repo}' from the Hugging Face Hub: {why}. {how}") from None
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
@@ -620,9 +599,7 @@ def build_tokenizer(
         )
     if kind == "bpe":
         if not arg:
-            raise TokenizerError(
-                "'bpe' needs a vocabulary size or a path: 'bpe:8192' or 'bpe:/path/tokenizer.json'"
-            )
+            raise TokenizerError("'bpe' needs a vocabulary size or a path: 'bpe:8192' or 'bpe:/path/tokenizer.json'")
         if arg.isdigit():
             if train_data is None:
                 raise TokenizerError(
@@ -634,8 +611,7 @@ def build_tokenizer(
     if kind in ("hf", "hub", "pretrained"):
         if not arg:
             raise TokenizerError(
-                f"{s!r} needs a Hub id or a path, e.g. 'hf:meta-llama/Llama-2-7b-hf' or "
-                "'hf:/path/tokenizer.json'"
+                f"{s!r} needs a Hub id or a path, e.g. 'hf:meta-llama/Llama-2-7b-hf' or 'hf:/path/tokenizer.json'"
             )
         return load_pretrained(arg, timeout=timeout)
     p = Path(s).expanduser()
@@ -657,8 +633,7 @@ def _from_dict(spec: Mapping[str, Any], *, base_dir: Any, timeout: float, train_
         return ByteTokenizer(extra_eos=vocab == 257)
     if kind not in ("bpe", "hf"):
         raise TokenizerError(
-            f"unknown tokenizer kind {spec.get('kind')!r} in spec {dict(spec)}; expected 'byte', 'bpe' or "
-            "'hf'"
+            f"unknown tokenizer kind {spec.get('kind')!r} in spec {dict(spec)}; expected 'byte', 'bpe' or 'hf'"
         )
     eos_token = spec.get("eos_token")
     path = spec.get("path")
@@ -668,9 +643,7 @@ def _from_dict(spec: Mapping[str, Any], *, base_dir: Any, timeout: float, train_
             p = Path(base_dir) / p
         tok = load_pretrained(p, kind=kind, eos_token=eos_token)
         if "name" in spec or "original_path" in spec or "trained_on" in spec:
-            tok.origin = {
-                k: spec[k] for k in ("name", "revision", "original_path", "trained_on") if k in spec
-            }
+            tok.origin = {k: spec[k] for k in ("name", "revision", "original_path", "trained_on") if k in spec}
             tok.origin["path"] = str(p.resolve())
     elif spec.get("name"):
         tok = load_pretrained(

@@ -56,9 +56,7 @@ def _open_token_file(path: Path, dtype: Any) -> np.ndarray:
             meta = json.loads((path.parent / "meta.json").read_text(encoding="utf-8"))
             dtype = meta["dtype"]
         except (OSError, ValueError, KeyError):
-            raise DataError(
-                f"dtype of token file {path} is unknown: pass dtype='uint16' or 'uint32'"
-            ) from None
+            raise DataError(f"dtype of token file {path} is unknown: pass dtype='uint16' or 'uint32'") from None
     dt = np.dtype(dtype)
     size = path.stat().st_size
     if size == 0:

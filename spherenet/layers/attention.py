@@ -102,7 +102,9 @@ class _Attention(nn.Module):
         if rope is None:
             rope = RotaryEmbedding(self.head_dim, rope_base)
         elif rope.head_dim != self.head_dim:
-            raise ValueError(f"{type(self).__name__}: rope.head_dim={rope.head_dim} but d_model/n_heads={self.head_dim}")
+            raise ValueError(
+                f"{type(self).__name__}: rope.head_dim={rope.head_dim} but d_model/n_heads={self.head_dim}"
+            )
         self.rope = rope
 
     def _scale_qk(self, x: torch.Tensor) -> torch.Tensor:

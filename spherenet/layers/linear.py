@@ -59,7 +59,9 @@ class SphereLinear(nn.Module):
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            self.weight.copy_(SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device))
+            self.weight.copy_(
+                SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device)
+            )
 
     def matrix(self) -> torch.Tensor:
         """The weight in torch's ``(out_features, in_features)`` convention."""
@@ -89,7 +91,9 @@ class SphereEmbedding(nn.Module):
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            self.weight.copy_(SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device))
+            self.weight.copy_(
+                SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device)
+            )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):

@@ -48,7 +48,9 @@ class NGPTMLP(nn.Module):
     not normalized here: the block applies ``Norm`` (``h_M = Norm(MLP(h))``).
     """
 
-    def __init__(self, d_model: int, d_mlp: int, s_uv_mode: str = "vector", s_uv_init: float = 1.0, s_uv_scale: float = 1.0):
+    def __init__(
+        self, d_model: int, d_mlp: int, s_uv_mode: str = "vector", s_uv_init: float = 1.0, s_uv_scale: float = 1.0
+    ):
         super().__init__()
         self.d_model, self.d_mlp = d_model, d_mlp
         self.w_u = SphereLinear(d_model, d_mlp, sphere="in")

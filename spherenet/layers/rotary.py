@@ -53,7 +53,9 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, base: float = 10000.0, initial_length: int = 0):
         super().__init__()
         if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 2 or head_dim % 2:
-            raise ValueError(f"RotaryEmbedding head_dim must be a positive even int (RoPE rotates pairs), got {head_dim!r}")
+            raise ValueError(
+                f"RotaryEmbedding head_dim must be a positive even int (RoPE rotates pairs), got {head_dim!r}"
+            )
         if not base > 0:
             raise ValueError(f"RotaryEmbedding base must be > 0, got {base!r}")
         self.head_dim, self.base = head_dim, float(base)
@@ -69,7 +71,9 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(start, stop, dtype=work, device=device)
         return torch.outer(positions, inv_freq)
 
-    def cos_sin(self, length: int, offset: int = 0, device=None, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, length: int, offset: int = 0, device=None, dtype=torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the rotation angles for positions ``offset .. offset + length - 1``,
         each of shape ``(length, head_dim/2)`` and dtype ``dtype``."""
         if offset < 0 or length < 0:

@@ -90,7 +90,9 @@ def check_input_ids(input_ids: torch.Tensor, max_seq_len: int, offset: int = 0) 
     if not _is_integer(input_ids):
         raise TypeError(f"input_ids must be an integer tensor (e.g. torch.long), got dtype {input_ids.dtype}")
     if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must have shape (batch, seq_len), got {input_ids.ndim} dims: {tuple(input_ids.shape)}")
+        raise ValueError(
+            f"input_ids must have shape (batch, seq_len), got {input_ids.ndim} dims: {tuple(input_ids.shape)}"
+        )
     seq_len = input_ids.shape[1]
     if seq_len < 1:
         raise ValueError(f"input_ids must hold at least one token per sequence, got shape {tuple(input_ids.shape)}")

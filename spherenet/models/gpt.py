@@ -57,7 +57,9 @@ class GPT(nn.Module, HubMixin):
         super().__init__()
         self.config = c = config
         self.embed_in = nn.Embedding(c.vocab_size, c.d_model)
-        self.rope = RotaryEmbedding(c.head_dim, c.rope_base, initial_length=c.max_seq_len)  # shared by all blocks, stateless
+        self.rope = RotaryEmbedding(
+            c.head_dim, c.rope_base, initial_length=c.max_seq_len
+        )  # shared by all blocks, stateless
         self.blocks = nn.ModuleList(
             GPTBlock(c.d_model, c.n_heads, c.d_mlp, rope=self.rope, causal=c.causal, norm_eps=c.norm_eps)
             for _ in range(c.n_layers)

@@ -265,7 +265,9 @@ def load_pretrained(pretrained_model_name_or_path: str | os.PathLike, **kwargs) 
     from .ngpt import NGPT
 
     models = {cls.model_type: cls for cls in (NGPT, GPT)}
-    download = {k: kwargs[k] for k in ("revision", "cache_dir", "force_download", "token", "local_files_only") if k in kwargs}
+    download = {
+        k: kwargs[k] for k in ("revision", "cache_dir", "force_download", "token", "local_files_only") if k in kwargs
+    }
     config_file = _resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
     try:
         model_type = json.loads(Path(config_file).read_text(encoding="utf-8")).get("model_type")

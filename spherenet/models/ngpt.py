@@ -100,16 +100,29 @@ class NGPT(nn.Module, HubMixin):
         super().__init__()
         self.config = c = config
         self.embed_in = SphereEmbedding(c.vocab_size, c.d_model)  # E_input, unit rows
-        self.rope = RotaryEmbedding(c.head_dim, c.rope_base, initial_length=c.max_seq_len)  # shared by all blocks, stateless
+        self.rope = RotaryEmbedding(
+            c.head_dim, c.rope_base, initial_length=c.max_seq_len
+        )  # shared by all blocks, stateless
         self.blocks = nn.ModuleList(
             NGPTBlock(
-                c.d_model, c.n_heads, c.d_mlp,
-                rope=self.rope, causal=c.causal,
-                update=c.update, alpha_init=c.alpha_init, alpha_scale=c.alpha_scale,
-                alpha_mode=c.alpha_mode, alpha_abs=c.alpha_abs,
-                qk_norm=c.qk_norm, s_qk_mode=c.s_qk_mode, s_qk_init=c.s_qk_init, s_qk_scale=c.s_qk_scale,
-                s_uv_mode=c.s_uv_mode, s_uv_init=c.s_uv_init, s_uv_scale=c.s_uv_scale,
-            )  # fmt: skip
+                c.d_model,
+                c.n_heads,
+                c.d_mlp,
+                rope=self.rope,
+                causal=c.causal,
+                update=c.update,
+                alpha_init=c.alpha_init,
+                alpha_scale=c.alpha_scale,
+                alpha_mode=c.alpha_mode,
+                alpha_abs=c.alpha_abs,
+                qk_norm=c.qk_norm,
+                s_qk_mode=c.s_qk_mode,
+                s_qk_init=c.s_qk_init,
+                s_qk_scale=c.s_qk_scale,
+                s_uv_mode=c.s_uv_mode,
+                s_uv_init=c.s_uv_init,
+                s_uv_scale=c.s_uv_scale,
+            )
             for _ in range(c.n_layers)
         )
         self.embed_out = SphereLinear(c.d_model, c.vocab_size, sphere="in")  # E_output, unit rows

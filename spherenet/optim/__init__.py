@@ -14,8 +14,8 @@
   the Muon recipes ``"spherical_muon"`` (nGPT) and ``"muon"`` (GPT).
 """
 
-from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
 from .combined import CombinedOptimizer
+from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
 from .muon import SphericalMuon, is_hidden_matrix, zeropower_via_newton_schulz
 from .normalize import add_normalize_hook, normalize_
 from .radam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam

@@ -44,6 +44,7 @@ def _isa_flags(capability: str) -> list[str]:
         return ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"]
     return [*_ISA_FLAGS[capability], f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}"]
 
+
 _lock = threading.Lock()
 _state: dict = {"tried": False, "op": None, "reason": None}
 

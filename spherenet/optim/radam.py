@@ -60,6 +60,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
+from . import _native, _tensors, compiled_kernel
 from ._common import (
     ModelWatch,
     check_betas,
@@ -67,7 +68,6 @@ from ._common import (
     check_positive_float,
     ensure_on_sphere,
 )
-from . import _native, _tensors, compiled_kernel
 from ._tensors import TINY, RowOps, check_sphere_layout, local, waves
 from .groups import EUCLIDEAN, MANIFOLDS, SPHERE, _names_of, check_groups, describe, param_groups
 
@@ -191,7 +191,9 @@ class RiemannianAdam(Optimizer):
         if sphere_kernel == "native":
             available, reason = _native.native_status()
             if not available:
-                raise RuntimeError(f"RiemannianAdam(sphere_kernel='native'): the native kernel is unavailable: {reason}")
+                raise RuntimeError(
+                    f"RiemannianAdam(sphere_kernel='native'): the native kernel is unavailable: {reason}"
+                )
         if sphere_kernel == "compiled":
             available, reason = compiled_kernel.compiled_status()
             if not available:
@@ -471,7 +473,17 @@ class RiemannianAdam(Optimizer):
         step_sizes = [lr / (1 - b1**k) for k in t]
         bias2_sqrts = [math.sqrt(1 - b2**k) for k in t]
         _native.sphere_adam_op()(
-            xs, gs, ms, vs, step_sizes, bias2_sqrts, b1, b2, float(group["eps"]), TINY[torch.float32], row_v,
+            xs,
+            gs,
+            ms,
+            vs,
+            step_sizes,
+            bias2_sqrts,
+            b1,
+            b2,
+            float(group["eps"]),
+            TINY[torch.float32],
+            row_v,
             not project,
         )
 

@@ -38,11 +38,11 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from ._common import check_betas, check_positive_float
-from .groups import EUCLIDEAN, SPHERE, named_sphere_parameters, param_groups
-from .normalize import add_normalize_hook, normalize_
 from ._tensors import is_dtensor
 from .combined import CombinedOptimizer
+from .groups import EUCLIDEAN, SPHERE, named_sphere_parameters, param_groups
 from .muon import SphericalMuon, is_hidden_matrix
+from .normalize import add_normalize_hook, normalize_
 from .radam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam, split_fused
 
 __all__ = ["METHODS", "MUON_METHODS", "RECIPES", "build_optimizer", "WarmupCosine"]
@@ -215,17 +215,21 @@ def _spherical_muon(
             "method 'spherical_muon': the model has no 2-D sphere weights in model.blocks for Muon "
             "(use 'riemannian_adam')"
         )
-    muon = SphericalMuon(
-        [{"params": hidden, "manifold": SPHERE}], lr=muon_lr, momentum=momentum, off_sphere=off_sphere
-    )
+    muon = SphericalMuon([{"params": hidden, "manifold": SPHERE}], lr=muon_lr, momentum=momentum, off_sphere=off_sphere)
     rest = _without(param_groups(model, weight_decay), {id(p) for _, p in hidden})
     parts: list[torch.optim.Optimizer] = [muon]
     if rest:
         parts.append(
             RiemannianAdam(
-                rest, lr=lr, betas=betas, eps=eps, second_moment=second_moment, off_sphere=off_sphere,
-                fused=fused, sphere_kernel=sphere_kernel,
-            )  # fmt: skip
+                rest,
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                second_moment=second_moment,
+                off_sphere=off_sphere,
+                fused=fused,
+                sphere_kernel=sphere_kernel,
+            )
         )
     return CombinedOptimizer(parts, model=model)
 

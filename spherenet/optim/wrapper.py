@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ._common import ModelWatch, check_off_sphere, ensure_on_sphere
 from . import _tensors
+from ._common import ModelWatch, check_off_sphere, ensure_on_sphere
 from ._tensors import RowOps, check_sphere_layout, local, waves
 from .groups import EUCLIDEAN, MANIFOLDS, SPHERE, _names_of, check_groups, describe, named_sphere_parameters
 
@@ -133,8 +133,10 @@ class Riemannian(Optimizer):
         self.vector_states = VECTOR_STATES | frozenset(vector_states)
         self.point_states = POINT_STATES | frozenset(point_states)
         self.magnitude_states = MAGNITUDE_STATES | frozenset(magnitude_states)
-        clash = (self.vector_states & self.point_states) | (self.vector_states & self.magnitude_states) | (
-            self.point_states & self.magnitude_states
+        clash = (
+            (self.vector_states & self.point_states)
+            | (self.vector_states & self.magnitude_states)
+            | (self.point_states & self.magnitude_states)
         )
         if clash:
             raise ValueError(f"Riemannian: state keys classified twice: {sorted(clash)}")

@@ -16,7 +16,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistInfo", "init_distributed", "wrap_model", "unwrap_model", "all_reduce_mean", "all_reduce_max", "barrier", "shutdown"]
+__all__ = [
+    "DistInfo",
+    "init_distributed",
+    "wrap_model",
+    "unwrap_model",
+    "all_reduce_mean",
+    "all_reduce_max",
+    "barrier",
+    "shutdown",
+]
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,9 @@ def wrap_model(model: nn.Module, parallel: str, info: DistInfo) -> nn.Module:
 
         blocks = getattr(model, "blocks", None)
         if blocks is None:
-            raise ValueError(f"--parallel fsdp needs a model with a .blocks ModuleList; {type(model).__name__} has none")
+            raise ValueError(
+                f"--parallel fsdp needs a model with a .blocks ModuleList; {type(model).__name__} has none"
+            )
         for block in blocks:
             fully_shard(block)
         fully_shard(model)

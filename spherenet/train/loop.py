@@ -20,7 +20,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["StepResult", "NonFiniteError", "lm_loss", "gradient_sync", "train_step", "evaluate", "MetricsLog", "autocast_context"]
+__all__ = [
+    "StepResult",
+    "NonFiniteError",
+    "lm_loss",
+    "gradient_sync",
+    "train_step",
+    "evaluate",
+    "MetricsLog",
+    "autocast_context",
+]
 
 
 class NonFiniteError(RuntimeError):
