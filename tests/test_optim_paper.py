@@ -83,6 +83,18 @@ def lm_step(model, optimizer, ids, targets) -> None:
     optimizer.step()
 
 
+def largest_sparse_move(model, optimizer, steps: int = 30) -> float:
+    """The largest one-step move of any element of any sphere weight over ``steps`` steps of
+    :func:`sparse_batch` (embedding rows that go quiet and wake)."""
+    sphere = sphere_parameters(model)
+    largest = 0.0
+    for step in range(steps):
+        before = [p.detach().clone() for p in sphere]
+        lm_step(model, optimizer, *sparse_batch(step))
+        largest = max(largest, max(float((p.detach() - b).abs().max()) for p, b in zip(sphere, before)))
+    return largest
+
+
 def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     named_b = dict(b.named_parameters())
     return max(float((p - named_b[n]).detach().abs().max()) for n, p in a.named_parameters())
@@ -131,12 +143,7 @@ def test_no_element_moves_further_than_adam_allows(mode, gradient, kernel, dtype
     lr = 1e-3
     model = ngpt(dtype)
     optimizer = RiemannianAdam(model, lr=lr, second_moment=mode, gradient=gradient, sphere_kernel=kernel)
-    sphere = sphere_parameters(model)
-    largest = 0.0
-    for step in range(30):
-        before = [p.detach().clone() for p in sphere]
-        lm_step(model, optimizer, *sparse_batch(step))
-        largest = max(largest, max(float((p.detach() - b).abs().max()) for p, b in zip(sphere, before)))
+    largest = largest_sparse_move(model, optimizer)
     assert largest <= 3 * lr, f"an element moved {largest / lr:.1f} lr in one step"
     assert largest >= 0.3 * lr  # the weights did move
 
@@ -149,12 +156,7 @@ def test_riemannian_wrapper_over_adam_is_bounded_too(dtype):
     lr = 1e-3
     model = ngpt(dtype)
     optimizer = Riemannian(torch.optim.Adam(param_groups(model), lr=lr), model)
-    sphere = sphere_parameters(model)
-    largest = 0.0
-    for step in range(30):
-        before = [p.detach().clone() for p in sphere]
-        lm_step(model, optimizer, *sparse_batch(step))
-        largest = max(largest, max(float((p.detach() - b).abs().max()) for p, b in zip(sphere, before)))
+    largest = largest_sparse_move(model, optimizer)
     assert largest <= 3 * lr, f"an element moved {largest / lr:.1f} lr in one step"
     assert largest >= 0.3 * lr
 
