@@ -13,41 +13,14 @@ import warnings
 
 import pytest
 import torch
+from test_optim_native import ngpt, reference_step, set_grads  # tests/ is on sys.path under pytest
 from torch._dynamo.utils import counters
 
-from spherenet.models import from_preset
-from spherenet.optim import RiemannianAdam, _native, compiled_kernel, normalize_, radam
+from spherenet.optim import RiemannianAdam, _native, compiled_kernel, radam
 from spherenet.optim.radam import resolve_sphere_kernel
 
 MODES = [("element", "riemannian"), ("element", "euclidean"), ("row", "riemannian"), ("row", "euclidean")]
 needs_native = pytest.mark.skipif(_native.sphere_adam_op() is None, reason="native kernel unavailable")
-
-
-def reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean):
-    """Steps 1-5 of spherenet.optim.radam's docstring in plain float64 PyTorch."""
-    u = g if euclidean else g - (x * g).sum(-1, keepdim=True) * x
-    m = b1 * m + (1 - b1) * u
-    v = b2 * v + (1 - b2) * ((u * u).sum(-1, keepdim=True) if row_v else u * u)
-    y = x - lr / (1 - b1**t) * m / ((v / (1 - b2**t)).sqrt() + eps)
-    x = y / y.norm(dim=-1, keepdim=True)
-    if row_v and not euclidean:
-        m = m - (x * m).sum(-1, keepdim=True) * x
-    return x, m, v
-
-
-def ngpt(dtype):
-    torch.manual_seed(0)
-    model = from_preset("ngpt-tiny").to(dtype)
-    normalize_(model)
-    return model
-
-
-def set_grads(models, seed, dtype):
-    gen = torch.Generator().manual_seed(seed)
-    for params in zip(*(m.parameters() for m in models)):
-        grad = torch.randn(params[0].shape, generator=gen, dtype=torch.float64)
-        for p in params:
-            p.grad = grad.to(dtype)
 
 
 def max_diff(a, b):
