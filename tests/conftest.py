@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+import torch
 from hypothesis import settings
 
 # Locally hypothesis explores new examples on each run; in CI (CI=true) the examples are
@@ -9,3 +11,13 @@ from hypothesis import settings
 settings.register_profile("spherenet", max_examples=60, deadline=None)
 settings.register_profile("ci", parent=settings.get_profile("spherenet"), derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "spherenet")
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for a test of tiny tensors: fastest, and it keeps the tests quick when
+    the CPU is shared (an oversubscribed OpenMP pool can make each kernel 100x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -29,15 +29,7 @@ from spherenet.optim import (
     sphere_parameters,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These models are tiny: one intra-op thread is fastest, and it keeps the tests quick when
-    the CPU is shared (an oversubscribed OpenMP pool can make each kernel 100x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 V, D, H = 13, 8, 12

@@ -32,13 +32,7 @@ from spherenet.optim import (
 from spherenet.optim.muon import NS_COEFFICIENTS, update_scale
 from spherenet.train.config import ConfigError, load_config
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def unit_rows(*shape, dtype=torch.float32, seed=0) -> nn.Parameter:

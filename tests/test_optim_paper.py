@@ -27,14 +27,7 @@ from spherenet.optim import (
 )
 from spherenet.train.config import ConfigError, load_config
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """A tiny model: one intra-op thread is fastest and keeps a shared CPU usable."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 NATIVE = pytest.param(
