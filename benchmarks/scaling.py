@@ -257,6 +257,7 @@ class Study:
                 best[arm] = min(finals, key=lambda lr: (finals[lr], lr))
                 print(f"  {point} {arm}: lr {best[arm]:g} (tried {', '.join(f'{x:g}' for x in sorted(finals))})")
             run_all([(arm, best[arm], s) for arm in arms for s in self.args.seeds if s != seed0])
+        write_results(self.args, self.ledger)
 
     def report(self) -> None:
         elapsed = time.monotonic() - self.started
@@ -264,7 +265,7 @@ class Study:
             f"  [{len(self.ledger.rows)} runs in the ledger, {self.done_now} this session, {elapsed / 60:.1f} min]",
             flush=True,
         )
-        write_results(self.args, self.ledger)
+        write_results(self.args, self.ledger, plots=False)  # the plots: once a point is done
 
 
 # ---------------------------------------------------------------- tables and plots
@@ -335,7 +336,7 @@ def fmt(mean: float, std: float, digits: int = 2) -> str:
     return "-" if math.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def write_results(args: argparse.Namespace, ledger: Ledger) -> None:
+def write_results(args: argparse.Namespace, ledger: Ledger, plots: bool = True) -> None:
     rows = summary(args, ledger)
     head = header(args)
     lines = [
@@ -362,7 +363,8 @@ def write_results(args: argparse.Namespace, ledger: Ledger) -> None:
         + "\n".join(lines)
         + "\n"
     )
-    plot(args, rows)
+    if plots:
+        plot(args, rows)
 
 
 def plot(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -407,7 +409,8 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
         ax.set_ylabel("speedup over GPT (GPT steps / arm steps)")
         where = f"{size} model" if size is not None else f"context {args.size_context}"
         ax.set_title(f"{args.corpus_label}, {where}", fontsize=9)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(args.results / filename, dpi=110)
         plt.close(fig)

@@ -1,0 +1,121 @@
+"""benchmarks/scaling.py: the learning-rate ladder, sweeps grown until the best rate is
+bracketed, the ledger that makes the study resumable, and the speedup it reports. The trainings
+are replaced by a function that writes a run's ``metrics.jsonl`` with a known curve, so the
+study's logic runs in a second; the real trainings are ``convergence.train_one``'s, tested in
+test_study_tools.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCALING = ROOT / "benchmarks" / "scaling.py"
+
+
+@pytest.fixture(scope="module")
+def scaling():
+    sys.path.insert(0, str(SCALING.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("scaling_study", SCALING)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclass looks itself up there
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("scaling_study", None)
+        sys.path.remove(str(SCALING.parent))
+
+
+def test_ladder_steps_through_1_3_10(scaling):
+    assert scaling.lr_grid(1e-2) == [3e-3, 1e-2, 3e-2]
+    assert scaling.lr_grid(3e-2) == [1e-2, 3e-2, 1e-1]
+    assert scaling.ladder(1e-1, +1) == 3e-1 and scaling.ladder(3e-1, +1) == 1.0
+    assert scaling.ladder(1e-3, -1) == 3e-4 and scaling.ladder(3e-4, -1) == 1e-4
+
+
+def test_next_lr_grows_the_grid_past_the_best_edge(scaling):
+    assert scaling.next_lr({1e-3: 2.0, 3e-3: 1.5, 1e-2: 1.2}, 0, 3) == 3e-2  # best at the top
+    assert scaling.next_lr({1e-3: 1.0, 3e-3: 1.5, 1e-2: 1.7}, 0, 3) == 3e-4  # best at the bottom
+    assert scaling.next_lr({1e-3: 2.0, 3e-3: 1.0, 1e-2: 1.7}, 0, 3) is None  # bracketed
+    assert scaling.next_lr({1e-3: 2.0, 3e-3: 1.5, 1e-2: 1.2}, 3, 3) is None  # no more growth allowed
+    # a diverged top rate brackets from above; everything diverged: go down
+    assert scaling.next_lr({1e-3: 2.0, 3e-3: 1.5, 1e-2: math.inf}, 0, 3) is None
+    assert scaling.next_lr({1e-3: math.inf, 3e-3: math.inf}, 0, 3) == 3e-4
+
+
+# Each arm's final loss is smallest at its ``BEST`` rate (a parabola in log10 lr); nGPT's best
+# lies two ladder steps above its starting grid, so its sweep has to grow twice.
+BEST = {"gpt": 1e-2, "ngpt": 3e-1}
+STEPS = list(range(10, 101, 10))
+
+
+def fake_curve(arm: str, lr: float, seed: int) -> list[float]:
+    final = 2.0 + (math.log10(lr) - math.log10(BEST[arm])) ** 2 + 0.01 * seed
+    # GPT comes down linearly to its final loss at step 100; nGPT twice as fast, then flat
+    rate = 1.0 if arm == "gpt" else 2.0
+    return [max(final, 4.0 - rate * (4.0 - final) * s / 100) for s in STEPS]
+
+
+def fake_train_one(calls):
+    def train_one(pargs, spec, seed):
+        name, _, items = spec.partition(":")
+        arm = name.split("_lr")[0]
+        lr = float(next(kv.split("=")[1] for kv in items.split(",") if kv.startswith("optim.lr=")))
+        run_dir = pargs.runs / name / f"seed{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lines = [
+            {"step": s, "val_loss": v, "tokens": s * pargs.block * pargs.batch}
+            for s, v in zip(STEPS, fake_curve(arm, lr, seed))
+        ]
+        lines.append({"event": "done", "step": STEPS[-1], "val_loss": lines[-1]["val_loss"]})
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        calls.append((str(pargs.block), arm, lr, seed))
+        return name, seed, 0
+
+    return train_one
+
+
+def test_study_brackets_every_arm_reports_the_speedup_and_resumes(scaling, tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(scaling.convergence, "train_one", fake_train_one(calls))
+    argv = ["--points", "tiny@32", "--arms", "gpt", "ngpt", "--update-point", "", "--seeds", "0", "1",
+            "--data", "stdlib", "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results")]  # fmt: skip # a command line
+    assert scaling.main(argv) == 0
+
+    ledger = [json.loads(line) for line in (tmp_path / "results" / "runs.jsonl").read_text().splitlines()]
+    sweep = {arm: sorted(r["lr"] for r in ledger if r["arm"] == arm and r["seed"] == 0) for arm in BEST}
+    assert sweep["gpt"] == [3e-3, 1e-2, 3e-2]  # bracketed by the first grid
+    assert sweep["ngpt"] == [1e-2, 3e-2, 1e-1, 3e-1, 1.0]  # grown twice past its top edge
+    seed1 = {r["arm"]: r["lr"] for r in ledger if r["seed"] == 1}
+    assert seed1 == BEST  # the second seed at each arm's best rate
+
+    table = (tmp_path / "results" / "scaling.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| tiny@32 |") and "| ngpt |" in line)
+    # nGPT reaches GPT's final loss in half the steps, with either seed
+    assert "2.00 ± 0.00 (2.00, 2.00)" in row and "| yes |" in row
+    assert (tmp_path / "results" / "speedup_context.png").stat().st_size > 0
+
+    # resumed: everything is in the ledger, nothing trains again
+    calls.clear()
+    assert scaling.main(argv) == 0
+    assert calls == []
+
+
+def test_a_crashed_run_stays_out_of_the_ledger(scaling, tmp_path, monkeypatch):
+    monkeypatch.setattr(scaling.convergence, "train_one", lambda pargs, spec, seed: (spec.split(":")[0], seed, 1))
+    argv = ["--points", "tiny@32", "--arms", "gpt", "--update-point", "", "--seeds", "0", "--data", "stdlib",
+            "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results"), "--jobs", "1"]  # fmt: skip # a command line
+    with pytest.raises(SystemExit, match="failed \\(exit 1\\)"):
+        scaling.main(argv)
+    assert not (tmp_path / "results" / "runs.jsonl").exists()
+
+
+def test_bad_point_is_refused(scaling, tmp_path):
+    with pytest.raises(SystemExit, match="SIZE@CONTEXT"):
+        scaling.main(["--points", "tiny256", "--out", str(tmp_path), "--results", str(tmp_path)])
