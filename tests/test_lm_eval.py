@@ -81,6 +81,7 @@ def test_loglikelihood_equals_direct_computation(trained, lm):
     long_context = "unit vectors on the sphere, step by step, " * 3  # longer than MAX_LEN: cut from the left
     pairs = [
         ("the sphere", greedy),  # the model's own greedy continuation
+        ("the sphere", greedy[:2] + ("x" if greedy[2] != "x" else "y")),  # greedy but for the last token
         ("the sphere", " holds"),
         ("the sphere ", "holds"),  # trailing space moves to the continuation, as lm_eval does
         ("", "vector"),  # empty context: conditioned on the end-of-text byte
@@ -102,8 +103,8 @@ def test_loglikelihood_equals_direct_computation(trained, lm):
         want_log_prob, want_greedy = direct_loglikelihood(model, context_ids, continuation_ids)
         assert log_prob == pytest.approx(want_log_prob, abs=1e-5), (context, continuation)
         assert is_greedy == want_greedy, (context, continuation)
-    assert got[0][1] is True and got[1][1] is False
-    assert got[1][0] == pytest.approx(got[2][0], abs=1e-5)
+    assert [is_greedy for _, is_greedy in got[:3]] == [True, False, False]
+    assert got[2][0] == pytest.approx(got[3][0], abs=1e-5)
 
 
 def test_loglikelihood_rolling_scores_each_token_once(trained, lm):
@@ -130,7 +131,7 @@ def test_loglikelihood_rolling_scores_each_token_once(trained, lm):
 
 def test_generate_until_stops_at_the_stop_string_and_matches_generate(trained, lm):
     model, tokenizer, _ = trained
-    prompts = ["the sphere", "unit", "on the", "by step"]
+    prompts = ["the sphere", "unit", "on the", "sphere"]  # the last two: one batch when their settings agree
     free = [greedy_text(model, tokenizer, p, 12) for p in prompts]
     assert all(len(t) == 12 and t.isprintable() for t in free), free
     stops = [t[5] for t in free]  # a character the greedy text reaches
@@ -138,10 +139,22 @@ def test_generate_until_stops_at_the_stop_string_and_matches_generate(trained, l
         request("generate_until", p, {"until": [stop, "never appears"], "max_gen_toks": 12, "do_sample": False})
         for p, stop in zip(prompts, stops)
     ]
-    requests.append(request("generate_until", prompts[0], {"until": ["never appears"], "max_gen_toks": 7}))
+    requests += [request("generate_until", p, {"until": ["never appears"], "max_gen_toks": 7}) for p in prompts]
     got = lm.generate_until(requests)
     assert got[:4] == [t.split(stop)[0] for t, stop in zip(free, stops)]
-    assert got[4] == free[0][:7]  # no stop string reached: max_gen_toks tokens
+    assert got[4:] == [t[:7] for t in free]  # no stop string reached: max_gen_toks tokens
+
+    calls = []
+    hook = lm.model.register_forward_hook(lambda module, args, output: calls.append(args[0].shape))
+    try:
+        lm.generate_until(requests[:1])
+        n_alone = len(calls)
+        lm.generate_until(requests[-2:])
+    finally:
+        hook.remove()
+    first_stop = free[0].index(stops[0])
+    assert n_alone == 1 + first_stop  # the prompt, then one token at a time until the stop string
+    assert calls[n_alone:] == [torch.Size([2, 6])] + [torch.Size([2, 1])] * 6  # two prompts decoded together
 
 
 def test_local_multiple_choice_task_matches_direct_accuracy(trained, lm, tmp_path, monkeypatch):
@@ -151,6 +164,8 @@ def test_local_multiple_choice_task_matches_direct_accuracy(trained, lm, tmp_pat
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the environment report (torch.utils.collect_env, several subprocesses) takes seconds, and is not under test
+    monkeypatch.setattr("lm_eval.evaluator.add_env_info", lambda results: None)
     model, tokenizer, _ = trained
     docs = [
         {"question": "The sphere holds", "choices": ["vectors", "cats", "rain"]},
