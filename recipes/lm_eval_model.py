@@ -143,6 +143,8 @@ class SphereNetLM(TemplateLM):
         if isinstance(batch_size, str) and batch_size.strip().startswith("auto"):
             raise ValueError("batch_size 'auto' is not supported by the spherenet model: give a number, e.g. 16")
         self._batch_size = _positive_int(batch_size, "batch_size")
+        if dtype != "auto" and dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {', '.join(_DTYPES)}, got {dtype!r}")
         self._device = _pick_device(device)
         if path is not None:
             if model is not None or tokenizer is not None:
@@ -151,8 +153,6 @@ class SphereNetLM(TemplateLM):
         elif model is None or tokenizer is None:
             raise ValueError("the spherenet model needs path=<run directory or exported model directory>")
         if dtype != "auto":
-            if dtype not in _DTYPES:
-                raise ValueError(f"dtype must be 'auto' or one of {', '.join(_DTYPES)}, got {dtype!r}")
             model = model.to(_DTYPES[dtype])
         self.model = model.to(self._device).eval()
         self.tokenizer = tokenizer
@@ -169,6 +169,7 @@ class SphereNetLM(TemplateLM):
             raise ValueError(f"max_length {self._max_length} exceeds the model's max_seq_len {config.max_seq_len}")
         self.max_gen_toks = _positive_int(max_gen_toks, "max_gen_toks")
         self._generator = torch.Generator(device=self._device).manual_seed(int(seed))
+        self._warned_gen_cut = False
 
     # ------------------------------------------------------------------ what lm_eval asks for
 
@@ -290,8 +291,9 @@ class SphereNetLM(TemplateLM):
             options = normalize_gen_kwargs(dict(gen_kwargs or {}), default_max_gen_toks=self.max_gen_toks)
             until = [s for s in options.get("until") or [] if s]  # "" would stop at once
             max_new = min(options["max_gen_toks"], self.max_length - 1)
-            if max_new < options["max_gen_toks"]:
+            if max_new < options["max_gen_toks"] and not self._warned_gen_cut:
                 log.warning("max_gen_toks %d cut to %d to fit max_length", options["max_gen_toks"], max_new)
+                self._warned_gen_cut = True
             temperature = float(options.get("temperature") or 0.0) if options.get("do_sample") else 0.0
             top_k = int(options["top_k"]) if options.get("top_k") else None
             ids = (self.tok_encode(context) or [self.prefix_token_id])[-(self.max_length - max_new) :]
