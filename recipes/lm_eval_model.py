@@ -1,7 +1,7 @@
 """A trained NGPT / GPT as an lm-evaluation-harness model, registered under the name ``spherenet``.
 
     spherenet-eval --model spherenet --model_args path=runs/x --tasks arc_easy,hellaswag,winogrande,lambada_openai
-    python -m recipes.evaluate --model spherenet --model_args path=exported/ngpt,batch_size=16 --tasks lambada_openai
+    python -m recipes.evaluate --model spherenet --model_args path=exported/ngpt --batch_size 16 --tasks lambada_openai
 
 ``lm_eval``'s own command cannot see models registered by other packages (it knows only its own
 list), so ``spherenet-eval`` (``recipes.evaluate``) imports this module, which registers the
