@@ -2,7 +2,7 @@
 
     spherenet-eval --model spherenet --model_args path=runs/x \\
         --tasks arc_easy,hellaswag,winogrande,lambada_openai --device cpu
-    spherenet-eval --model spherenet --model_args path=exported/ngpt,batch_size=16,dtype=bfloat16 \\
+    spherenet-eval --model spherenet --model_args path=exported/ngpt,dtype=bfloat16 --batch_size 16 \\
         --tasks hellaswag --num_fewshot 0 --output_path results/
 
 Takes exactly ``lm_eval``'s arguments (``spherenet-eval --help``): it registers the
