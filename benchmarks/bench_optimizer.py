@@ -72,7 +72,7 @@ def build_model(args, device: torch.device) -> torch.nn.Module:
 
 def one_wave(opt: RiemannianAdam) -> RiemannianAdam:
     """The foreach path in one block of whole tensors: its default row blocks
-    (``_tensors.WAVE_BYTES``, 4 MiB) are sized for a CPU cache and cost kernel launches on a GPU."""
+    (``_row_kernels.WAVE_BYTES``, 4 MiB) are sized for a CPU cache and cost kernel launches on a GPU."""
     opt.wave_bytes = 1 << 62
     return opt
 

@@ -264,7 +264,7 @@ def test_default_kernel_choice_is_fused_for_small_cpu_tensors_too():
     """fused=None: torch's fused Adam for every tensor it has a kernel for, small CPU ones
     included (faster than foreach at every size measured, see split_fused), so a small model's
     Euclidean group steps bitwise like torch.optim.Adam(fused=True)."""
-    from spherenet.optim.radam import split_fused
+    from spherenet.optim.riemannian_adam import split_fused
 
     tensors = [torch.zeros(8), torch.zeros(3, 5, dtype=torch.float64), torch.zeros(4, dtype=torch.int64)]
     assert split_fused(None, tensors) == [True, True, False]
@@ -369,14 +369,14 @@ def test_element_second_moment_matches_reference_loop(dtype, tol, fused):
 def test_cache_blocking_does_not_change_results(make_opt):
     """The optimizers cut the parameters into row blocks ("waves") to stay in cache; blocks of
     a few rows (every tensor split, blocks spanning tensors) give bitwise the same steps."""
-    from spherenet.optim import _tensors
+    from spherenet.optim import _row_kernels
 
     whole, blocked = make_model(), make_model()
     data = batches(5)
     train(whole, make_opt(whole), data)
     opt = make_opt(blocked)
     opt.wave_bytes = 3 * D * 4  # three float32 rows
-    chunks = list(_tensors.waves([sphere_parameters(blocked)], opt.wave_bytes))
+    chunks = list(_row_kernels.waves([sphere_parameters(blocked)], opt.wave_bytes))
     assert len(chunks) > len(sphere_parameters(blocked))  # the tensors really are split
     train(blocked, opt, data)
     assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), blocked.parameters()))
@@ -387,7 +387,7 @@ def test_cache_blocking_does_not_change_results(make_opt):
 def test_wrapped_torch_adam_equals_riemannian_adam_element(dtype, tol, kernel):
     """Riemannian(torch.optim.Adam) and RiemannianAdam(element) take the same step: neither
     transports exp_avg by projection, since with a per-element second moment that would break
-    Adam's step bound (spherenet.optim.radam). Both match the plain loop without transport."""
+    Adam's step bound (spherenet.optim.riemannian_adam). Both match the plain loop without transport."""
     a = make_model(dtype)
     b, ref = copy.deepcopy(a), copy.deepcopy(a)
     data = batches(30)
@@ -500,11 +500,11 @@ def test_optimizer_built_before_assign_is_refused_at_step():
 
 def test_model_watch_walks_the_model_once_then_confirms(monkeypatch):
     """After one full walk, a step confirms the links it saw instead of walking the model again."""
-    from spherenet.optim import _common
+    from spherenet.optim import _checks
 
     walks = []
-    real = _common.named_sphere_parameters
-    monkeypatch.setattr(_common, "named_sphere_parameters", lambda m: walks.append(1) or real(m))
+    real = _checks.named_sphere_parameters
+    monkeypatch.setattr(_checks, "named_sphere_parameters", lambda m: walks.append(1) or real(m))
     model = make_model()
     opt = RiemannianAdam(model, lr=1e-2)
     train(model, opt, batches(5))
@@ -781,7 +781,7 @@ def test_ngpt_row_mode_matches_geoopt_and_stays_on_the_sphere():
 
 def test_bf16_retraction_divides_in_float32():
     """Rows 0.3% too long: a bf16-rounded norm reads exactly 1 and would leave them there."""
-    from spherenet.optim._tensors import RowOps
+    from spherenet.optim._row_kernels import RowOps
 
     x = torch.nn.functional.normalize(torch.randn(64, 1024, generator=torch.Generator().manual_seed(0)), dim=-1)
     x = (x * 1.003).bfloat16()

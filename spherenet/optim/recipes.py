@@ -13,7 +13,7 @@
   (and ``second_moment="element"``) this is the paper's optimizer, the same steps as
   ``"adam_normalize"`` to float rounding, in one pass per row; with ``gradient="riemannian"``
   (the default) Adam's moments see the tangent projection of the gradient, a different
-  optimizer (see :mod:`spherenet.optim.radam` for how far it departs);
+  optimizer (see :mod:`spherenet.optim.riemannian_adam` for how far it departs);
 - ``"adam_normalize"``: nGPT as in the paper: Euclidean Adam, then renormalize every sphere
   weight after each step (Section 2.6, step 2) with :func:`add_normalize_hook`;
 - ``"adamw"``: the GPT baseline: AdamW, weight decay on tensors with ``ndim >= 2`` only;
@@ -37,13 +37,13 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from ._common import check_betas, check_positive_float
-from ._tensors import is_dtensor
+from ._checks import check_betas, check_positive_float
+from ._row_kernels import is_dtensor
 from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, SPHERE, named_sphere_parameters, param_groups
 from .muon import SphericalMuon, is_hidden_matrix
 from .normalize import add_normalize_hook, normalize_
-from .radam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam, split_fused
+from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam, split_fused
 
 __all__ = ["METHODS", "MUON_METHODS", "RECIPES", "build_optimizer", "WarmupCosine"]
 
@@ -270,7 +270,7 @@ def _torch_groups(
 ) -> list[dict]:
     """Param groups for torch's AdamW. ``fused=None`` on plain tensors: each group is split into
     a fused-kernel part (the tensors torch has a fused kernel for) and a part for torch's other kernels, by
-    :func:`spherenet.optim.radam.split_fused` (torch alone would take a per-tensor loop on CPU).
+    :func:`spherenet.optim.riemannian_adam.split_fused` (torch alone would take a per-tensor loop on CPU).
     torch's AdamW ignores the extra ``"manifold"`` key; it is kept for readers."""
     groups = _without(param_groups(model, weight_decay), exclude)
     if fused is not None or any(is_dtensor(p) for g in groups for _, p in g["params"]):

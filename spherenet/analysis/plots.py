@@ -77,7 +77,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 def _family(model: nn.Module) -> str:
     """``"ngpt"`` or ``"gpt"``; a TypeError for anything else."""
-    from .models import GPT, NGPT
+    from ..models import GPT, NGPT
 
     if isinstance(model, NGPT):
         return "ngpt"
@@ -355,7 +355,7 @@ def with_max_seq_len(model: nn.Module, max_seq_len: int) -> nn.Module:
     ``max_seq_len`` (``strict=True``: an error if any tensor were missing or extra). The copy
     is on the original's device and dtype, in eval mode; the original is not touched.
     """
-    from .models import model_from_config
+    from ..models import model_from_config
 
     model = _unwrap(model)
     _family(model)

@@ -60,15 +60,15 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
-from . import _native, _tensors, compiled_kernel
-from ._common import (
+from . import _native, _row_kernels, compiled_kernel
+from ._checks import (
     ModelWatch,
     check_betas,
     check_off_sphere,
     check_positive_float,
     ensure_on_sphere,
 )
-from ._tensors import TINY, RowOps, check_sphere_layout, local, waves
+from ._row_kernels import TINY, RowOps, check_sphere_layout, local, waves
 from .groups import EUCLIDEAN, MANIFOLDS, SPHERE, _names_of, check_groups, describe, param_groups
 
 __all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS", "resolve_sphere_kernel"]
@@ -137,7 +137,7 @@ class RiemannianAdam(Optimizer):
             device and dtype, foreach for the rest.
         check_model: at every step, check that the model's declared sphere parameters are
             still the ones this optimizer holds (a ``RuntimeError`` otherwise; see
-            :class:`spherenet.optim._common.ModelWatch` for what a step confirms).
+            :class:`spherenet.optim._checks.ModelWatch` for what a step confirms).
         sphere_kernel: how sphere tensors are updated. ``"native"``: one fused C++ pass per row
             for contiguous CPU tensors (built on first use, see :mod:`spherenet.optim._native`;
             other tensors take the foreach path), a ``RuntimeError`` if it cannot be built; ``"foreach"``: ``torch._foreach_*`` passes
@@ -208,7 +208,7 @@ class RiemannianAdam(Optimizer):
         self._warned_native = False
         self._compiled_failure: str | None = None  # why "auto" stopped using the compiled kernel
         self._rows = RowOps()
-        self.wave_bytes = _tensors.WAVE_BYTES  # row-block size of the sphere step (a tuning knob)
+        self.wave_bytes = _row_kernels.WAVE_BYTES  # row-block size of the sphere step (a tuning knob)
         self._watch = ModelWatch(model if check_model else None)
         defaults = dict(
             lr=lr,
@@ -377,7 +377,7 @@ class RiemannianAdam(Optimizer):
             bc1, bc2 = [1 - b1**k for k in t], [1 - b2**k for k in t]
         else:
             fused = split_fused(group["fused"], xs)  # decided per parameter, not per chunk
-        # All passes on one cache-sized block of rows, then the next (see _tensors.waves).
+        # All passes on one cache-sized block of rows, then the next (see _row_kernels.waves).
         for idx, (wx, wg, wm, wv) in waves([xs, gs, ms, vs], self.wave_bytes):
             if project:
                 wg = rows.copies(wg)  # p.grad is left as it is
