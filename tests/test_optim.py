@@ -264,7 +264,7 @@ def test_default_kernel_choice_is_fused_for_small_cpu_tensors_too():
     """fused=None: torch's fused Adam for every tensor it has a kernel for, small CPU ones
     included (faster than foreach at every size measured, see split_fused), so a small model's
     Euclidean group steps bitwise like torch.optim.Adam(fused=True)."""
-    from spherenet.optim.riemannian_adam import split_fused
+    from spherenet.optim.kernel_choice import split_fused
 
     tensors = [torch.zeros(8), torch.zeros(3, 5, dtype=torch.float64), torch.zeros(4, dtype=torch.int64)]
     assert split_fused(None, tensors) == [True, True, False]

@@ -41,9 +41,10 @@ from ._checks import check_betas, check_positive_float
 from ._row_kernels import is_dtensor
 from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, SPHERE, named_sphere_parameters, param_groups
+from .kernel_choice import split_fused
 from .muon import SphericalMuon, is_hidden_matrix
 from .normalize import add_normalize_hook, normalize_
-from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam, split_fused
+from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
 
 __all__ = ["METHODS", "MUON_METHODS", "RECIPES", "build_optimizer", "WarmupCosine"]
 
@@ -270,7 +271,7 @@ def _torch_groups(
 ) -> list[dict]:
     """Param groups for torch's AdamW. ``fused=None`` on plain tensors: each group is split into
     a fused-kernel part (the tensors torch has a fused kernel for) and a part for torch's other kernels, by
-    :func:`spherenet.optim.riemannian_adam.split_fused` (torch alone would take a per-tensor loop on CPU).
+    :func:`spherenet.optim.kernel_choice.split_fused` (torch alone would take a per-tensor loop on CPU).
     torch's AdamW ignores the extra ``"manifold"`` key; it is kept for readers."""
     groups = _without(param_groups(model, weight_decay), exclude)
     if fused is not None or any(is_dtensor(p) for g in groups for _, p in g["params"]):
