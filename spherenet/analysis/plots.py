@@ -165,9 +165,13 @@ def plot_scalings(scalings: Mapping[str, Mapping[str, Any]], path: str | Path, t
             x = _layer_axis(len(s["rmsnorm_attn"]))
             _band(gains, x, s["rmsnorm_attn"], col, f"{label} before attention")
             _band(gains, x, s["rmsnorm_mlp"], col, f"{label} before MLP", style="s--")
-    for ax, name in ((a_attn, "|alpha_A| per layer (eq. 10)"), (a_mlp, "|alpha_M| per layer (eq. 11)"),
-                     (uv, "s_u, s_v per layer (eq. 20, 21)"), (qk, "s_qk per layer (eq. 15, 16)"),
-                     (gains, "GPT: RMSNorm gains per layer")):  # fmt: skip
+    for ax, name in (
+        (a_attn, "|alpha_A| per layer (eq. 10)"),
+        (a_mlp, "|alpha_M| per layer (eq. 11)"),
+        (uv, "s_u, s_v per layer (eq. 20, 21)"),
+        (qk, "s_qk per layer (eq. 15, 16)"),
+        (gains, "GPT: RMSNorm gains per layer"),
+    ):
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("normalized layer index")
     sz.set_title("s_z, sorted (eq. 3)", fontsize=9)
@@ -178,8 +182,15 @@ def plot_scalings(scalings: Mapping[str, Mapping[str, Any]], path: str | Path, t
             ax.legend(fontsize=7)
     for ax, family in ((a_attn, "ngpt"), (a_mlp, "ngpt"), (uv, "ngpt"), (qk, "ngpt"), (sz, "ngpt"), (gains, "gpt")):
         if not has[family]:
-            ax.text(0.5, 0.5, f"no {'nGPT' if family == 'ngpt' else 'GPT'} model", ha="center", va="center",
-                    transform=ax.transAxes, color="gray")  # fmt: skip
+            ax.text(
+                0.5,
+                0.5,
+                f"no {'nGPT' if family == 'ngpt' else 'GPT'} model",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="gray",
+            )
     fig.suptitle(title or "Eigen learning rates and scaling factors (nGPT paper, Fig. 6, 14)", fontsize=10)
     return _save(fig, path)
 

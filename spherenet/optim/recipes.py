@@ -188,9 +188,19 @@ def build_optimizer(
         add_normalize_hook(optimizer, model)
     elif method == "spherical_muon":
         optimizer = _spherical_muon(
-            model, sphere, weight_decay, lr, betas, eps, second_moment, off_sphere, fused, sphere_kernel,
-            muon_lr, muon_momentum,
-        )  # fmt: skip
+            model,
+            sphere,
+            weight_decay,
+            lr,
+            betas,
+            eps,
+            second_moment,
+            off_sphere,
+            fused,
+            sphere_kernel,
+            muon_lr,
+            muon_momentum,
+        )
     elif method == "muon":
         optimizer = _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, muon_momentum)
     else:
@@ -246,9 +256,13 @@ def _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, momentum)
     if not hidden:
         raise ValueError("method 'muon': the model has no 2-D weights in model.blocks for Muon (use 'adamw')")
     muon = torch.optim.Muon(
-        [{"params": hidden, "manifold": EUCLIDEAN}], lr=muon_lr, weight_decay=weight_decay, momentum=momentum,
-        nesterov=True, adjust_lr_fn="match_rms_adamw",
-    )  # fmt: skip
+        [{"params": hidden, "manifold": EUCLIDEAN}],
+        lr=muon_lr,
+        weight_decay=weight_decay,
+        momentum=momentum,
+        nesterov=True,
+        adjust_lr_fn="match_rms_adamw",
+    )
     rest = _torch_groups(model, weight_decay, fused, exclude={id(p) for _, p in hidden})
     parts: list[torch.optim.Optimizer] = [muon]
     if rest:

@@ -298,7 +298,12 @@ class RiemannianAdam(Optimizer):
                 continue
             pick = (lambda seq: seq) if len(idx) == len(xs) else (lambda seq: [seq[i] for i in idx])
             _adam_functional(
-                pick(xs), pick(gs), pick(ms), pick(vs), [], pick(steps),
+                pick(xs),
+                pick(gs),
+                pick(ms),
+                pick(vs),
+                [],
+                pick(steps),
                 foreach=not fused,
                 fused=fused,
                 amsgrad=False,
@@ -309,7 +314,7 @@ class RiemannianAdam(Optimizer):
                 eps=group["eps"],
                 maximize=False,
                 decoupled_weight_decay=True,
-            )  # fmt: skip
+            )
 
     def _euclidean_step(self, group: dict) -> None:
         _, xs, gs, ms, vs, steps, _ = self._gather(group, row_v=False)

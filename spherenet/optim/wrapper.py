@@ -169,12 +169,14 @@ class Riemannian(Optimizer):
                     raise ValueError("Riemannian: a parameter of a sphere group is not in the base optimizer")
         # Refuse a ManifoldParameter on the sphere that is not known as a sphere parameter.
         check_groups(
-            [{"params": [p for p in held.values() if id(p) in sphere_ids], "manifold": SPHERE},
-             {"params": [p for p in held.values() if id(p) not in sphere_ids], "manifold": EUCLIDEAN}],
+            [
+                {"params": [p for p in held.values() if id(p) in sphere_ids], "manifold": SPHERE},
+                {"params": [p for p in held.values() if id(p) not in sphere_ids], "manifold": EUCLIDEAN},
+            ],
             None,
             "Riemannian",
             names=names,
-        )  # fmt: skip
+        )
         for g in base.param_groups:
             wd = g.get("weight_decay", 0) or 0
             if wd != 0 and any(id(p) in sphere_ids for p in g["params"]):
@@ -247,9 +249,14 @@ class Riemannian(Optimizer):
         if new:
             with torch.no_grad():
                 ensure_on_sphere(
-                    self._rows, [ps[i] for i in new], [xs[i] for i in new], _names_of(self.param_groups),
-                    self.off_sphere, "Riemannian", stacklevel=5,
-                )  # fmt: skip
+                    self._rows,
+                    [ps[i] for i in new],
+                    [xs[i] for i in new],
+                    _names_of(self.param_groups),
+                    self.off_sphere,
+                    "Riemannian",
+                    stacklevel=5,
+                )
         if closure is not None:
 
             def projected_closure():
