@@ -347,9 +347,13 @@ def test_kernel_built_for_another_cpu_capability(capability, tmp_path):
     and check its steps against the float64 reference."""
     env = dict(os.environ, ATEN_CPU_CAPABILITY=capability.lower(), TORCH_EXTENSIONS_DIR=str(tmp_path))
     out = subprocess.run(
-        [sys.executable, "-c", _OTHER_ISA_CHECK], env=env, capture_output=True, text=True, timeout=600,
+        [sys.executable, "-c", _OTHER_ISA_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )  # fmt: skip
+    )
     if out.returncode == 0 and out.stdout.split() and out.stdout.split()[0] != capability:
         pytest.skip(f"this CPU cannot run {capability} code (torch picked {out.stdout.split()[0]})")
     assert out.returncode == 0, out.stderr[-3000:]
