@@ -72,8 +72,12 @@ def sync(device: torch.device) -> None:
 
 def add_shape_args(parser: argparse.ArgumentParser, default_size: str | None = "small") -> None:
     """``--size`` (a preset size) and per-field overrides of it."""
-    parser.add_argument("--size", default=default_size, choices=SIZES,
-                        help=f"model shape of the presets ngpt-SIZE / gpt-SIZE (default {default_size})")  # fmt: skip
+    parser.add_argument(
+        "--size",
+        default=default_size,
+        choices=SIZES,
+        help=f"model shape of the presets ngpt-SIZE / gpt-SIZE (default {default_size})",
+    )
     parser.add_argument("--d-model", type=int, help="override the preset's d_model")
     parser.add_argument("--n-layers", type=int, help="override the preset's layer count")
     parser.add_argument("--n-heads", type=int, help="override the preset's head count")
@@ -96,8 +100,10 @@ def shape_overrides(args, fallback_size: str = "small", **defaults) -> tuple[str
 
 
 def shape_text(config) -> str:
-    return (f"d_model {config.d_model}, {config.n_layers} layers, {config.n_heads} heads, d_MLP {config.d_mlp}, "
-            f"vocab {config.vocab_size}, context {config.max_seq_len}")  # fmt: skip
+    return (
+        f"d_model {config.d_model}, {config.n_layers} layers, {config.n_heads} heads, d_MLP {config.d_mlp}, "
+        f"vocab {config.vocab_size}, context {config.max_seq_len}"
+    )
 
 
 def header(title: str, device: torch.device, argv: list[str] | None) -> str:

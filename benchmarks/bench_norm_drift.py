@@ -206,18 +206,27 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"# sphere-weight norm drift: {args.steps:,} steps, weight ({args.rows}, {args.dim}), lr {args.lr:g}, "
-          f"{args.grads} gradients, seed {args.seed}", flush=True)  # fmt: skip
-    print(f"# {when}; {platform.processor() or platform.machine()}, {args.threads} thread(s); python "
-          f"{platform.python_version()}, torch {torch.__version__}", flush=True)  # fmt: skip
+    print(
+        f"# sphere-weight norm drift: {args.steps:,} steps, weight ({args.rows}, {args.dim}), lr {args.lr:g}, "
+        f"{args.grads} gradients, seed {args.seed}",
+        flush=True,
+    )
+    print(
+        f"# {when}; {platform.processor() or platform.machine()}, {args.threads} thread(s); python "
+        f"{platform.python_version()}, torch {torch.__version__}",
+        flush=True,
+    )
     print(f"# python {' '.join(sys.argv)}", flush=True)
     results = []
     for method, dtype, reproject in contenders(args.dtypes):
         r = run(method, dtype, reproject, args)
         results.append(r)
         extra = "" if math.isnan(r["final_loss"]) else f", final loss {r['final_loss']:.3f}"
-        print(f"  {LABEL[method]:30s} {r['dtype']:9s} re-projection {REPROJECT_LABEL[reproject]:24s} "
-              f"max {r['max']:.2e} final {r['final']:.2e} ({r['seconds']:.0f} s{extra})", flush=True)  # fmt: skip
+        print(
+            f"  {LABEL[method]:30s} {r['dtype']:9s} re-projection {REPROJECT_LABEL[reproject]:24s} "
+            f"max {r['max']:.2e} final {r['final']:.2e} ({r['seconds']:.0f} s{extra})",
+            flush=True,
+        )
     print()
     print(table(results, args))
     if args.json:

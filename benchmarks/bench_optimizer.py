@@ -72,7 +72,7 @@ def build_model(args, device: torch.device) -> torch.nn.Module:
 
 def one_wave(opt: RiemannianAdam) -> RiemannianAdam:
     """The foreach path in one block of whole tensors: its default row blocks
-    (``_tensors.WAVE_BYTES``, 4 MiB) are sized for a CPU cache and cost kernel launches on a GPU."""
+    (``_row_kernels.WAVE_BYTES``, 4 MiB) are sized for a CPU cache and cost kernel launches on a GPU."""
     opt.wave_bytes = 1 << 62
     return opt
 
@@ -135,8 +135,12 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per contender first")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--dtype", default="fp32", choices=list(DTYPES),
-                        help="bf16: bfloat16 parameters, gradients and optimizer states")  # fmt: skip
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=list(DTYPES),
+        help="bf16: bfloat16 parameters, gradients and optimizer states",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--only", nargs="*", default=None, help="names of contenders to run (substring match)")
     parser.add_argument("--no-geoopt", action="store_true", help="leave geoopt out (slow on large models)")

@@ -134,11 +134,14 @@ def test_condition_number_of_known_singular_values():
 def test_condition_numbers_per_head_median_and_role_aware_normalization(gpt):
     gen = torch.Generator().manual_seed(3)
     conds = [2.0, 3.0, 5.0, 7.0]  # one per head: median 4
-    w_q = torch.cat([torch.diag(torch.linspace(1.0, c, DK, dtype=torch.float64)) @ _orthonormal_rows(DK, D, gen)
-                     for c in conds])  # fmt: skip
+    w_q = torch.cat(
+        [torch.diag(torch.linspace(1.0, c, DK, dtype=torch.float64)) @ _orthonormal_rows(DK, D, gen) for c in conds]
+    )
     # W_o (out, in): head h writes through input columns h*DK..(h+1)*DK, a (D, DK) block
-    w_o = torch.cat([_orthonormal_rows(DK, D, gen).T @ torch.diag(torch.linspace(1.0, c, DK, dtype=torch.float64))
-                     for c in conds], dim=1)  # fmt: skip
+    w_o = torch.cat(
+        [_orthonormal_rows(DK, D, gen).T @ torch.diag(torch.linspace(1.0, c, DK, dtype=torch.float64)) for c in conds],
+        dim=1,
+    )
     u, _ = torch.linalg.qr(torch.randn(4 * D, D, generator=gen, dtype=torch.float64))
     w_u = u @ torch.diag(torch.linspace(0.5, 6.0, D, dtype=torch.float64))  # singular values 0.5..6
     block = gpt.blocks[1]
@@ -174,8 +177,14 @@ def test_ngpt_matrices_are_already_normalized(ngpt):
 def test_ngpt_scalings_equal_the_paper_init_values(ngpt):
     s = analysis.scaling_factors(ngpt)
     assert s["family"] == "ngpt"
-    expected = {"alpha_A": (0.05, (L, D)), "alpha_M": (0.05, (L, D)), "s_qk": (1.0, (L, D)),
-                "s_u": (1.0, (L, 4 * D)), "s_v": (1.0, (L, 4 * D)), "s_z": (1.0, (V,))}  # fmt: skip
+    expected = {
+        "alpha_A": (0.05, (L, D)),
+        "alpha_M": (0.05, (L, D)),
+        "s_qk": (1.0, (L, D)),
+        "s_u": (1.0, (L, 4 * D)),
+        "s_v": (1.0, (L, 4 * D)),
+        "s_z": (1.0, (V,)),
+    }
     for key, (value, shape) in expected.items():
         assert s[key].shape == shape, key
         np.testing.assert_allclose(s[key], value, rtol=1e-6, err_msg=key)
@@ -284,7 +293,8 @@ def test_plots_overlay_models_into_small_pngs(tmp_path, ngpt, gpt):
     paths = [
         analysis.plot_embeddings({k: analysis.embedding_stats(m) for k, m in models.items()}, tmp_path / "e.png"),
         analysis.plot_condition_numbers(
-            {k: analysis.condition_numbers(m) for k, m in models.items()}, tmp_path / "c.png",
+            {k: analysis.condition_numbers(m) for k, m in models.items()},
+            tmp_path / "c.png",
             normalized={"GPT": analysis.condition_numbers(gpt, normalize=True)},
         ),
         analysis.plot_scalings({k: analysis.scaling_factors(m) for k, m in models.items()}, tmp_path / "s.png"),
@@ -292,7 +302,7 @@ def test_plots_overlay_models_into_small_pngs(tmp_path, ngpt, gpt):
             {k: analysis.length_extrapolation(m, tokens, 16, batches=1, batch_size=4) for k, m in models.items()},
             tmp_path / "sub" / "x.png",
         ),
-    ]  # fmt: skip
+    ]
     for path in paths:
         _check_png(path)
 
@@ -301,8 +311,16 @@ def test_plots_overlay_models_into_small_pngs(tmp_path, ngpt, gpt):
 # recipes.analyze end to end
 
 
-FAST = ["model.max_seq_len=32", "train.batch_size=4", "train.eval_every=3", "train.eval_batches=1",
-        "train.sample_tokens=0", "train.progress=false", "train.steps=3", "data.val_fraction=0.1"]  # fmt: skip
+FAST = [
+    "model.max_seq_len=32",
+    "train.batch_size=4",
+    "train.eval_every=3",
+    "train.eval_batches=1",
+    "train.sample_tokens=0",
+    "train.progress=false",
+    "train.steps=3",
+    "data.val_fraction=0.1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -312,8 +330,8 @@ def runs(tmp_path_factory):
     (d / "c.txt").write_text(text)
     common = [*FAST, f"data.source={d / 'c.txt'}", f"data.cache_dir={d / 'cache'}"]
     assert train_cli(["model.preset=ngpt-tiny", *common, f"train.out_dir={d / 'ngpt'}"]) == 0
-    assert train_cli(["model.preset=gpt-tiny", "optim.method=adamw", "optim.warmup_steps=1", *common,
-                      f"train.out_dir={d / 'gpt'}"]) == 0  # fmt: skip
+    gpt_run = ["model.preset=gpt-tiny", "optim.method=adamw", "optim.warmup_steps=1", f"train.out_dir={d / 'gpt'}"]
+    assert train_cli([*gpt_run, *common]) == 0
     return d
 
 
@@ -325,7 +343,7 @@ def _last_val_loss(run_dir):
 def test_analyze_recipe_end_to_end(runs, capsys):
     out = runs / "report"
     rc = analyze.main([str(runs / "ngpt"), str(runs / "gpt"), "--out", str(out), "--extrapolate",
-                       "--eval-batches", "1", "--batch-size", "4"])  # fmt: skip
+                       "--eval-batches", "1", "--batch-size", "4"])  # fmt: skip  # options beside their values
     assert rc == 0, capsys.readouterr().err
     for name in ("fig4_embeddings.png", "fig5_condition.png", "fig6_scalings.png", "extrapolation.png"):
         _check_png(out / name)

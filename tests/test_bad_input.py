@@ -190,7 +190,7 @@ OPTIM_CASES = {
                                     "method 'adamw' on a model with sphere parameters"),
     "normalize_on_gpt": (["model.preset=gpt-tiny", "optim.method=adam_normalize"],
                          "method 'adam_normalize': the model declares no sphere parameters"),
-}  # fmt: skip
+}  # fmt: skip  # one case per line
 
 
 @pytest.mark.parametrize("case", sorted(OPTIM_CASES))
@@ -278,7 +278,7 @@ DATA_CASES = {
     "jsonl_without_text_field": (_write("body.jsonl", b'{"body": "hello"}\n{"body": "there"}\n'),
                                  "{path} has no column 'text' (columns: body)"),
     "fake_parquet": (_write("fake.parquet", b"not a parquet file"), "parquet file {path} is not a Parquet file"),
-}  # fmt: skip
+}  # fmt: skip  # one case per line
 
 
 @pytest.mark.parametrize("case", sorted(DATA_CASES))
@@ -397,7 +397,7 @@ INPUT_CASES = {
     "python_list": ([[1, 2, 3]], TypeError, "input_ids must be a torch.Tensor of token ids, got list"),
     "one_dimensional": (torch.zeros(4, dtype=torch.long), ValueError, "input_ids must have shape (batch, seq_len), got 1 dims"),
     "empty_sequence": (torch.zeros(2, 0, dtype=torch.long), ValueError, "input_ids must hold at least one token per sequence"),
-}  # fmt: skip
+}  # fmt: skip  # one case per line
 
 
 @pytest.mark.parametrize("preset", MODELS)
@@ -445,7 +445,7 @@ CHECKPOINT_CASES = {
     "other_schedule": (["train.steps=4", "optim.lr=0.01"], ConfigError, ["optim.lr: 0.003 in the checkpoint, 0.01 now"]),
     "other_model_options": (["model.update=slerp"], ConfigError, ["model.update: 'lerp' in the checkpoint, 'slerp' now"]),
     "other_batch_size": (["train.batch_size=4"], ConfigError, ["train.batch_size: 8 in the checkpoint, 4 now"]),
-}  # fmt: skip
+}  # fmt: skip  # one case per line
 
 
 @pytest.mark.parametrize("case", sorted(CHECKPOINT_CASES))

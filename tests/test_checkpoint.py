@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-import spherenet.checkpoint as ckpt
+import spherenet.checkpoint.manager as ckpt
 from spherenet.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,

@@ -88,7 +88,7 @@ def _save_with(safetensors_torch, directory: Path, change) -> None:
         (lambda t: t.update({"blocks.9.extra": torch.zeros(3)}), ["unexpected tensor 'blocks.9.extra' (shape (3,))"]),
     ],
     ids=["wrong_shape", "missing", "unexpected"],
-)  # fmt: skip
+)  # fmt: skip  # one case per line
 def test_mismatched_tensors_are_named(safetensors_torch, tmp_path, change, needles):
     _save_with(safetensors_torch, tmp_path, change)
     with pytest.raises(PretrainedFileError) as info:
@@ -157,9 +157,11 @@ def test_push_to_hub_uploads_the_saved_files(safetensors_torch, monkeypatch):
         def upload_folder(self, *, repo_id, folder_path, **kwargs):
             calls.append(("upload_folder", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
             return huggingface_hub.CommitInfo(
-                commit_url=f"https://huggingface.co/{repo_id}/commit/abc", commit_message=kwargs["commit_message"],
-                commit_description="", oid="abc",
-            )  # fmt: skip
+                commit_url=f"https://huggingface.co/{repo_id}/commit/abc",
+                commit_message=kwargs["commit_message"],
+                commit_description="",
+                oid="abc",
+            )
 
     monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
     url = from_preset("gpt-tiny").push_to_hub("someone/gpt-tiny", token="t")
@@ -207,10 +209,23 @@ def bpe_run(tmp_path_factory):
     text = "\n\n".join(f"line {i}: the quick brown fox jumps over the lazy dog {i % 7}" for i in range(300))
     (root / "c.txt").write_text(text)
     out = root / "run"
-    rc = train_cli(["model.preset=ngpt-tiny", "model.max_seq_len=32", "train.batch_size=4", "train.eval_every=2",
-                    "train.eval_batches=1", "train.sample_tokens=0", "train.progress=false", "train.steps=2",
-                    "train.checkpoint_every=1", "data.tokenizer=bpe:300", f"train.out_dir={out}",
-                    f"data.source={root / 'c.txt'}", f"data.cache_dir={root / 'cache'}"])  # fmt: skip
+    rc = train_cli(
+        [
+            "model.preset=ngpt-tiny",
+            "model.max_seq_len=32",
+            "train.batch_size=4",
+            "train.eval_every=2",
+            "train.eval_batches=1",
+            "train.sample_tokens=0",
+            "train.progress=false",
+            "train.steps=2",
+            "train.checkpoint_every=1",
+            "data.tokenizer=bpe:300",
+            f"train.out_dir={out}",
+            f"data.source={root / 'c.txt'}",
+            f"data.cache_dir={root / 'cache'}",
+        ]
+    )
     assert rc == 0
     return out
 

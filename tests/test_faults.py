@@ -219,8 +219,17 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float) -> str:
 
 
 def torchrun_cmd(nproc: int, *train_args: str, max_restarts: int = 0) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            f"--max-restarts={max_restarts}", "-m", "recipes.train", *train_args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "recipes.train",
+        *train_args,
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,8 +240,14 @@ needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="f
 
 
 def ddp_args(out_dir, cache, text_file):
-    return args(out_dir, cache, text_file, f"train.steps={KILL_STEPS}", f"train.checkpoint_every={KILL_EVERY}",
-                "train.parallel=ddp")  # fmt: skip
+    return args(
+        out_dir,
+        cache,
+        text_file,
+        f"train.steps={KILL_STEPS}",
+        f"train.checkpoint_every={KILL_EVERY}",
+        "train.parallel=ddp",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -452,8 +467,17 @@ def same_tensors(a, b) -> bool:
 def test_nonfinite_skip_leaves_weights_untouched(tmp_path, cache, text_file, monkeypatch, kind):
     out, bad = tmp_path / "run", {4, 7}
     poison(monkeypatch, bad, kind)
-    rc = cli(args(out, cache, text_file, "train.steps=10", "train.checkpoint_every=1", "train.keep_last=20",
-                  "train.nonfinite=skip"))  # fmt: skip
+    rc = cli(
+        args(
+            out,
+            cache,
+            text_file,
+            "train.steps=10",
+            "train.checkpoint_every=1",
+            "train.keep_last=20",
+            "train.nonfinite=skip",
+        )
+    )
     assert rc == 0
     rows = {r["step"]: r for r in read_log(out) if "loss" in r}
     assert sorted(rows) == list(range(1, 11))
@@ -472,8 +496,9 @@ def test_nonfinite_skip_leaves_weights_untouched(tmp_path, cache, text_file, mon
         assert not same_tensors(states[s + 1]["model"], states[s]["model"])  # and training goes on
 
 
-def test_nonfinite_stop_exits_3_and_keeps_last_good_checkpoint(tmp_path, cache, text_file, reference, monkeypatch,
-                                                                capsys):  # fmt: skip
+def test_nonfinite_stop_exits_3_and_keeps_last_good_checkpoint(
+    tmp_path, cache, text_file, reference, monkeypatch, capsys
+):
     out = tmp_path / "run"
     common = [f"train.steps={STEPS}", f"train.checkpoint_every={EVERY}", "train.nonfinite=stop"]
     with monkeypatch.context() as m:

@@ -168,7 +168,7 @@ def _rows_unit_after_every_step(model, opt, data, tol):
     ("riemannian_adam", "element"),
     ("riemannian_adam", "row"),
     ("adam_normalize", "element"),
-])  # fmt: skip
+])  # fmt: skip  # one case per line
 def test_recipes_keep_rows_unit(method, second_moment):
     model = make_model()
     opt, _ = build_optimizer(model, method, lr=3e-2, total_steps=100, second_moment=second_moment)
@@ -192,7 +192,7 @@ def test_bfloat16_weights_stay_on_the_sphere(second_moment):
     lambda groups: torch_optimizer.Lamb(groups, lr=3e-2, weight_decay=0.0),
     lambda groups: torch_optimizer.AdaBelief(groups, lr=3e-2, weight_decay=0.0),
     lambda groups: torch.optim.SGD([p for g in groups for _, p in g["params"]], lr=0.5, momentum=0.9),
-], ids=["Adam", "SGD-momentum", "Lamb", "AdaBelief", "SGD-one-mixed-group"])  # fmt: skip
+], ids=["Adam", "SGD-momentum", "Lamb", "AdaBelief", "SGD-one-mixed-group"])  # fmt: skip  # one case per line
 def test_wrapper_keeps_rows_unit_and_reduces_loss(make_base):
     model = make_model()
     opt = Riemannian(make_base(param_groups(model)), model)
@@ -237,7 +237,7 @@ def _ours_groups(model):
     (torch.float32, 1e-6, 0.0),
     (torch.float64, 1e-10, 0.0),
     (torch.float64, 1e-10, 0.1),
-])  # fmt: skip
+])  # fmt: skip  # one case per line
 def test_row_second_moment_matches_geoopt(dtype, tol, geoopt_sphere_wd):
     """second_moment="row" is geoopt's RiemannianAdam, step for step (60 steps, same data).
 
@@ -264,7 +264,7 @@ def test_default_kernel_choice_is_fused_for_small_cpu_tensors_too():
     """fused=None: torch's fused Adam for every tensor it has a kernel for, small CPU ones
     included (faster than foreach at every size measured, see split_fused), so a small model's
     Euclidean group steps bitwise like torch.optim.Adam(fused=True)."""
-    from spherenet.optim.radam import split_fused
+    from spherenet.optim.kernel_choice import split_fused
 
     tensors = [torch.zeros(8), torch.zeros(3, 5, dtype=torch.float64), torch.zeros(4, dtype=torch.int64)]
     assert split_fused(None, tensors) == [True, True, False]
@@ -365,18 +365,18 @@ def test_element_second_moment_matches_reference_loop(dtype, tol, fused):
     lambda m: RiemannianAdam(m, lr=2e-2, second_moment="element", fused=False),
     lambda m: RiemannianAdam(m, lr=2e-2, second_moment="row"),
     lambda m: Riemannian(torch.optim.Adam(param_groups(m), lr=2e-2), m),
-], ids=["element-fused", "element-foreach", "row", "wrapped-Adam"])  # fmt: skip
+], ids=["element-fused", "element-foreach", "row", "wrapped-Adam"])  # fmt: skip  # one case per line
 def test_cache_blocking_does_not_change_results(make_opt):
     """The optimizers cut the parameters into row blocks ("waves") to stay in cache; blocks of
     a few rows (every tensor split, blocks spanning tensors) give bitwise the same steps."""
-    from spherenet.optim import _tensors
+    from spherenet.optim import _row_kernels
 
     whole, blocked = make_model(), make_model()
     data = batches(5)
     train(whole, make_opt(whole), data)
     opt = make_opt(blocked)
     opt.wave_bytes = 3 * D * 4  # three float32 rows
-    chunks = list(_tensors.waves([sphere_parameters(blocked)], opt.wave_bytes))
+    chunks = list(_row_kernels.waves([sphere_parameters(blocked)], opt.wave_bytes))
     assert len(chunks) > len(sphere_parameters(blocked))  # the tensors really are split
     train(blocked, opt, data)
     assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), blocked.parameters()))
@@ -387,7 +387,7 @@ def test_cache_blocking_does_not_change_results(make_opt):
 def test_wrapped_torch_adam_equals_riemannian_adam_element(dtype, tol, kernel):
     """Riemannian(torch.optim.Adam) and RiemannianAdam(element) take the same step: neither
     transports exp_avg by projection, since with a per-element second moment that would break
-    Adam's step bound (spherenet.optim.radam). Both match the plain loop without transport."""
+    Adam's step bound (spherenet.optim.riemannian_adam). Both match the plain loop without transport."""
     a = make_model(dtype)
     b, ref = copy.deepcopy(a), copy.deepcopy(a)
     data = batches(30)
@@ -451,7 +451,7 @@ def _round_trip_next_step_identical(make_opt, steps=5):
     lambda m: RiemannianAdam(m, lr=2e-2, second_moment="element"),
     lambda m: RiemannianAdam(m, lr=2e-2, second_moment="row", weight_decay=0.1),
     lambda m: Riemannian(torch.optim.SGD(param_groups(m), lr=0.3, momentum=0.9), m),
-], ids=["element", "row", "wrapped-SGD"])  # fmt: skip
+], ids=["element", "row", "wrapped-SGD"])  # fmt: skip  # one case per line
 def test_state_dict_round_trip_gives_the_same_next_step(make_opt):
     _round_trip_next_step_identical(make_opt)
 
@@ -500,11 +500,11 @@ def test_optimizer_built_before_assign_is_refused_at_step():
 
 def test_model_watch_walks_the_model_once_then_confirms(monkeypatch):
     """After one full walk, a step confirms the links it saw instead of walking the model again."""
-    from spherenet.optim import _common
+    from spherenet.optim import _checks
 
     walks = []
-    real = _common.named_sphere_parameters
-    monkeypatch.setattr(_common, "named_sphere_parameters", lambda m: walks.append(1) or real(m))
+    real = _checks.named_sphere_parameters
+    monkeypatch.setattr(_checks, "named_sphere_parameters", lambda m: walks.append(1) or real(m))
     model = make_model()
     opt = RiemannianAdam(model, lr=1e-2)
     train(model, opt, batches(5))
@@ -570,8 +570,10 @@ def test_weight_decay_on_the_sphere_is_refused():
     # the module form applies the constructor's weight decay to Euclidean matrices only
     opt = RiemannianAdam(model, lr=1e-3, weight_decay=0.1)
     assert {(g["manifold"], g["weight_decay"]) for g in opt.param_groups} == {
-        ("sphere", 0.0), ("euclidean", 0.1), ("euclidean", 0.0),
-    }  # fmt: skip
+        ("sphere", 0.0),
+        ("euclidean", 0.1),
+        ("euclidean", 0.0),
+    }
 
 
 def test_bad_sphere_shapes_are_refused():
@@ -585,7 +587,7 @@ def test_bad_sphere_shapes_are_refused():
 @pytest.mark.parametrize("make_opt", [
     lambda m, policy: RiemannianAdam(m, lr=1e-2, off_sphere=policy),
     lambda m, policy: Riemannian(torch.optim.Adam(param_groups(m), lr=1e-2), m, off_sphere=policy),
-], ids=["RiemannianAdam", "Riemannian"])  # fmt: skip
+], ids=["RiemannianAdam", "Riemannian"])  # fmt: skip  # one case per line
 def test_off_sphere_rows_at_first_step(make_opt):
     model = make_model()
     with torch.no_grad():
@@ -653,7 +655,7 @@ def test_unclassified_state_of_a_wrapped_optimizer_is_refused():
     lambda m: RiemannianAdam(m, lr=2e-2, second_moment="element"),
     lambda m: RiemannianAdam(m, lr=2e-2, second_moment="row"),
     lambda m: Riemannian(torch.optim.Adam(param_groups(m), lr=2e-2), m),
-], ids=["element", "row", "wrapped-Adam"])  # fmt: skip
+], ids=["element", "row", "wrapped-Adam"])  # fmt: skip  # one case per line
 def test_compiled_step_keeps_norms_and_matches_eager(make_opt):
     torch._dynamo.reset()
     eager_model = make_model()
@@ -732,7 +734,7 @@ def test_build_optimizer_recipes():
     (dict(second_moment="col"), "second_moment must be one of"),
     (dict(method="adamw", total_steps=5000), "method 'adamw' on a model with sphere parameters"),
     (dict(method="adamw", total_steps=300), r"warmup_steps \(2000\) \(the 'adamw' recipe's default.*< total_steps"),
-])  # fmt: skip
+])  # fmt: skip  # one case per line
 def test_build_optimizer_names_bad_values(kwargs, match):
     args = dict(method="riemannian_adam", lr=1e-3, total_steps=100) | kwargs
     with pytest.raises(ValueError, match=match):
@@ -781,7 +783,7 @@ def test_ngpt_row_mode_matches_geoopt_and_stays_on_the_sphere():
 
 def test_bf16_retraction_divides_in_float32():
     """Rows 0.3% too long: a bf16-rounded norm reads exactly 1 and would leave them there."""
-    from spherenet.optim._tensors import RowOps
+    from spherenet.optim._row_kernels import RowOps
 
     x = torch.nn.functional.normalize(torch.randn(64, 1024, generator=torch.Generator().manual_seed(0)), dim=-1)
     x = (x * 1.003).bfloat16()

@@ -16,8 +16,8 @@ import torch
 from test_optim_native import ngpt, reference_step, set_grads  # tests/ is on sys.path under pytest
 from torch._dynamo.utils import counters
 
-from spherenet.optim import RiemannianAdam, _native, compiled_kernel, radam
-from spherenet.optim.radam import resolve_sphere_kernel
+from spherenet.optim import RiemannianAdam, _native, compiled_kernel, riemannian_adam
+from spherenet.optim.riemannian_adam import resolve_sphere_kernel
 
 MODES = [("element", "riemannian"), ("element", "euclidean"), ("row", "riemannian"), ("row", "euclidean")]
 needs_native = pytest.mark.skipif(_native.sphere_adam_op() is None, reason="native kernel unavailable")
@@ -162,7 +162,7 @@ def test_compile_failure_raises_for_explicit_choice(monkeypatch):
 def test_compile_failure_under_auto_warns_once_and_falls_back(monkeypatch):
     monkeypatch.setattr(compiled_kernel, "sphere_adam_", _failing_compile)
     # these CPU tensors stand for CUDA ones: "auto" asks for the compiled kernel
-    monkeypatch.setattr(radam, "resolve_sphere_kernel", lambda choice, device_type: "compiled")
+    monkeypatch.setattr(riemannian_adam, "resolve_sphere_kernel", lambda choice, device_type: "compiled")
     model = ngpt(torch.float32)
     twin = copy.deepcopy(model)
     opt = RiemannianAdam(model, lr=1e-3)

@@ -70,8 +70,10 @@ def _checks(rank: int) -> None:
 
     mesh = init_device_mesh("cpu", (WORLD,))
     g = torch.Generator().manual_seed(7)
-    data = [(torch.randint(0, 13, (WORLD, 2, 6), generator=g), torch.randint(0, 13, (WORLD, 2, 6), generator=g))
-            for _ in range(STEPS)]  # fmt: skip
+    data = [
+        (torch.randint(0, 13, (WORLD, 2, 6), generator=g), torch.randint(0, 13, (WORLD, 2, 6), generator=g))
+        for _ in range(STEPS)
+    ]
 
     for kind in ("element", "row", "wrapped-adam", "adam_normalize"):
         torch.manual_seed(0)

@@ -127,9 +127,14 @@ def test_step_matches_float64_reference(nesterov, adjust_lr, project_update):
     grads = random_grads(SHAPES, 6, torch.float64)
     want_x, want_m = reference_run(params, grads, 0.05, 0.9, nesterov, adjust_lr, project_update)
     opt = SphericalMuon(
-        params, lr=0.05, momentum=0.9, nesterov=nesterov, adjust_lr=adjust_lr, project_update=project_update,
+        params,
+        lr=0.05,
+        momentum=0.9,
+        nesterov=nesterov,
+        adjust_lr=adjust_lr,
+        project_update=project_update,
         ns_dtype="float64",
-    )  # fmt: skip
+    )
     run(opt, params, grads)
     for p, x, m, x0 in zip(params, want_x, want_m, start):
         assert float((p.detach() - x).abs().max()) < 1e-12
@@ -209,9 +214,13 @@ def test_wrapped_torch_muon_equals_spherical_muon_without_update_projection(dtyp
     grads = random_grads(SHAPES, 5, dtype)
     opt = SphericalMuon(ours, lr=0.03, momentum=0.9, nesterov=nesterov, adjust_lr=adjust_lr, project_update=False)
     base = torch.optim.Muon(
-        [{"params": theirs, "manifold": "sphere"}], lr=0.03, momentum=0.9, nesterov=nesterov, weight_decay=0.0,
+        [{"params": theirs, "manifold": "sphere"}],
+        lr=0.03,
+        momentum=0.9,
+        nesterov=nesterov,
+        weight_decay=0.0,
         adjust_lr_fn=adjust_lr,
-    )  # fmt: skip
+    )
     run(opt, ours, grads)
     run(Riemannian(base), theirs, grads)
     for p, q in zip(ours, theirs):
@@ -228,8 +237,18 @@ def test_update_projection_changes_the_step_unless_the_update_is_tangent():
         grads = random_grads([shape], 4, torch.float32)
         opt = SphericalMuon([ours], lr=0.03)
         run(opt, [ours], grads)
-        run(Riemannian(torch.optim.Muon([{"params": [theirs], "manifold": "sphere"}], lr=0.03, weight_decay=0.0,
-                                        adjust_lr_fn="match_rms_adamw")), [theirs], grads)  # fmt: skip
+        run(
+            Riemannian(
+                torch.optim.Muon(
+                    [{"params": [theirs], "manifold": "sphere"}],
+                    lr=0.03,
+                    weight_decay=0.0,
+                    adjust_lr_fn="match_rms_adamw",
+                )
+            ),
+            [theirs],
+            grads,
+        )
         diff = float((ours.detach() - theirs.detach()).abs().max())
         assert (diff < 1e-6) if agree else (diff > 1e-4), (shape, diff)
 
@@ -273,7 +292,7 @@ def test_state_dict_round_trip_continues_exactly():
     (dict(ns_dtype="float16"), "ns_dtype must be one of"),
     (dict(eps=0.0), "eps must be > 0"),
     (dict(off_sphere="ignore"), "off_sphere must be one of"),
-])  # fmt: skip
+])  # fmt: skip  # one case per line
 def test_bad_arguments_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SphericalMuon([unit_rows(3, 4)], **kwargs)
@@ -316,9 +335,14 @@ def test_combined_optimizer_shares_groups_and_state_and_refuses_misuse():
     with pytest.raises(RuntimeError, match="add the group to one of its optimizers"):
         both.add_param_group({"params": [nn.Parameter(torch.randn(2))]})
     with pytest.raises(ValueError, match="2 param groups, these optimizers have 3"):
-        CombinedOptimizer([SphericalMuon([unit_rows(4, 5)]), torch.optim.Adam(
-            [{"params": [nn.Parameter(torch.randn(3))]}, {"params": [nn.Parameter(torch.randn(2))]}])]
-        ).load_state_dict(both.state_dict())  # fmt: skip
+        CombinedOptimizer(
+            [
+                SphericalMuon([unit_rows(4, 5)]),
+                torch.optim.Adam(
+                    [{"params": [nn.Parameter(torch.randn(3))]}, {"params": [nn.Parameter(torch.randn(2))]}]
+                ),
+            ]
+        ).load_state_dict(both.state_dict())
     with pytest.raises(ValueError, match="at least one optimizer"):
         CombinedOptimizer([])
 
@@ -447,8 +471,10 @@ def _free_port() -> int:
 
 def _make_combined(model):
     hidden = [(n, p) for n, p in param_groups(model)[0]["params"] if n in ("q.weight", "o.weight")]
-    rest = [dict(g, params=[(n, p) for n, p in g["params"] if n not in ("q.weight", "o.weight")])
-            for g in param_groups(model)]  # fmt: skip
+    rest = [
+        dict(g, params=[(n, p) for n, p in g["params"] if n not in ("q.weight", "o.weight")])
+        for g in param_groups(model)
+    ]
     muon = SphericalMuon([{"params": hidden}], lr=0.05, ns_dtype="float64")
     return CombinedOptimizer([muon, RiemannianAdam([g for g in rest if g["params"]], lr=3e-2)], model=model)
 
@@ -468,8 +494,10 @@ def _fsdp_worker(rank: int, port: int) -> None:
 
         mesh = init_device_mesh("cpu", (WORLD,))
         g = torch.Generator().manual_seed(7)
-        data = [(torch.randint(0, 13, (WORLD, 2, 6), generator=g), torch.randint(0, 13, (WORLD, 2, 6), generator=g))
-                for _ in range(6)]  # fmt: skip
+        data = [
+            (torch.randint(0, 13, (WORLD, 2, 6), generator=g), torch.randint(0, 13, (WORLD, 2, 6), generator=g))
+            for _ in range(6)
+        ]
         torch.manual_seed(0)
         ref = Tiny(hidden=7).double()  # q, o: 7 rows over 2 ranks, uneven (4/3)
         normalize_(ref)
@@ -518,11 +546,23 @@ def test_train_cli_resume_continues_exactly(tmp_path, preset, method):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(f"paragraph {i}: the unit sphere holds every row. " * 4 for i in range(60)))
     common = [
-        f"model.preset={preset}", "model.max_seq_len=16", "model.n_layers=1", f"optim.method={method}",
-        "optim.warmup_steps=1", "optim.muon_lr=0.02", "train.batch_size=4", "train.steps=6", "train.log_every=1",
-        "train.eval_every=3", "train.eval_batches=1", "train.checkpoint_every=3", "train.sample_tokens=0",
-        "train.progress=false", f"data.source={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
-    ]  # fmt: skip
+        f"model.preset={preset}",
+        "model.max_seq_len=16",
+        "model.n_layers=1",
+        f"optim.method={method}",
+        "optim.warmup_steps=1",
+        "optim.muon_lr=0.02",
+        "train.batch_size=4",
+        "train.steps=6",
+        "train.log_every=1",
+        "train.eval_every=3",
+        "train.eval_batches=1",
+        "train.checkpoint_every=3",
+        "train.sample_tokens=0",
+        "train.progress=false",
+        f"data.source={corpus}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
 
     def losses(out):
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from spherenet.layers import SphereLinear
 from spherenet.models import from_preset
 from spherenet.optim import RiemannianAdam, _native, normalize_
-from spherenet.optim.radam import SPHERE_KERNELS
+from spherenet.optim.riemannian_adam import SPHERE_KERNELS
 
 pytestmark = pytest.mark.skipif(
     _native.sphere_adam_op() is None, reason=f"native kernel unavailable: {_native.native_status()[1]}"
@@ -28,7 +28,7 @@ OP = _native.sphere_adam_op()
 
 
 def reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean=False):
-    """Steps 1-5 of spherenet.optim.radam in plain float64 PyTorch (no spherenet code)."""
+    """Steps 1-5 of spherenet.optim.riemannian_adam in plain float64 PyTorch (no spherenet code)."""
     x, g, m, v = (a.double() for a in (x, g, m, v))
     u = g if euclidean else g - (x * g).sum(-1, keepdim=True) * x
     m = b1 * m + (1 - b1) * u
@@ -347,9 +347,13 @@ def test_kernel_built_for_another_cpu_capability(capability, tmp_path):
     and check its steps against the float64 reference."""
     env = dict(os.environ, ATEN_CPU_CAPABILITY=capability.lower(), TORCH_EXTENSIONS_DIR=str(tmp_path))
     out = subprocess.run(
-        [sys.executable, "-c", _OTHER_ISA_CHECK], env=env, capture_output=True, text=True, timeout=600,
+        [sys.executable, "-c", _OTHER_ISA_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )  # fmt: skip
+    )
     if out.returncode == 0 and out.stdout.split() and out.stdout.split()[0] != capability:
         pytest.skip(f"this CPU cannot run {capability} code (torch picked {out.stdout.split()[0]})")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -129,7 +129,7 @@ def test_no_element_moves_further_than_adam_allows(mode, gradient, kernel, dtype
     """30 steps at lr 1e-3, betas (0.9, 0.999), with embedding rows that go quiet and wake.
 
     Adam's direction is bounded element by element, |m_hat_i| / sqrt(v_hat_i) <= B_t (1.30 at
-    t = 30 for these betas; see spherenet.optim.radam), and Norm adds lr |x_i <x, d>|, the
+    t = 30 for these betas; see spherenet.optim.riemannian_adam), and Norm adds lr |x_i <x, d>|, the
     rescaling of the row the paper's method has too (that method peaks at 2.0 lr here). So no
     element of any sphere weight may move more than 3 lr in one step. Transporting the
     momentum by projection with a per-element second moment moved single elements 61 lr here."""

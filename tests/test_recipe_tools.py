@@ -35,8 +35,16 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained_run(corpus):
     out = corpus / "run"
-    rc = train_cli(["model.preset=ngpt-tiny", *FAST, "train.steps=4", f"train.out_dir={out}",
-                    f"data.source={corpus / 'c.txt'}", f"data.cache_dir={corpus / 'cache'}"])  # fmt: skip
+    rc = train_cli(
+        [
+            "model.preset=ngpt-tiny",
+            *FAST,
+            "train.steps=4",
+            f"train.out_dir={out}",
+            f"data.source={corpus / 'c.txt'}",
+            f"data.cache_dir={corpus / 'cache'}",
+        ]
+    )
     assert rc == 0
     return out
 
@@ -73,7 +81,7 @@ def test_compare_two_variants(corpus, capsys):
     out = corpus / "cmp"
     rc = compare.main(["--variants", "gpt", "ngpt", "--seeds", "0", "1", "--size", "tiny", "--out", str(out),
                        *FAST, "train.steps=6", "optim.warmup_steps=1",
-                       f"data.source={corpus / 'c.txt'}", f"data.cache_dir={corpus / 'cache'}"])  # fmt: skip
+                       f"data.source={corpus / 'c.txt'}", f"data.cache_dir={corpus / 'cache'}"])  # fmt: skip  # options beside their values
     assert rc == 0
     result = json.loads((out / "compare.json").read_text())
     assert [r["variant"] for r in result["rows"]] == ["gpt", "ngpt"]
@@ -139,8 +147,17 @@ def test_steps_to_reach():
 def two_checkpoints(corpus):
     """A finished run with checkpoints at steps 2 and 4."""
     out = corpus / "two"
-    rc = train_cli(["model.preset=ngpt-tiny", *FAST, "train.steps=4", "train.checkpoint_every=2", f"train.out_dir={out}",
-                    f"data.source={corpus / 'c.txt'}", f"data.cache_dir={corpus / 'cache'}"])  # fmt: skip
+    rc = train_cli(
+        [
+            "model.preset=ngpt-tiny",
+            *FAST,
+            "train.steps=4",
+            "train.checkpoint_every=2",
+            f"train.out_dir={out}",
+            f"data.source={corpus / 'c.txt'}",
+            f"data.cache_dir={corpus / 'cache'}",
+        ]
+    )
     assert rc == 0
     return out
 
@@ -204,8 +221,17 @@ def test_load_trained_falls_back_and_names_the_directory_when_all_are_damaged(tw
 
 def _train_bpe_run(corpus, root):
     out, cache = root / "run", root / "cache"
-    rc = train_cli(["model.preset=ngpt-tiny", *FAST, "train.steps=2", "data.tokenizer=bpe:300", f"train.out_dir={out}",
-                    f"data.source={corpus / 'c.txt'}", f"data.cache_dir={cache}"])  # fmt: skip
+    rc = train_cli(
+        [
+            "model.preset=ngpt-tiny",
+            *FAST,
+            "train.steps=2",
+            "data.tokenizer=bpe:300",
+            f"train.out_dir={out}",
+            f"data.source={corpus / 'c.txt'}",
+            f"data.cache_dir={cache}",
+        ]
+    )
     assert rc == 0
     return out, cache
 

@@ -309,8 +309,9 @@ def finished_run(tmp_path_factory, cache, text_file) -> Path:
         ("model.n_heads=2", "model.n_heads: 4 in the checkpoint, 2 now"),
     ],
 )
-def test_refused_resume_does_no_work_and_leaves_checkpoints(finished_run, tmp_path, cache, text_file, capsys,
-                                                            monkeypatch, override, needle):  # fmt: skip
+def test_refused_resume_does_no_work_and_leaves_checkpoints(
+    finished_run, tmp_path, cache, text_file, capsys, monkeypatch, override, needle
+):
     import recipes.train
 
     out = tmp_path / "run"

@@ -91,7 +91,7 @@ def test_convergence_labels_its_data_and_passes_overrides_to_every_run(tmp_path,
            "--seeds", "0", "--steps", "4", "--eval-every", "2", "--eval-batches", "1", "--block", "16", "--batch", "4",
            "--data", str(lines_corpus), "--out", str(out), "--results", str(out / "results"), "--jobs", "2",
            # after a list option, where argparse alone would read them as learning rates:
-           "--ngpt-lrs", "1e-2", "data.text_unit=line", "model.max_seq_len=16"]  # fmt: skip
+           "--ngpt-lrs", "1e-2", "data.text_unit=line", "model.max_seq_len=16"]  # fmt: skip  # options beside their values
     done = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     for run in ("gpt_lr1e-2", "ngpt_lr1e-2"):
@@ -187,7 +187,8 @@ def test_signal_is_forwarded_then_a_stubborn_child_is_killed(tmp_path):
     """The helper alone: a child that ignores SIGTERM is killed after the grace period, and
     Ctrl-C (SIGINT) is forwarded to a child's whole process group."""
     script = tmp_path / "tool.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import sys
         from recipes import subprocesses
 
@@ -195,7 +196,8 @@ def test_signal_is_forwarded_then_a_stubborn_child_is_killed(tmp_path):
         code = sys.argv[1] if len(sys.argv) > 1 else stubborn
         with subprocesses.stop_children_on_signals(grace_s=1.0):
             subprocesses.run([sys.executable, "-c", code])
-    """))  # fmt: skip
+    """)
+    )
     took = _stop_tool_and_check_children([sys.executable, str(script)], tmp_path, signal.SIGTERM, "-c", 20, 1.5)
     assert 1.0 <= took < 10  # waited the grace period, then killed it
     # A grandchild in the child's process group gets the forwarded SIGINT as well.
@@ -208,7 +210,7 @@ def test_signal_is_forwarded_then_a_stubborn_child_is_killed(tmp_path):
 def test_sigterm_to_compare_stops_its_training_run(tmp_path, lines_corpus):
     cmd = [sys.executable, "-m", "recipes.compare", "--variants", "ngpt", "--size", "tiny", "--out", str(tmp_path / "c"),
            "train.steps=100000", f"data.source={lines_corpus}", "data.text_unit=line",
-           f"data.cache_dir={tmp_path / 'cache'}", "train.checkpoint_every=100000"]  # fmt: skip
+           f"data.cache_dir={tmp_path / 'cache'}", "train.checkpoint_every=100000"]  # fmt: skip  # options beside their values
     metrics = tmp_path / "c" / "ngpt" / "seed0" / "metrics.jsonl"
     training = lambda: metrics.is_file() and '"event": "start"' in metrics.read_text()  # noqa: E731
     _stop_tool_and_check_children(cmd, tmp_path, signal.SIGTERM, "recipes.train", 120, ready=training)
@@ -222,7 +224,7 @@ def test_sigterm_to_compare_stops_its_training_run(tmp_path, lines_corpus):
 def test_sigterm_to_convergence_stops_its_training_runs(tmp_path, lines_corpus):
     cmd = [sys.executable, str(CONVERGENCE), "--variants", "gpt", "--lrs", "1e-2", "--seeds", "0",
            "--steps", "100000", "--data", str(lines_corpus), "--out", str(tmp_path / "study"), "--jobs", "1",
-           "data.text_unit=line"]  # fmt: skip
+           "data.text_unit=line"]  # fmt: skip  # options beside their values
     _stop_tool_and_check_children(cmd, tmp_path, signal.SIGTERM, "recipes.train", 120)
 
 

@@ -14,17 +14,11 @@ does not pay for it.
 """
 
 from .errors import DataError, DataFileNotFoundError, TokenizerError
-from .prepare import PreparedData, default_corpus, load_prepared, prepare_dataset, token_dtype
+from .prepare import default_corpus, prepare_dataset
+from .prepared import PreparedData, load_prepared, token_dtype
 from .sources import DEFAULT_STDLIB_BYTES, SOURCE_KINDS, Source, load_documents, resolve_source, stdlib_files
-from .tokenizer import (
-    ByteTokenizer,
-    HFTokenizer,
-    Tokenizer,
-    build_tokenizer,
-    load_pretrained,
-    load_tokenizer,
-    train_bpe,
-)
+from .tokenizer import build_tokenizer, load_pretrained, load_tokenizer, train_bpe
+from .tokenizer_classes import ByteTokenizer, HFTokenizer, Tokenizer
 from .windows import TokenWindows
 
 __all__ = [

@@ -139,9 +139,12 @@ class HubMixin:
         with tempfile.TemporaryDirectory() as tmp:
             self.save_pretrained(tmp)
             commit = api.upload_folder(
-                repo_id=repo.repo_id, folder_path=tmp, commit_message=commit_message,
-                revision=revision, create_pr=create_pr,
-            )  # fmt: skip
+                repo_id=repo.repo_id,
+                folder_path=tmp,
+                commit_message=commit_message,
+                revision=revision,
+                create_pr=create_pr,
+            )
         return commit.commit_url
 
     @classmethod
@@ -165,9 +168,12 @@ class HubMixin:
         """
         safetensors_torch = _require("safetensors.torch")
         download = {
-            "revision": revision, "cache_dir": cache_dir, "force_download": force_download,
-            "token": token, "local_files_only": local_files_only,
-        }  # fmt: skip
+            "revision": revision,
+            "cache_dir": cache_dir,
+            "force_download": force_download,
+            "token": token,
+            "local_files_only": local_files_only,
+        }
         config_file = _resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
         weights_file = _resolve(pretrained_model_name_or_path, WEIGHTS_NAME, download)
         model = cls(cls._config_from_file(config_file))

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ._common import ModelWatch
+from ._checks import ModelWatch
 from .groups import check_groups
 
 __all__ = ["CombinedOptimizer"]

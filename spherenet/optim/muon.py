@@ -60,8 +60,8 @@ import math
 import torch
 from torch.optim import Optimizer
 
-from ._common import check_off_sphere, check_positive_float, ensure_on_sphere
-from ._tensors import RowOps, check_sphere_layout, is_dtensor, local
+from ._checks import check_off_sphere, check_positive_float, ensure_on_sphere
+from ._row_kernels import RowOps, check_sphere_layout, is_dtensor, local
 from .groups import SPHERE, _names_of
 
 __all__ = [

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ._tensors import RowOps, check_sphere_layout, local
+from ._row_kernels import RowOps, check_sphere_layout, local
 from .groups import named_sphere_parameters
 
 __all__ = ["normalize_", "add_normalize_hook"]

@@ -13,7 +13,7 @@
   (and ``second_moment="element"``) this is the paper's optimizer, the same steps as
   ``"adam_normalize"`` to float rounding, in one pass per row; with ``gradient="riemannian"``
   (the default) Adam's moments see the tangent projection of the gradient, a different
-  optimizer (see :mod:`spherenet.optim.radam` for how far it departs);
+  optimizer (see :mod:`spherenet.optim.riemannian_adam` for how far it departs);
 - ``"adam_normalize"``: nGPT as in the paper: Euclidean Adam, then renormalize every sphere
   weight after each step (Section 2.6, step 2) with :func:`add_normalize_hook`;
 - ``"adamw"``: the GPT baseline: AdamW, weight decay on tensors with ``ndim >= 2`` only;
@@ -37,13 +37,14 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from ._common import check_betas, check_positive_float
-from ._tensors import is_dtensor
+from ._checks import check_betas, check_positive_float
+from ._row_kernels import is_dtensor
 from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, SPHERE, named_sphere_parameters, param_groups
+from .kernel_choice import split_fused
 from .muon import SphericalMuon, is_hidden_matrix
 from .normalize import add_normalize_hook, normalize_
-from .radam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam, split_fused
+from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
 
 __all__ = ["METHODS", "MUON_METHODS", "RECIPES", "build_optimizer", "WarmupCosine"]
 
@@ -187,9 +188,19 @@ def build_optimizer(
         add_normalize_hook(optimizer, model)
     elif method == "spherical_muon":
         optimizer = _spherical_muon(
-            model, sphere, weight_decay, lr, betas, eps, second_moment, off_sphere, fused, sphere_kernel,
-            muon_lr, muon_momentum,
-        )  # fmt: skip
+            model,
+            sphere,
+            weight_decay,
+            lr,
+            betas,
+            eps,
+            second_moment,
+            off_sphere,
+            fused,
+            sphere_kernel,
+            muon_lr,
+            muon_momentum,
+        )
     elif method == "muon":
         optimizer = _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, muon_momentum)
     else:
@@ -245,9 +256,13 @@ def _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, momentum)
     if not hidden:
         raise ValueError("method 'muon': the model has no 2-D weights in model.blocks for Muon (use 'adamw')")
     muon = torch.optim.Muon(
-        [{"params": hidden, "manifold": EUCLIDEAN}], lr=muon_lr, weight_decay=weight_decay, momentum=momentum,
-        nesterov=True, adjust_lr_fn="match_rms_adamw",
-    )  # fmt: skip
+        [{"params": hidden, "manifold": EUCLIDEAN}],
+        lr=muon_lr,
+        weight_decay=weight_decay,
+        momentum=momentum,
+        nesterov=True,
+        adjust_lr_fn="match_rms_adamw",
+    )
     rest = _torch_groups(model, weight_decay, fused, exclude={id(p) for _, p in hidden})
     parts: list[torch.optim.Optimizer] = [muon]
     if rest:
@@ -270,7 +285,7 @@ def _torch_groups(
 ) -> list[dict]:
     """Param groups for torch's AdamW. ``fused=None`` on plain tensors: each group is split into
     a fused-kernel part (the tensors torch has a fused kernel for) and a part for torch's other kernels, by
-    :func:`spherenet.optim.radam.split_fused` (torch alone would take a per-tensor loop on CPU).
+    :func:`spherenet.optim.kernel_choice.split_fused` (torch alone would take a per-tensor loop on CPU).
     torch's AdamW ignores the extra ``"manifold"`` key; it is kept for readers."""
     groups = _without(param_groups(model, weight_decay), exclude)
     if fused is not None or any(is_dtensor(p) for g in groups for _, p in g["params"]):

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from . import _tensors
-from ._common import ModelWatch, check_off_sphere, ensure_on_sphere
-from ._tensors import RowOps, check_sphere_layout, local, waves
+from . import _row_kernels
+from ._checks import ModelWatch, check_off_sphere, ensure_on_sphere
+from ._row_kernels import RowOps, check_sphere_layout, local, waves
 from .groups import EUCLIDEAN, MANIFOLDS, SPHERE, _names_of, check_groups, describe, named_sphere_parameters
 
 __all__ = ["Riemannian", "VECTOR_STATES", "POINT_STATES", "MAGNITUDE_STATES"]
@@ -141,7 +141,7 @@ class Riemannian(Optimizer):
         if clash:
             raise ValueError(f"Riemannian: state keys classified twice: {sorted(clash)}")
         self._rows = RowOps()
-        self.wave_bytes = _tensors.WAVE_BYTES  # row-block size of the post-step pass (a tuning knob)
+        self.wave_bytes = _row_kernels.WAVE_BYTES  # row-block size of the post-step pass (a tuning knob)
 
         model = model_or_groups if isinstance(model_or_groups, nn.Module) else None
         held = {id(p): p for g in base.param_groups for p in g["params"]}
@@ -169,12 +169,14 @@ class Riemannian(Optimizer):
                     raise ValueError("Riemannian: a parameter of a sphere group is not in the base optimizer")
         # Refuse a ManifoldParameter on the sphere that is not known as a sphere parameter.
         check_groups(
-            [{"params": [p for p in held.values() if id(p) in sphere_ids], "manifold": SPHERE},
-             {"params": [p for p in held.values() if id(p) not in sphere_ids], "manifold": EUCLIDEAN}],
+            [
+                {"params": [p for p in held.values() if id(p) in sphere_ids], "manifold": SPHERE},
+                {"params": [p for p in held.values() if id(p) not in sphere_ids], "manifold": EUCLIDEAN},
+            ],
             None,
             "Riemannian",
             names=names,
-        )  # fmt: skip
+        )
         for g in base.param_groups:
             wd = g.get("weight_decay", 0) or 0
             if wd != 0 and any(id(p) in sphere_ids for p in g["params"]):
@@ -247,9 +249,14 @@ class Riemannian(Optimizer):
         if new:
             with torch.no_grad():
                 ensure_on_sphere(
-                    self._rows, [ps[i] for i in new], [xs[i] for i in new], _names_of(self.param_groups),
-                    self.off_sphere, "Riemannian", stacklevel=5,
-                )  # fmt: skip
+                    self._rows,
+                    [ps[i] for i in new],
+                    [xs[i] for i in new],
+                    _names_of(self.param_groups),
+                    self.off_sphere,
+                    "Riemannian",
+                    stacklevel=5,
+                )
         if closure is not None:
 
             def projected_closure():
@@ -272,7 +279,7 @@ class Riemannian(Optimizer):
 
     def _retract_and_move_state(self, ps: list[torch.Tensor], xs: list[torch.Tensor]) -> None:
         """Retract every sphere parameter and move its state, wave by wave (see
-        :func:`spherenet.optim._tensors.waves`): the first vector state of a parameter is
+        :func:`spherenet.optim._row_kernels.waves`): the first vector state of a parameter is
         projected while the parameter's rows are still in cache after the retraction."""
         vectors: list[list[torch.Tensor]] = []  # per parameter, its vector-like state tensors
         points: list[torch.Tensor] = []

@@ -11,7 +11,7 @@
 //   m  = m - <x, m> x                       transport of m, riemannian gradient with row v only
 //
 // m is not transported with a per-element v: the projection mixes coordinates of m, and
-// |m_i| <= C sqrt(v_i), which bounds Adam's step, would no longer hold (see radam.py).
+// |m_i| <= C sqrt(v_i), which bounds Adam's step, would no longer hold (see riemannian_adam.py).
 // The euclidean gradient with a per-element v is the paper's method (Adam, then Norm).
 //
 // The arithmetic is written with ATen's Vectorized<T> (AVX-512 / AVX2 / NEON lanes, picked by

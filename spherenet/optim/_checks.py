@@ -12,7 +12,7 @@ from torch import nn
 
 from ..manifolds import point_tolerance
 from ..manifolds.registry import named_manifold_parameters
-from ._tensors import RowOps
+from ._row_kernels import RowOps
 from .groups import SPHERE, describe, named_sphere_parameters
 
 OFF_SPHERE_POLICIES = ("project", "error")

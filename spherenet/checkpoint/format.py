@@ -1,0 +1,195 @@
+"""The on-disk format of a checkpoint and its verification: the directory layout, the manifest,
+file hashing, fsync'ed writes, and the check of every file's size and sha256 before a load.
+
+See :mod:`spherenet.checkpoint` for the layout of one checkpoint directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from .distributed import _Group
+from .errors import CheckpointCorruptError, CheckpointError
+
+FORMAT_VERSION = 1
+MANIFEST = "MANIFEST.json"
+STATE_FILE = "state.pt"
+SHARDED_DIR = "sharded"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_TMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".trash-"
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class VerifiedCheckpoint:
+    """A checkpoint whose manifest and file hashes were checked (by
+    :meth:`CheckpointManager.verify` or :meth:`~CheckpointManager.latest_verified`): its files
+    can be read, and :meth:`CheckpointManager.load` restores it without hashing again."""
+
+    step: int
+    path: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def has_file(self, name: str) -> bool:
+        """Whether ``name`` (relative, e.g. ``"model.json"``) is one of the checkpoint's files."""
+        return name in self.manifest.get("files", {})
+
+    def read_file(self, name: str) -> bytes:
+        """The bytes of the extra file ``name`` given to ``save(..., files=...)``."""
+        if not self.has_file(name):
+            raise CheckpointError(f"checkpoint {self.path} has no file {name!r}")
+        return (self.path / name).read_bytes()
+
+    def read_state(self) -> dict[str, Any]:
+        """The plain values and the stateful objects' state dicts (``{"values": ...,
+        "stateful": ...}``) without restoring anything; the model's tensors are memory-mapped,
+        not read."""
+        rest = torch.load(self.path / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+        return {"values": dict(rest["values"]), "stateful": dict(rest["stateful"])}
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows: directories cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a directory
+        pass
+    finally:
+        os.close(fd)
+
+
+def _torch_save_synced(obj, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _describe(path: Path, rel: str) -> dict[str, Any]:
+    p = path / rel
+    return {"size": p.stat().st_size, "sha256": _sha256(p)}
+
+
+def _all_files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    mpath = path / MANIFEST
+    if not path.is_dir():
+        raise CheckpointCorruptError(f"{path} is not a directory")
+    if not mpath.is_file():
+        raise CheckpointCorruptError(f"{path} has no {MANIFEST}: the save did not complete")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointCorruptError(f"{mpath} is unreadable ({e})") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != "spherenet-checkpoint":
+        raise CheckpointCorruptError(f"{mpath} is not a spherenet checkpoint manifest")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise CheckpointCorruptError(
+            f"{mpath} has format version {manifest.get('version')!r}; this spherenet reads version {FORMAT_VERSION}"
+        )
+    files = manifest.get("files")
+    if not isinstance(files, dict) or STATE_FILE not in files:
+        raise CheckpointCorruptError(f"{mpath} lists no {STATE_FILE}")
+    malformed = [k for k in ("step", "backend", "fingerprint") if k not in manifest] + [
+        rel for rel, e in files.items() if not (isinstance(e, dict) and {"size", "sha256"} <= set(e))
+    ]
+    if malformed or manifest["backend"] not in ("torch", "dcp"):
+        raise CheckpointCorruptError(f"{mpath} is malformed (bad or missing entries: {malformed or ['backend']})")
+    return manifest
+
+
+def _check_file(path: Path, rel: str, expect: Mapping[str, Any]) -> None:
+    p = path / rel
+    if not p.is_file():
+        raise CheckpointCorruptError(f"{path}: {rel} is missing")
+    size = p.stat().st_size
+    if size != expect["size"]:
+        raise CheckpointCorruptError(
+            f"{path}: {rel} has {size} bytes but the manifest records {expect['size']} (truncated or overwritten)"
+        )
+    digest = _sha256(p)
+    if digest != expect["sha256"]:
+        raise CheckpointCorruptError(
+            f"{path}: {rel} has sha256 {digest[:16]}... but the manifest records {expect['sha256'][:16]}... "
+            "(contents altered)"
+        )
+
+
+def verify_directory(path: Path, process_group=None) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path``, after checking it and every file's size and
+    sha256, each rank a share (collective; the verdict is the same on every rank). Raises
+    :class:`CheckpointCorruptError` naming what is wrong."""
+    g = _Group(process_group)
+    manifest, err = None, None
+    try:
+        manifest = _read_manifest(path)
+        names = sorted(manifest["files"])
+        for rel in names[g.rank :: g.world]:
+            _check_file(path, rel, manifest["files"][rel])
+    except CheckpointCorruptError as e:
+        err = str(e)
+    except OSError as e:
+        err = f"{path} is unreadable ({e})"
+    except Exception as e:  # noqa: BLE001 - any surprise must still reach every rank
+        err = f"{path} could not be verified ({type(e).__name__}: {e})"
+    errors = [e for e in dict.fromkeys(g.gather(err)) if e is not None]
+    if errors:
+        raise CheckpointCorruptError("; ".join(errors))
+    return manifest
+
+
+def _check_extra_files(files: Mapping[str, bytes | str]) -> dict[str, bytes]:
+    """Extra files for a checkpoint: relative POSIX names, outside the names it uses itself."""
+    if not isinstance(files, Mapping):
+        raise TypeError(f"files must be a dict of name -> bytes/str, got {type(files).__name__}")
+    out = {}
+    for name, content in files.items():
+        parts = name.split("/") if isinstance(name, str) else []
+        if not parts or any(part in ("", ".", "..") for part in parts) or "\\" in name:
+            raise ValueError(f"extra checkpoint file name {name!r} must be a relative path like 'a/b.json'")
+        if name in (STATE_FILE, MANIFEST) or parts[0] == SHARDED_DIR:
+            raise ValueError(f"extra checkpoint file name {name!r} is used by the checkpoint itself")
+        if isinstance(content, str):
+            content = content.encode("utf-8")
+        if not isinstance(content, (bytes, bytearray)):
+            raise TypeError(f"extra checkpoint file {name!r} must be bytes or str, got {type(content).__name__}")
+        out[name] = bytes(content)
+    return out
+
+
+def _write_synced(path: Path, content: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_manifest(tmp: Path, manifest: dict[str, Any]) -> None:
+    """Written last: its presence marks the checkpoint complete."""
+    with open(tmp / MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
