@@ -7,10 +7,11 @@ from .mlp import GPTMLP, NGPTMLP
 from .norm import RMSNorm
 from .residual import RESIDUAL_UPDATES, SphericalResidual
 from .rotary import RotaryEmbedding, apply_rotary
-from .scale import Scale
+from .scale import Scale, ScaleSpec
 
 __all__ = [
     "Scale",
+    "ScaleSpec",
     "SphereLinear",
     "SphereEmbedding",
     "SPHERE",

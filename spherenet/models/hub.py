@@ -87,6 +87,12 @@ class HubMixin:
 
     config: Any
 
+    @classmethod
+    def upgrade_config_dict(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """A saved config dict (config.json, a checkpoint's model.json) in the spelling of
+        ``config_class``: a model whose config fields were renamed maps the old names here."""
+        return dict(values)
+
     def sphere_weights(self) -> dict[str, torch.Tensor]:
         """``{name: tensor}`` of the parameters declared on the unit sphere."""
         from ..optim.groups import named_sphere_parameters
@@ -197,7 +203,10 @@ class HubMixin:
                 f"{config_file} describes model_type {model_type!r}, not {cls.model_type!r}: load it with "
                 f"{_ARCHITECTURE_HINT.get(model_type, 'the class that saved it')}.from_pretrained"
             )
-        fields = {key: value for key, value in values.items() if key not in _METADATA_KEYS}
+        try:
+            fields = cls.upgrade_config_dict({k: v for k, v in values.items() if k not in _METADATA_KEYS})
+        except ValueError as exc:
+            raise PretrainedFileError(f"{config_file}: {exc}") from None
         known = {f.name for f in dataclasses.fields(cls.config_class)}
         unknown = sorted(set(fields) - known)
         if unknown:
