@@ -83,11 +83,10 @@ class ScaleSpec:
         unknown = [key for key in values if key not in known]
         if unknown:
             raise ValueError(f"{where} has unknown field(s) {', '.join(map(repr, unknown))}; valid: {', '.join(known)}")
-        if base is None:
-            if "init" not in values:
-                raise ValueError(f"{where} needs an 'init' value")
-            base = cls(init=values["init"])
-        merged = {**base.to_dict(), **values}
+        if base is None and "init" not in values:
+            raise ValueError(f"{where} needs an 'init' value")
+        defaults = base.to_dict() if base is not None else {f.name: f.default for f in dataclasses.fields(cls)}
+        merged = {**defaults, **values}
         _check_spec(merged, where)
         return cls(**merged)
 

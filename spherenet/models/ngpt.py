@@ -105,10 +105,10 @@ FLAT_SCALING_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
 FLAT_SCALING_KEYS["alpha_abs"] = (("alpha_attn", "alpha_mlp"), "absolute")
 
 
-def new_spelling(flat_key: str) -> str:
-    """``"alpha_init"`` -> ``"alpha_attn.init, alpha_mlp.init"``."""
+def new_spelling(flat_key: str, prefix: str = "") -> str:
+    """``"alpha_init"`` -> ``"alpha_attn.init, alpha_mlp.init"`` (each name after ``prefix``)."""
     targets, spec_field = FLAT_SCALING_KEYS[flat_key]
-    return ", ".join(f"{target}.{spec_field}" for target in targets)
+    return ", ".join(f"{prefix}{target}.{spec_field}" for target in targets)
 
 
 def upgrade_flat_keys(values: Mapping[str, Any], *, warn: bool = False, where: str = "NGPTConfig") -> dict[str, Any]:

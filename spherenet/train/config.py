@@ -216,15 +216,13 @@ def _set_model(overrides: dict[str, Any], key: str, value: Any) -> None:
     from ..models.ngpt import FLAT_SCALING_KEYS, new_spelling
 
     if key in FLAT_SCALING_KEYS:
-        warnings.warn(f"model.{key} is deprecated; set model.{new_spelling(key)}", DeprecationWarning, stacklevel=4)
+        warnings.warn(f"model.{key} is deprecated; set {new_spelling(key, 'model.')}", DeprecationWarning, stacklevel=4)
         targets, spec_field = FLAT_SCALING_KEYS[key]
         for target in targets:
             _set_model(overrides, f"{target}.{spec_field}", value)
         return
-    if "." in key:
+    if "." in key:  # model.alpha_attn.init=0.1 (parse_override allows one level)
         key, sub = key.split(".", 1)
-        if "." in sub:
-            raise ConfigError(f"model.{key}.{sub}: [model] keys nest one level (e.g. model.alpha_attn.init)")
         value = {sub: value}
     if isinstance(value, dict):
         table = overrides.get(key)
