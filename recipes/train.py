@@ -37,7 +37,7 @@ from spherenet.checkpoint import (
     VerifiedCheckpoint,
 )
 from spherenet.data import DataError, prepare_dataset
-from spherenet.manifolds import Sphere, named_manifold_parameters
+from spherenet.manifolds import Sphere, named_sphere_parameters
 from spherenet.models import from_preset
 from spherenet.models.presets import preset_config
 from spherenet.optim import build_optimizer, normalize_
@@ -478,8 +478,8 @@ def sphere_norm_error(model: torch.nn.Module, device: torch.device) -> float:
     """max |‖row‖ - 1| over every declared sphere weight, across ranks (FSDP: local shards hold
     whole rows). 0.0 for a model without sphere weights. Reduced on ``device`` (NCCL needs CUDA)."""
     worst = torch.zeros((), dtype=torch.float64, device=device)
-    for entry in named_manifold_parameters(model):
-        p = entry.param.detach()
+    for _, p in named_sphere_parameters(model):
+        p = p.detach()
         p = p.to_local() if hasattr(p, "to_local") else p
         worst = torch.maximum(worst, Sphere.norm_error(p).to(worst))
     return float(all_reduce_max(worst))

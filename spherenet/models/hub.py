@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..manifolds import point_tolerance
+from ..manifolds import named_sphere_parameters, point_tolerance
 
 __all__ = ["CONFIG_NAME", "INSTALL_HINT", "WEIGHTS_NAME", "HubMixin", "PretrainedFileError", "load_pretrained"]
 
@@ -95,8 +95,6 @@ class HubMixin:
 
     def sphere_weights(self) -> dict[str, torch.Tensor]:
         """``{name: tensor}`` of the parameters declared on the unit sphere."""
-        from ..optim.groups import named_sphere_parameters
-
         return dict(named_sphere_parameters(self))
 
     def hub_config(self) -> dict[str, Any]:
