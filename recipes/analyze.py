@@ -25,6 +25,7 @@ print one line and exit with code 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -83,7 +84,7 @@ def _json_stats(t: Trained, emb: dict, cond: dict, cond_norm: dict, scal: dict, 
         "step": t.step,
         "model": type(t.model).__name__,
         "parameters": sum(p.numel() for p in t.model.parameters()),
-        "model_config": {k: v for k, v in vars(t.model.config).items()},
+        "model_config": dataclasses.asdict(t.model.config),
         "embeddings": {side: {k: _finite(v) for k, v in emb[side]["summary"].items()} for side in ("input", "output")},
         "condition_numbers": layers(cond),
         "condition_numbers_renormalized": layers(cond_norm),

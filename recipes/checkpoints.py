@@ -63,6 +63,13 @@ def checkpoint_files(model: nn.Module, tokenizer: Tokenizer) -> dict[str, str]:
     return files
 
 
+def saved_model_config(class_name: str, config: dict[str, Any]) -> NGPTConfig | GPTConfig:
+    """The config of a saved model description (model.json, or ``model_config`` in the state),
+    also one written by an earlier version (old keys are mapped by the model class)."""
+    model_cls, config_cls = _MODELS[class_name]
+    return config_cls(**model_cls.upgrade_config_dict(config))
+
+
 def find_checkpoint(path: str | Path) -> VerifiedCheckpoint:
     """``path`` is a run directory (``runs/x``), its ``checkpoints/`` directory, or one
     ``step_*`` directory. Returns the newest *sound* checkpoint under it: a damaged one is
@@ -120,9 +127,9 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Traine
     class_name = model_class_name(class_name)
     if class_name not in _MODELS:
         raise CheckpointError(f"{ckpt.path} holds a model of unknown class {class_name!r}; known: {sorted(_MODELS)}")
-    model_cls, config_cls = _MODELS[class_name]
+    model_cls = _MODELS[class_name][0]
     try:
-        model = model_cls(config_cls(**config))
+        model = model_cls(saved_model_config(class_name, config))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{ckpt.path}: the recorded {class_name} config does not build a model: {exc}") from None
     CheckpointManager(ckpt.path.parent).load(ckpt, {"model": model}, restore_rng=False)

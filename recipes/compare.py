@@ -68,8 +68,9 @@ def variant_overrides(spec: str, size: str) -> tuple[str, list[str]]:
     return spec, [o.format(size=size) for o in BUILTIN[spec]]
 
 
-# ``section.key=value``; a variant spec (``name:key=value``) or a flag does not match.
-OVERRIDE = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*=")
+# ``section.key=value`` (or ``model.scaling.field=value``); a variant spec (``name:key=value``)
+# or a flag does not match.
+OVERRIDE = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?=")
 
 
 def add_override_argument(parser: argparse.ArgumentParser, help: str) -> None:

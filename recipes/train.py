@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from recipes.checkpoints import checkpoint_files, model_class_name
+from recipes.checkpoints import checkpoint_files, model_class_name, saved_model_config
 from spherenet.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -37,7 +37,7 @@ from spherenet.checkpoint import (
     VerifiedCheckpoint,
 )
 from spherenet.data import DataError, prepare_dataset
-from spherenet.manifolds import Sphere, named_manifold_parameters
+from spherenet.manifolds import Sphere, named_sphere_parameters
 from spherenet.models import from_preset
 from spherenet.models.presets import preset_config
 from spherenet.optim import build_optimizer, normalize_
@@ -161,6 +161,24 @@ def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[
     return ("NGPT" if type(config).__name__ == "NGPTConfig" else "GPT"), dataclasses.asdict(config)
 
 
+def _saved_model_config(class_name: str, config: dict) -> dict:
+    """A checkpoint's model config in today's spelling (earlier versions wrote flat scaling
+    keys), each scaling complete, so that it compares field by field with ``asdict(config)``."""
+    try:
+        return dataclasses.asdict(saved_model_config(class_name, config))
+    except (KeyError, TypeError, ValueError):  # not a config this version builds: compare what is there
+        return config
+
+
+def _flat(config: dict) -> dict:
+    """``{"s_qk": {"init": 1.0}}`` -> ``{"s_qk.init": 1.0}``: a difference names the field."""
+    return {
+        f"{key}.{sub}" if isinstance(value, dict) else key: inner
+        for key, value in config.items()
+        for sub, inner in (value.items() if isinstance(value, dict) else [(None, value)])
+    }
+
+
 def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config: dict, path: Path) -> None:
     """ConfigError naming every setting that differs from the run that wrote the checkpoint
     (``saved``: its plain values), except those in :data:`RESUMABLE_CHANGES`. The model is
@@ -174,8 +192,9 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
                 diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
 
     if isinstance(saved.get("model_config"), dict):
-        compare("model ", {"class": model_class_name(str(saved.get("model_class")))}, {"class": model_class})
-        compare("model.", saved["model_config"], model_config)
+        saved_class = model_class_name(str(saved.get("model_class")))
+        compare("model ", {"class": saved_class}, {"class": model_class})
+        compare("model.", _flat(_saved_model_config(saved_class, saved["model_config"])), _flat(model_config))
     old_cfg, new_cfg = saved.get("config"), cfg.to_dict()
     if isinstance(old_cfg, dict):
         for section in ("data", "optim", "train"):
@@ -459,8 +478,8 @@ def sphere_norm_error(model: torch.nn.Module, device: torch.device) -> float:
     """max |‖row‖ - 1| over every declared sphere weight, across ranks (FSDP: local shards hold
     whole rows). 0.0 for a model without sphere weights. Reduced on ``device`` (NCCL needs CUDA)."""
     worst = torch.zeros((), dtype=torch.float64, device=device)
-    for entry in named_manifold_parameters(model):
-        p = entry.param.detach()
+    for _, p in named_sphere_parameters(model):
+        p = p.detach()
         p = p.to_local() if hasattr(p, "to_local") else p
         worst = torch.maximum(worst, Sphere.norm_error(p).to(worst))
     return float(all_reduce_max(worst))

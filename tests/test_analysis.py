@@ -193,13 +193,13 @@ def test_ngpt_scalings_equal_the_paper_init_values(ngpt):
 def test_alpha_is_reported_as_used_in_the_forward_pass():
     torch.manual_seed(0)
     paper = from_preset("ngpt-tiny", max_seq_len=16)
-    signed = from_preset("ngpt-tiny", max_seq_len=16, alpha_abs=False)
+    signed = from_preset("ngpt-tiny", max_seq_len=16, alpha_attn={"absolute": False})
     for model in (paper, signed):
         with torch.no_grad():
             model.blocks[0].residual_attn.alpha.param.neg_()
     assert np.all(analysis.scaling_factors(paper)["alpha_A"][0] == pytest.approx(0.05))  # |alpha| (A.2)
     assert np.all(analysis.scaling_factors(signed)["alpha_A"][0] == pytest.approx(-0.05))
-    scalar = analysis.scaling_factors(from_preset("ngpt-tiny", alpha_mode="scalar", s_z_mode="scalar"))
+    scalar = analysis.scaling_factors(from_preset("ngpt-tiny", alpha_mlp={"mode": "scalar"}, s_z={"mode": "scalar"}))
     assert scalar["alpha_M"].shape == (L, 1) and scalar["s_z"].shape == (1,)
 
 

@@ -172,7 +172,8 @@ MODEL_CASES = {
     "unknown_field": ("model.nonsense=1", "unknown override(s) 'nonsense' for preset 'ngpt-tiny'"),
     "heads_do_not_divide": ("model.n_heads=3", "d_model=64 is not divisible by n_heads=3"),
     "text_for_int": ("model.n_layers=two", "NGPTConfig.n_layers must be a positive int, got 'two'"),
-    "nan_value": ("model.alpha_init=nan", "NGPTConfig.alpha_init must be a finite number, got nan"),
+    "nan_value": ("model.alpha_attn.init=nan", "NGPTConfig.alpha_attn.init must be a finite number, got nan"),
+    "unknown_scaling_field": ("model.s_qk.value=2", "NGPTConfig.s_qk has unknown field(s) 'value'"),
     "unknown_choice": ("model.update=jump", "NGPTConfig.update must be one of"),
 }
 

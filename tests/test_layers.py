@@ -23,6 +23,7 @@ from spherenet.layers import (
     NGPTBlock,
     RMSNorm,
     RotaryEmbedding,
+    ScaleSpec,
     SphericalResidual,
 )
 from spherenet.manifolds import angle, normalize
@@ -129,7 +130,7 @@ def test_rope_rejects_odd_head_dim():
 
 def _residual(update, alpha, dim, alpha_abs=True):
     """A residual with a fixed (scalar) alpha."""
-    return SphericalResidual(dim, update=update, alpha_init=alpha, alpha_mode="fixed", alpha_abs=alpha_abs).double()
+    return SphericalResidual(dim, update, ScaleSpec(alpha, mode="fixed", absolute=alpha_abs)).double()
 
 
 def test_residual_alpha_parametrization():
@@ -143,7 +144,7 @@ def test_residual_three_updates_differ_and_stay_unit():
     dim = 16
     h, h_block = unit(4, dim, seed=1), unit(4, dim, seed=2)
     outs = {
-        u: SphericalResidual(dim, update=u, alpha_init=0.3).double()(h, h_block)
+        u: SphericalResidual(dim, update=u, alpha=ScaleSpec(0.3, absolute=True)).double()(h, h_block)
         for u in ("lerp", "slerp", "riemannian")
     }
     for out in outs.values():
@@ -398,7 +399,7 @@ def test_rmsnorm_formula_and_gain():
 def test_ngpt_block_keeps_hidden_state_unit():
     torch.manual_seed(7)
     for update in ("lerp", "slerp", "riemannian"):
-        block = NGPTBlock(16, 2, 32, update=update, alpha_init=0.5)
+        block = NGPTBlock(16, 2, 32, update=update, alpha_attn=ScaleSpec(0.5), alpha_mlp=ScaleSpec(0.5))
         h = unit(2, 6, 16, dtype=torch.float32, seed=15)
         out = block(h)
         torch.testing.assert_close(out.norm(dim=-1), torch.ones(2, 6), rtol=0, atol=1e-5)

@@ -28,6 +28,11 @@ def tiny(kind: str, seed: int = 0, **overrides):
     return NGPT(NGPTConfig(**fields)) if kind == "ngpt" else GPT(GPTConfig(**fields))
 
 
+def alphas(init: float) -> dict:
+    """alpha_A and alpha_M at ``init``, their other fields the paper's."""
+    return dict(alpha_attn={"init": init}, alpha_mlp={"init": init})
+
+
 def ids(*shape, vocab=32, seed=0):
     return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
 
@@ -87,7 +92,7 @@ def test_every_ngpt_sphere_weight_is_a_declared_unit_manifold_parameter():
 
 
 def test_hidden_state_is_unit_after_every_ngpt_block():
-    model = tiny("ngpt", n_layers=3, alpha_init=0.4)
+    model = tiny("ngpt", n_layers=3, **alphas(0.4))
     norms = []
     hooks = [b.register_forward_hook(lambda m, inp, out: norms.append(out.detach().norm(dim=-1))) for b in model.blocks]
     model(ids(2, 10))
@@ -101,8 +106,8 @@ def test_hidden_state_is_unit_after_every_ngpt_block():
 @pytest.mark.parametrize("update", ["lerp", "slerp", "riemannian"])
 def test_ngpt_update_modes_run_and_differ(update):
     # (Not alpha = 0.5: Norm(a + b) is exactly the geodesic midpoint, so lerp == slerp there.)
-    base = tiny("ngpt", seed=3, alpha_init=0.3)(ids(1, 8))
-    other = tiny("ngpt", seed=3, alpha_init=0.3, update=update)(ids(1, 8))
+    base = tiny("ngpt", seed=3, **alphas(0.3))(ids(1, 8))
+    other = tiny("ngpt", seed=3, **alphas(0.3), update=update)(ids(1, 8))
     assert torch.isfinite(other).all()
     if update == "lerp":
         torch.testing.assert_close(other, base)
@@ -177,7 +182,7 @@ def test_paper_preset_parameter_counts_on_meta(name, millions):
 
 def test_meta_model_materializes_with_init_weights():
     with torch.device("meta"):
-        model = from_preset("ngpt-tiny", s_qk_mode="fixed")
+        model = from_preset("ngpt-tiny", s_qk={"mode": "fixed"})
     model.to_empty(device="cpu")
     model.init_weights()
     for entry in named_manifold_parameters(model):
@@ -217,7 +222,7 @@ def test_kv_cache_forward_in_chunks_matches_full_forward(kind):
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_greedy_generation_with_cache_equals_recompute(kind):
     # Large steps (nGPT) / weights (GPT), so that the context changes the greedy choices.
-    model = tiny(kind, seed=4, **(dict(alpha_init=0.5) if kind == "ngpt" else dict(init_std=0.5)))
+    model = tiny(kind, seed=4, **(alphas(0.5) if kind == "ngpt" else dict(init_std=0.5)))
     if kind == "ngpt":  # sharpen the logits so that greedy choices are not near-ties
         with torch.no_grad():
             model.s_z.param.mul_(20)
@@ -362,11 +367,14 @@ def test_cuda_forward_does_not_synchronize(kind):
         (NGPTConfig, dict(d_mlp=2.5), "d_mlp must be a positive int, got 2.5"),
         (NGPTConfig, dict(max_seq_len=0), "max_seq_len"),
         (NGPTConfig, dict(update="geodesic"), "update must be one of .* got 'geodesic'"),
-        (NGPTConfig, dict(alpha_mode="matrix"), "alpha_mode .* 'matrix'"),
-        (NGPTConfig, dict(s_qk_mode="per-head"), "s_qk_mode .* 'per-head'"),
-        (NGPTConfig, dict(s_uv_mode="x"), "s_uv_mode .* 'x'"),
-        (NGPTConfig, dict(s_z_mode=None), "s_z_mode .* None"),
-        (NGPTConfig, dict(alpha_scale=-1.0), "alpha_scale .* -1.0"),
+        (NGPTConfig, dict(alpha_attn={"mode": "matrix"}), r"alpha_attn\.mode .* 'matrix'"),
+        (NGPTConfig, dict(s_qk={"mode": "per-head"}), r"s_qk\.mode .* 'per-head'"),
+        (NGPTConfig, dict(s_u={"mode": "x"}), r"s_u\.mode .* 'x'"),
+        (NGPTConfig, dict(s_z={"mode": None}), r"s_z\.mode .* None"),
+        (NGPTConfig, dict(alpha_mlp={"scale": -1.0}), r"alpha_mlp\.scale .* -1.0"),
+        (NGPTConfig, dict(s_v={"absolute": 1}), r"s_v\.absolute .* 1"),
+        (NGPTConfig, dict(s_qk={"init": 1.0, "shape": 3}), r"s_qk has unknown field\(s\) 'shape'"),
+        (NGPTConfig, dict(s_z=0.5), "s_z must be a ScaleSpec or a table of its fields, got 0.5"),
         (NGPTConfig, dict(qk_norm="yes"), "qk_norm .* 'yes'"),
         (GPTConfig, dict(init_std=0.0), "init_std .* 0.0"),
         (GPTConfig, dict(norm_eps=-1e-5), "norm_eps"),
@@ -379,7 +387,7 @@ def test_config_errors_name_field_and_value(cls, overrides, expected):
 
 def test_config_defaults():
     c = NGPTConfig(vocab_size=10, n_layers=1, d_model=8, n_heads=2)
-    assert c.d_mlp == 32 and c.rope_base == 10000 and c.update == "lerp" and c.alpha_abs and c.qk_norm
+    assert c.d_mlp == 32 and c.rope_base == 10000 and c.update == "lerp" and c.alpha_attn.absolute and c.qk_norm
     assert GPTConfig(vocab_size=10, n_layers=1, d_model=8, n_heads=2).d_mlp == 32
 
 

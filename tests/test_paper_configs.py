@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spherenet.models import from_preset, preset_config
+from spherenet.models import ScaleSpec, from_preset, preset_config
 from spherenet.train.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "recipes" / "configs"
@@ -53,10 +53,11 @@ def test_ngpt_configs_follow_table_3_and_section_2_6(name, tmp_path):
     assert cfg.optim.method == "riemannian_adam" and cfg.optim.second_moment == "element"
     assert cfg.optim.weight_decay == 0.0 and cfg.optim.warmup_steps == 0  # Table 3
     c = model_config(cfg)
-    assert (c.update, c.alpha_init, c.alpha_abs, c.qk_norm) == ("lerp", 0.05, True, True)  # eq. 10, 11; App. A.2
-    assert all(getattr(c, f"{s}_mode") == "vector" for s in ("alpha", "s_qk", "s_uv", "s_z"))
-    assert (c.s_qk_init, c.s_uv_init, c.s_uv_scale, c.s_z_init) == (1.0, 1.0, 1.0, 1.0)
-    assert c.alpha_scale is None and c.s_qk_scale is None and c.s_z_scale is None  # None: 1/sqrt(d_model)
+    assert (c.update, c.qk_norm) == ("lerp", True)  # eq. 10, 11; eq. 15, 16
+    # Section 2.6 steps 3-6; scale None is 1/sqrt(d_model); |alpha| (App. A.2)
+    assert c.alpha_attn == c.alpha_mlp == ScaleSpec(init=0.05, scale=None, mode="vector", absolute=True)
+    assert c.s_qk == c.s_z == ScaleSpec(init=1.0, scale=None, mode="vector", absolute=False)
+    assert c.s_u == c.s_v == ScaleSpec(init=1.0, scale=1.0, mode="vector", absolute=False)
 
 
 @pytest.mark.parametrize("name", NGPT)

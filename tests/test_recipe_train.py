@@ -141,6 +141,59 @@ def test_resume_continues_exactly(tmp_path, cache, text_file):
         assert split[step] == pytest.approx(straight[step], abs=1e-7), step
 
 
+def flat_scalings(config: dict) -> dict:
+    """An nGPT config dict in the flat spelling of earlier versions (``alpha_init``, ...)."""
+    out = {key: value for key, value in config.items() if not isinstance(value, dict)}
+    for prefix, name in (("alpha", "alpha_attn"), ("s_qk", "s_qk"), ("s_uv", "s_u"), ("s_z", "s_z")):
+        out.update({f"{prefix}_{field}": config[name][field] for field in ("init", "scale", "mode")})
+    out["alpha_abs"] = config["alpha_attn"]["absolute"]
+    return out
+
+
+def rewrite_as_flat(step_dir: Path) -> dict:
+    """Rewrite a checkpoint's model.json and state.pt's model_config to the flat spelling, and
+    its manifest's hashes to match, as an earlier version wrote them. Returns the old config."""
+    import hashlib
+
+    desc = json.loads((step_dir / "model.json").read_text())
+    desc["config"] = flat_scalings(desc["config"])
+    (step_dir / "model.json").write_text(json.dumps(desc))
+    state = torch.load(step_dir / "state.pt", weights_only=True)
+    state["values"]["model_config"] = flat_scalings(state["values"]["model_config"])
+    torch.save(state, step_dir / "state.pt")
+    manifest = json.loads((step_dir / "MANIFEST.json").read_text())
+    for name in ("model.json", "state.pt"):
+        data = (step_dir / name).read_bytes()
+        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (step_dir / "MANIFEST.json").write_text(json.dumps(manifest))
+    return desc["config"]
+
+
+def test_run_written_with_flat_scaling_keys_loads_and_resumes(tmp_path, cache, text_file, capsys):
+    """A run directory whose checkpoint holds the flat model config of earlier versions: the
+    model loads with the same weights and outputs, and --resume accepts it (same settings)."""
+    from recipes.checkpoints import load_trained
+
+    out, common = tmp_path / "run", [f"data.source={text_file}", "train.checkpoint_every=2"]
+    assert run(out, cache, *common, "train.steps=2") == 0
+    before = load_trained(out).model
+    old = rewrite_as_flat(out / "checkpoints" / "step_00000002")
+    assert "alpha_init" in old and "alpha_attn" not in old
+
+    after = load_trained(out).model
+    assert after.config == before.config
+    assert list(after.state_dict()) == list(before.state_dict())
+    ids = torch.arange(16).reshape(2, 8)
+    with torch.no_grad():
+        assert torch.equal(after(ids), before(ids))
+
+    # A scaling changed since is refused by name; the same settings resume.
+    assert run(out, cache, *common, "train.steps=4", "model.alpha_mlp.init=0.1", "--resume") == 2
+    assert "model.alpha_mlp.init: 0.05 in the checkpoint, 0.1 now" in capsys.readouterr().err
+    assert run(out, cache, *common, "train.steps=4", "--resume") == 0
+    assert sorted(losses(out)) == [1, 2, 3, 4]
+
+
 # --- bad input: a clear message, exit code 2, nothing half-written ------------------------
 
 

@@ -2,18 +2,18 @@
 
 from .attention import GPTAttention, KVCache, NGPTAttention
 from .blocks import GPTBlock, NGPTBlock
-from .linear import SPHERE, SphereEmbedding, SphereLinear
+from .linear import SphereEmbedding, SphereLinear
 from .mlp import GPTMLP, NGPTMLP
 from .norm import RMSNorm
 from .residual import RESIDUAL_UPDATES, SphericalResidual
 from .rotary import RotaryEmbedding, apply_rotary
-from .scale import Scale
+from .scale import Scale, ScaleSpec
 
 __all__ = [
     "Scale",
+    "ScaleSpec",
     "SphereLinear",
     "SphereEmbedding",
-    "SPHERE",
     "SphericalResidual",
     "RESIDUAL_UPDATES",
     "RotaryEmbedding",
@@ -27,3 +27,11 @@ __all__ = [
     "NGPTBlock",
     "GPTBlock",
 ]
+
+
+def __getattr__(name: str):
+    if name == "SPHERE":  # deprecated: spherenet.manifolds.UNIT_SPHERE (the warning comes from .linear)
+        from . import linear
+
+        return linear.SPHERE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,9 +34,12 @@ from torch import nn
 from ..manifolds import normalize
 from .linear import SphereLinear
 from .rotary import RotaryEmbedding
-from .scale import Scale
+from .scale import Scale, ScaleSpec
 
-__all__ = ["NGPTAttention", "GPTAttention", "KVCache"]
+__all__ = ["NGPTAttention", "GPTAttention", "KVCache", "S_QK"]
+
+#: The paper's s_qk (Section 2.6, step 4): init 1, scale 1/sqrt(d_model), one per dimension.
+S_QK = ScaleSpec(init=1.0)
 
 
 class KVCache:
@@ -172,9 +175,9 @@ class NGPTAttention(_Attention):
 
         q <- Norm(q) * s_qk,    k <- Norm(k) * s_qk
 
-    with ``s_qk = Scale(d_model, init=1, scale=1/sqrt(d_model))``: ``d_k`` factors per head,
-    ``d_model`` in all. The softmax scale is ``sqrt(d_k)`` instead of ``1/sqrt(d_k)``: the dot
-    product of two random unit vectors of size d_k has variance 1/d_k.
+    with ``s_qk`` of :data:`S_QK` (the paper's): ``d_k`` factors per head, ``d_model`` in all.
+    The softmax scale is ``sqrt(d_k)`` instead of ``1/sqrt(d_k)``: the dot product of two
+    random unit vectors of size d_k has variance 1/d_k.
 
     ``qk_norm=False`` drops the ``Norm`` of eq. 15, 16 (keeping ``s_qk``; Table 6). The output is
     not normalized here: the block applies ``Norm`` (``h_A = Norm(ATTN(h))``).
@@ -189,9 +192,7 @@ class NGPTAttention(_Attention):
         rope_base: float = 10000.0,
         causal: bool = True,
         qk_norm: bool = True,
-        s_qk_mode: str = "vector",
-        s_qk_init: float = 1.0,
-        s_qk_scale: float | None = None,
+        s_qk: ScaleSpec = S_QK,
     ):
         super().__init__(d_model, n_heads, rope, rope_base, causal)
         self.qk_norm = bool(qk_norm)
@@ -200,8 +201,12 @@ class NGPTAttention(_Attention):
         self.w_k = SphereLinear(d_model, d_model, sphere="in")
         self.w_v = SphereLinear(d_model, d_model, sphere="in")
         self.w_o = SphereLinear(d_model, d_model, sphere="out")
-        s_qk_scale = 1 / math.sqrt(d_model) if s_qk_scale is None else s_qk_scale
-        self.s_qk = Scale(d_model, s_qk_init, s_qk_scale, mode=s_qk_mode)
+        self.s_qk = Scale.from_spec(d_model, s_qk, d_model)
+
+    @staticmethod
+    def options_from(config) -> dict:
+        """This attention's own keyword arguments, read from an :class:`NGPTConfig`."""
+        return dict(qk_norm=config.qk_norm, s_qk=config.s_qk)
 
     def _s_qk_per_head(self) -> torch.Tensor:
         """s_qk shaped to broadcast over ``(B, H, T, d_k)``: ``(H, 1, d_k)`` (or ``(1,)``)."""

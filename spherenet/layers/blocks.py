@@ -13,8 +13,9 @@ from ..manifolds import normalize
 from .attention import GPTAttention, KVCache, NGPTAttention
 from .mlp import GPTMLP, NGPTMLP
 from .norm import RMSNorm
-from .residual import SphericalResidual
+from .residual import ALPHA, SphericalResidual
 from .rotary import RotaryEmbedding
+from .scale import ScaleSpec
 
 __all__ = ["NGPTBlock", "GPTBlock"]
 
@@ -27,8 +28,11 @@ class NGPTBlock(nn.Module):
 
     (with ``update="lerp"``; ``"slerp"`` and ``"riemannian"`` swap in eq. 6 or eq. 25, 26). No
     RMSNorm/LayerNorm anywhere. ``rope`` may be shared between blocks (it holds no state that
-    needs saving). Keyword arguments are those of :class:`NGPTAttention`, :class:`NGPTMLP` and
-    :class:`SphericalResidual`.
+    needs saving). ``alpha_attn``, ``alpha_mlp``: the :class:`ScaleSpec` of alpha_A, alpha_M.
+    ``attention``, ``mlp``: keyword arguments of :class:`NGPTAttention` (``qk_norm``, ``s_qk``)
+    and :class:`NGPTMLP` (``s_u``, ``s_v``), passed through. :meth:`from_config` builds the block
+    of an :class:`NGPTConfig`; each part reads its own options there (``options_from``), so a new
+    option of a part touches only that part and the config.
     """
 
     def __init__(
@@ -41,27 +45,35 @@ class NGPTBlock(nn.Module):
         rope_base: float = 10000.0,
         causal: bool = True,
         update: str = "lerp",
-        alpha_init: float = 0.05,
-        alpha_scale: float | None = None,
-        alpha_mode: str = "vector",
-        alpha_abs: bool = True,
-        qk_norm: bool = True,
-        s_qk_mode: str = "vector",
-        s_qk_init: float = 1.0,
-        s_qk_scale: float | None = None,
-        s_uv_mode: str = "vector",
-        s_uv_init: float = 1.0,
-        s_uv_scale: float = 1.0,
+        alpha_attn: ScaleSpec = ALPHA,
+        alpha_mlp: ScaleSpec = ALPHA,
+        attention: dict | None = None,
+        mlp: dict | None = None,
     ):
         super().__init__()
         d_mlp = 4 * d_model if d_mlp is None else d_mlp
-        self.attn = NGPTAttention(
-            d_model, n_heads, rope=rope, rope_base=rope_base, causal=causal,
-            qk_norm=qk_norm, s_qk_mode=s_qk_mode, s_qk_init=s_qk_init, s_qk_scale=s_qk_scale,
-        )  # fmt: skip
-        self.residual_attn = SphericalResidual(d_model, update, alpha_init, alpha_scale, alpha_mode, alpha_abs)
-        self.mlp = NGPTMLP(d_model, d_mlp, s_uv_mode=s_uv_mode, s_uv_init=s_uv_init, s_uv_scale=s_uv_scale)
-        self.residual_mlp = SphericalResidual(d_model, update, alpha_init, alpha_scale, alpha_mode, alpha_abs)
+        self.attn = NGPTAttention(d_model, n_heads, rope=rope, rope_base=rope_base, causal=causal, **(attention or {}))
+        self.residual_attn = SphericalResidual(d_model, update, alpha_attn)
+        self.mlp = NGPTMLP(d_model, d_mlp, **(mlp or {}))
+        self.residual_mlp = SphericalResidual(d_model, update, alpha_mlp)
+
+    @classmethod
+    def from_config(cls, config, rope: RotaryEmbedding | None = None) -> NGPTBlock:
+        """One block of the nGPT that ``config`` (an :class:`NGPTConfig`) describes."""
+        c = config
+        return cls(
+            c.d_model,
+            c.n_heads,
+            c.d_mlp,
+            rope=rope,
+            rope_base=c.rope_base,
+            causal=c.causal,
+            update=c.update,
+            alpha_attn=c.alpha_attn,
+            alpha_mlp=c.alpha_mlp,
+            attention=NGPTAttention.options_from(c),
+            mlp=NGPTMLP.options_from(c),
+        )
 
     def forward(self, h: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         h_attn = normalize(self.attn(h, cache=cache))

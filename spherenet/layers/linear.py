@@ -1,25 +1,35 @@
 """Linear maps and embeddings whose weights are unit vectors, declared on the Sphere.
 
-Every weight here is a ``geoopt.ManifoldParameter`` on :class:`spherenet.manifolds.Sphere`,
+Every weight here is a ``geoopt.ManifoldParameter`` on :data:`spherenet.manifolds.UNIT_SPHERE`,
 stored with its sphere dimension **last** (geoopt's Sphere normalizes the last dimension, and
 FSDP2 shards dim 0, so a unit vector is never split across ranks). The owning module also
-declares the manifold by name (:func:`spherenet.manifolds.declare_manifold`), so optimizers
-still find it after the parameter is re-wrapped by FSDP2 or ``load_state_dict(assign=True)``.
+declares it (:func:`spherenet.manifolds.declare_sphere`), so optimizers still find it after the
+parameter is re-wrapped by FSDP2 or ``load_state_dict(assign=True)``.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..manifolds import Sphere, declare_manifold
+from ..manifolds import UNIT_SPHERE, declare_sphere
 from ..manifolds.sphere import geoopt
 
-__all__ = ["SphereLinear", "SphereEmbedding", "SPHERE"]
+__all__ = ["SphereLinear", "SphereEmbedding"]
 
-#: The manifold shared by all sphere weights (stateless: no projector).
-SPHERE = Sphere()
+
+def __getattr__(name: str):
+    if name == "SPHERE":  # the manifold's former name here
+        warnings.warn(
+            "spherenet.layers.SPHERE is deprecated; use spherenet.manifolds.UNIT_SPHERE",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return UNIT_SPHERE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_size(name: str, value) -> None:
@@ -29,7 +39,7 @@ def _check_size(name: str, value) -> None:
 
 def _sphere_parameter(shape: tuple[int, ...]) -> geoopt.ManifoldParameter:
     # Normal init then Norm (Section A.5: the std does not matter once normalized).
-    return geoopt.ManifoldParameter(SPHERE.random_point(*shape), manifold=SPHERE)
+    return geoopt.ManifoldParameter(UNIT_SPHERE.random_point(*shape), manifold=UNIT_SPHERE)
 
 
 class SphereLinear(nn.Module):
@@ -55,12 +65,12 @@ class SphereLinear(nn.Module):
         self.in_features, self.out_features, self.sphere = in_features, out_features, sphere
         shape = (out_features, in_features) if sphere == "in" else (in_features, out_features)
         self.weight = _sphere_parameter(shape)
-        declare_manifold(self, "weight", SPHERE)
+        declare_sphere(self, "weight")
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.weight.copy_(
-                SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device)
+                UNIT_SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device)
             )
 
     def matrix(self) -> torch.Tensor:
@@ -87,12 +97,12 @@ class SphereEmbedding(nn.Module):
         _check_size("dim", dim)
         self.num_embeddings, self.dim = num_embeddings, dim
         self.weight = _sphere_parameter((num_embeddings, dim))
-        declare_manifold(self, "weight", SPHERE)
+        declare_sphere(self, "weight")
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.weight.copy_(
-                SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device)
+                UNIT_SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device)
             )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

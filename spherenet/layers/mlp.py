@@ -9,9 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .linear import SphereLinear
-from .scale import Scale
+from .scale import Scale, ScaleSpec
 
-__all__ = ["NGPTMLP", "GPTMLP"]
+__all__ = ["NGPTMLP", "GPTMLP", "S_U", "S_V"]
+
+#: The paper's s_u and s_v (Section 2.6, step 5): init 1, scale 1, one per element of d_MLP.
+S_U = ScaleSpec(init=1.0, scale=1.0)
+S_V = ScaleSpec(init=1.0, scale=1.0)
 
 
 class GPTMLP(nn.Module):
@@ -44,20 +48,23 @@ class NGPTMLP(nn.Module):
         out = (u * SiLU(v)) W_o_mlp
 
     ``W_o_mlp`` is unit along its d_model-sized output side (stored transposed,
-    ``(d_mlp, d_model)``). ``s_u``, ``s_v`` are ``Scale(d_mlp, init=1, scale=1)``. The output is
-    not normalized here: the block applies ``Norm`` (``h_M = Norm(MLP(h))``).
+    ``(d_mlp, d_model)``). ``s_u``, ``s_v`` default to :data:`S_U`, :data:`S_V` (the paper's).
+    The output is not normalized here: the block applies ``Norm`` (``h_M = Norm(MLP(h))``).
     """
 
-    def __init__(
-        self, d_model: int, d_mlp: int, s_uv_mode: str = "vector", s_uv_init: float = 1.0, s_uv_scale: float = 1.0
-    ):
+    def __init__(self, d_model: int, d_mlp: int, *, s_u: ScaleSpec = S_U, s_v: ScaleSpec = S_V):
         super().__init__()
         self.d_model, self.d_mlp = d_model, d_mlp
         self.w_u = SphereLinear(d_model, d_mlp, sphere="in")
         self.w_v = SphereLinear(d_model, d_mlp, sphere="in")
         self.w_o = SphereLinear(d_mlp, d_model, sphere="out")
-        self.s_u = Scale(d_mlp, s_uv_init, s_uv_scale, mode=s_uv_mode)
-        self.s_v = Scale(d_mlp, s_uv_init, s_uv_scale, mode=s_uv_mode)
+        self.s_u = Scale.from_spec(d_mlp, s_u, d_model)
+        self.s_v = Scale.from_spec(d_mlp, s_v, d_model)
+
+    @staticmethod
+    def options_from(config) -> dict:
+        """This MLP's own keyword arguments, read from an :class:`NGPTConfig`."""
+        return dict(s_u=config.s_u, s_v=config.s_v)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         u = self.w_u(h) * self.s_u()  # eq. 20

@@ -8,15 +8,13 @@ Section 2.2.2), then retracts onto the sphere.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from ..manifolds import lerp, riemannian_update, slerp
-from .scale import SCALE_MODES, Scale
+from .scale import Scale, ScaleSpec
 
-__all__ = ["SphericalResidual", "RESIDUAL_UPDATES"]
+__all__ = ["SphericalResidual", "RESIDUAL_UPDATES", "ALPHA"]
 
 #: The update rules, by name. Each maps ``(h, h_block, alpha)`` to the new unit hidden state.
 RESIDUAL_UPDATES = {
@@ -25,6 +23,10 @@ RESIDUAL_UPDATES = {
     "riemannian": riemannian_update,  # Norm(h - alpha (h (h . h_block) - h_block)), eq. 25, 26
 }
 
+#: The paper's alpha_A and alpha_M (Section 2.6, step 3): init 0.05 ("in order of 1/n_layers"),
+#: scale 1/sqrt(d_model), one per dimension, used as |alpha| (Appendix A.2).
+ALPHA = ScaleSpec(init=0.05, absolute=True)
+
 
 class SphericalResidual(nn.Module):
     """``h <- update(h, h_block; |alpha|)`` with learnable eigen learning rates ``alpha``.
@@ -32,41 +34,31 @@ class SphericalResidual(nn.Module):
     Args:
         dim: d_model, the size of the hidden state.
         update: ``"lerp"`` (eq. 10, 11), ``"slerp"`` (eq. 6) or ``"riemannian"`` (eq. 25, 26).
-        alpha_init: the value alpha starts at (0.05, "in order of 1/n_layers", Section 2.6).
-        alpha_scale: the stored scale of alpha (Section 2.5); ``None`` means ``1/sqrt(dim)``.
-        alpha_mode: ``"vector"`` (one alpha per dimension, the paper's default), ``"scalar"``
-            or ``"fixed"`` (Table 5).
-        alpha_abs: use ``|alpha|`` in the forward pass (Appendix A.2, the paper's choice);
+        alpha: the :class:`ScaleSpec` of alpha (default :data:`ALPHA`, the paper's).
+            ``alpha.absolute`` uses ``|alpha|`` in the forward pass (Appendix A.2);
             ``False`` leaves alpha unconstrained (a variable-metric step that may go backwards).
 
     Inputs ``h`` and ``h_block`` are unit vectors along the last dimension (``h_block`` is
     ``Norm(ATTN(h))`` or ``Norm(MLP(h))``); the result is unit too.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        update: str = "lerp",
-        alpha_init: float = 0.05,
-        alpha_scale: float | None = None,
-        alpha_mode: str = "vector",
-        alpha_abs: bool = True,
-    ):
+    def __init__(self, dim: int, update: str = "lerp", alpha: ScaleSpec = ALPHA):
         super().__init__()
         if update not in RESIDUAL_UPDATES:
             raise ValueError(f"SphericalResidual update must be one of {tuple(RESIDUAL_UPDATES)}, got {update!r}")
-        if alpha_mode not in SCALE_MODES:
-            raise ValueError(f"SphericalResidual alpha_mode must be one of {SCALE_MODES}, got {alpha_mode!r}")
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
             raise ValueError(f"SphericalResidual dim must be a positive int, got {dim!r}")
-        self.dim, self.update, self.alpha_abs = dim, update, bool(alpha_abs)
-        alpha_scale = 1 / math.sqrt(dim) if alpha_scale is None else alpha_scale
-        self.alpha = Scale(dim, alpha_init, alpha_scale, mode=alpha_mode)
+        self.dim, self.update = dim, update
+        self.alpha = Scale.from_spec(dim, alpha, d_model=dim)
+
+    @property
+    def alpha_abs(self) -> bool:
+        """Whether the forward pass uses ``|alpha|`` (Appendix A.2)."""
+        return self.alpha.absolute
 
     def effective_alpha(self) -> torch.Tensor:
         """The step sizes used in the forward pass: ``|alpha|`` (or alpha), shape (dim,) or (1,)."""
-        alpha = self.alpha()
-        return alpha.abs() if self.alpha_abs else alpha
+        return self.alpha()
 
     def forward(self, h: torch.Tensor, h_block: torch.Tensor) -> torch.Tensor:
         return RESIDUAL_UPDATES[self.update](h, h_block, self.effective_alpha())

@@ -1,13 +1,94 @@
-"""Learnable scaling factors with the s_init / s_scale parametrization (Section 2.5)."""
+"""Learnable scaling factors and the one value type that describes them.
+
+Section 2.5 of the nGPT paper: "for any trainable vector of scaling parameters such as s_a, we
+use two scalars s_a,init and s_a,scale". The vector is stored initialized at ``s_a,scale`` and
+multiplied by ``s_a,init / s_a,scale`` in the forward pass, so its effective learning rate is
+the global one times ``s_a,init / s_a,scale``. nGPT has six such scalings: alpha_A, alpha_M
+(eq. 10, 11), s_qk (eq. 15, 16), s_u, s_v (eq. 20, 21) and s_z (eq. 3). Each is described by a
+:class:`ScaleSpec` and built by :meth:`Scale.from_spec`.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-__all__ = ["Scale", "SCALE_MODES"]
+__all__ = ["Scale", "ScaleSpec", "SCALE_MODES"]
 
 SCALE_MODES = ("vector", "scalar", "fixed")
+
+
+def _check_spec(values: Mapping[str, Any], where: str) -> None:
+    """Raise ``ValueError`` naming ``where.<field>`` for the first field of ``values`` that is bad."""
+    init, scale, mode, absolute = (values[k] for k in ("init", "scale", "mode", "absolute"))
+    if isinstance(init, bool) or not isinstance(init, (int, float)) or not math.isfinite(init):
+        raise ValueError(f"{where}.init must be a finite number, got {init!r}")
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0)
+    ):
+        raise ValueError(f"{where}.scale must be a finite number > 0 or None (1/sqrt(d_model)), got {scale!r}")
+    if mode not in SCALE_MODES:
+        raise ValueError(f"{where}.mode must be one of {SCALE_MODES}, got {mode!r}")
+    if not isinstance(absolute, bool):
+        raise ValueError(f"{where}.absolute must be True or False, got {absolute!r}")
+
+
+@dataclass(frozen=True)
+class ScaleSpec:
+    """How one scaling is parametrized (Section 2.5): its ``s_init``, its ``s_scale``, its shape.
+
+    - ``init``: the value used in the forward pass at initialization (``s_init``).
+    - ``scale``: the value stored at initialization (``s_scale``); ``None`` means
+      ``1/sqrt(d_model)``, so the scaling moves like an element of a unit vector of size d_model.
+    - ``mode``: ``"vector"`` (one learnable value per element, the paper's), ``"scalar"`` (one
+      learnable value, broadcast) or ``"fixed"`` (no parameter: the constant ``init``) (Table 5).
+    - ``absolute``: use ``|s|`` in the forward pass (the paper's choice for alpha, Appendix A.2).
+
+    A value, not a module: compare, hash and store it in configs; :meth:`to_dict` and
+    :meth:`from_dict` convert it for JSON/TOML.
+    """
+
+    init: float
+    scale: float | None = None
+    mode: Literal["vector", "scalar", "fixed"] = "vector"
+    absolute: bool = False
+
+    def __post_init__(self):
+        _check_spec(dataclasses.asdict(self), "ScaleSpec")
+        object.__setattr__(self, "init", float(self.init))
+        if self.scale is not None:
+            object.__setattr__(self, "scale", float(self.scale))
+
+    def stored_scale(self, d_model: int) -> float:
+        """``s_scale``, with ``None`` resolved to ``1/sqrt(d_model)``."""
+        return 1 / math.sqrt(d_model) if self.scale is None else self.scale
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], base: ScaleSpec | None = None, where: str = "ScaleSpec") -> ScaleSpec:
+        """The spec of ``values`` (``{"init": 0.05, ...}``); fields left out are those of
+        ``base`` (``init`` is required without one). ``where`` names the spec in errors, e.g.
+        ``"NGPTConfig.alpha_attn"`` gives ``NGPTConfig.alpha_attn.init must be ...``."""
+        if not isinstance(values, Mapping):
+            raise ValueError(f"{where} must be a ScaleSpec or a table of its fields, got {values!r}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = [key for key in values if key not in known]
+        if unknown:
+            raise ValueError(f"{where} has unknown field(s) {', '.join(map(repr, unknown))}; valid: {', '.join(known)}")
+        if base is None and "init" not in values:
+            raise ValueError(f"{where} needs an 'init' value")
+        defaults = base.to_dict() if base is not None else {f.name: f.default for f in dataclasses.fields(cls)}
+        merged = {**defaults, **values}
+        _check_spec(merged, where)
+        return cls(**merged)
 
 
 class Scale(nn.Module):
@@ -19,11 +100,11 @@ class Scale(nn.Module):
 
     ``mode``: ``"vector"`` (one learnable value per element, the paper's default),
     ``"scalar"`` (one learnable value, broadcast; Table 5), ``"fixed"`` (no parameter, the
-    constant ``init``; Table 5). ``forward()`` returns the effective value, shape ``(size,)``
-    or ``(1,)``.
+    constant ``init``; Table 5). ``absolute``: return ``|s * (init / scale)|`` (Appendix A.2).
+    ``forward()`` returns the effective value, shape ``(size,)`` or ``(1,)``.
     """
 
-    def __init__(self, size: int, init: float = 1.0, scale: float = 1.0, mode: str = "vector"):
+    def __init__(self, size: int, init: float = 1.0, scale: float = 1.0, mode: str = "vector", absolute: bool = False):
         super().__init__()
         if mode not in SCALE_MODES:
             raise ValueError(f"Scale mode must be one of {SCALE_MODES}, got {mode!r}")
@@ -32,12 +113,21 @@ class Scale(nn.Module):
         if not scale > 0:
             raise ValueError(f"Scale 'scale' (s_scale) must be > 0, got {scale!r}")
         self.size, self.init, self.scale, self.mode = size, float(init), float(scale), mode
+        self.absolute = bool(absolute)
         if mode == "fixed":
             self.register_buffer("value", torch.full((1,), self.init), persistent=False)
             self.param = None
         else:
             self.param = nn.Parameter(torch.empty(size if mode == "vector" else 1))
         self.reset_parameters()
+
+    @classmethod
+    def from_spec(cls, size: int, spec: ScaleSpec, d_model: int) -> Scale:
+        """The scaling of ``size`` elements that ``spec`` describes; a ``None`` scale is
+        ``1/sqrt(d_model)`` whatever ``size`` is (s_z has vocab_size elements, s_u d_MLP)."""
+        if not isinstance(spec, ScaleSpec):
+            raise TypeError(f"Scale.from_spec expects a ScaleSpec, got {type(spec).__name__}")
+        return cls(size, spec.init, spec.stored_scale(d_model), spec.mode, spec.absolute)
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
@@ -47,9 +137,9 @@ class Scale(nn.Module):
                 self.value.fill_(self.init)
 
     def forward(self) -> torch.Tensor:
-        if self.param is None:
-            return self.value
-        return self.param * (self.init / self.scale)
+        value = self.value if self.param is None else self.param * (self.init / self.scale)
+        return value.abs() if self.absolute else value
 
     def extra_repr(self) -> str:
-        return f"size={self.size}, init={self.init:g}, scale={self.scale:g}, mode={self.mode}"
+        absolute = ", absolute=True" if self.absolute else ""
+        return f"size={self.size}, init={self.init:g}, scale={self.scale:g}, mode={self.mode}{absolute}"

@@ -7,6 +7,17 @@ batch; ``alpha`` is a scalar or a tensor that broadcasts against the input.
 from .geodesic import angle, lerp, normalize, riemannian_update, slerp, tangent
 from .registry import ManifoldEntry, declare_manifold, declared_manifolds, named_manifold_parameters
 from .sphere import Sphere, point_tolerance
+from .spheres import (
+    SPHERE,
+    UNIT_SPHERE,
+    SphereParameter,
+    declare_sphere,
+    declared_spheres,
+    is_sphere_tensor,
+    is_unit_sphere,
+    named_sphere_parameters,
+    sphere_dim,
+)
 
 __all__ = [
     "Sphere",
@@ -21,4 +32,13 @@ __all__ = [
     "declared_manifolds",
     "named_manifold_parameters",
     "ManifoldEntry",
+    "SPHERE",
+    "UNIT_SPHERE",
+    "SphereParameter",
+    "declare_sphere",
+    "sphere_dim",
+    "declared_spheres",
+    "named_sphere_parameters",
+    "is_unit_sphere",
+    "is_sphere_tensor",
 ]

@@ -1,5 +1,6 @@
 """The two language models compared in the nGPT paper, and named presets of their sizes."""
 
+from ..layers.scale import ScaleSpec
 from .common import generate, sample_next_token
 from .gpt import GPT, GPTConfig
 from .hub import PretrainedFileError, load_pretrained
@@ -9,6 +10,7 @@ from .presets import PRESETS, from_preset, model_from_config, preset_config
 __all__ = [
     "NGPT",
     "NGPTConfig",
+    "ScaleSpec",
     "GPT",
     "GPTConfig",
     "PRESETS",

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..manifolds import point_tolerance
+from ..manifolds import named_sphere_parameters, point_tolerance
 
 __all__ = ["CONFIG_NAME", "INSTALL_HINT", "WEIGHTS_NAME", "HubMixin", "PretrainedFileError", "load_pretrained"]
 
@@ -87,10 +87,14 @@ class HubMixin:
 
     config: Any
 
+    @classmethod
+    def upgrade_config_dict(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """A saved config dict (config.json, a checkpoint's model.json) in the spelling of
+        ``config_class``: a model whose config fields were renamed maps the old names here."""
+        return dict(values)
+
     def sphere_weights(self) -> dict[str, torch.Tensor]:
         """``{name: tensor}`` of the parameters declared on the unit sphere."""
-        from ..optim.groups import named_sphere_parameters
-
         return dict(named_sphere_parameters(self))
 
     def hub_config(self) -> dict[str, Any]:
@@ -203,7 +207,10 @@ class HubMixin:
                 f"{config_file} describes model_type {model_type!r}, not {cls.model_type!r}: load it with "
                 f"{_ARCHITECTURE_HINT.get(model_type, 'the class that saved it')}.from_pretrained"
             )
-        fields = {key: value for key, value in values.items() if key not in _METADATA_KEYS}
+        try:
+            fields = cls.upgrade_config_dict({k: v for k, v in values.items() if k not in _METADATA_KEYS})
+        except ValueError as exc:
+            raise PretrainedFileError(f"{config_file}: {exc}") from None
         known = {f.name for f in dataclasses.fields(cls.config_class)}
         unknown = sorted(set(fields) - known)
         if unknown:

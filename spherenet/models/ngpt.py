@@ -7,8 +7,12 @@ owns it), and the hidden state stays on the unit sphere through every block (Tab
 
 from __future__ import annotations
 
-import math
+import dataclasses
+import functools
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,23 +23,32 @@ from ..layers import (
     NGPTBlock,
     RotaryEmbedding,
     Scale,
+    ScaleSpec,
     SphereEmbedding,
     SphereLinear,
 )
-from ..layers.scale import SCALE_MODES
+from ..layers.attention import S_QK
+from ..layers.mlp import S_U, S_V
+from ..layers.residual import ALPHA
 from . import common
 from .hub import HubMixin
 
-__all__ = ["NGPTConfig", "NGPT"]
+__all__ = ["NGPTConfig", "NGPT", "S_Z", "FLAT_SCALING_KEYS", "upgrade_flat_keys"]
+
+#: The paper's s_z (Section 2.6, step 6): init 1, scale 1/sqrt(d_model), one per token.
+S_Z = ScaleSpec(init=1.0)
 
 
 @dataclass
 class NGPTConfig:
     """Sizes and nGPT's choices. Defaults are the paper's (Section 2.6, Table 1).
 
-    Scalings use the ``init``/``scale`` parametrization of Section 2.5; a ``*_scale`` of
-    ``None`` means ``1/sqrt(d_model)``. ``*_mode`` is ``"vector"`` (paper), ``"scalar"`` or
-    ``"fixed"`` (Table 5).
+    Each learnable scaling is one :class:`~spherenet.layers.ScaleSpec` (``init``, ``scale``,
+    ``mode``, ``absolute``; Section 2.5), named as in the paper; its default is the constant
+    next to the layer that uses it. A field may also be given as a dict of some of the spec's
+    fields (TOML ``alpha_attn = {init = 0.1}``): the others keep their defaults. The flat keys
+    of earlier versions (``alpha_init``, ``s_qk_mode``, ...; :data:`FLAT_SCALING_KEYS`) are still
+    accepted, with a ``DeprecationWarning``.
     """
 
     vocab_size: int
@@ -46,42 +59,84 @@ class NGPTConfig:
     max_seq_len: int = 1024
     rope_base: float = 10000.0
     causal: bool = True
-    # residual update (eq. 10, 11 / eq. 6 / eq. 25, 26) and its eigen learning rates alpha_A, alpha_M
+    # residual update (eq. 10, 11 / eq. 6 / eq. 25, 26) and its eigen learning rates
     update: str = "lerp"
-    alpha_init: float = 0.05
-    alpha_scale: float | None = None
-    alpha_abs: bool = True  # |alpha| in the forward pass (Appendix A.2)
-    alpha_mode: str = "vector"
+    alpha_attn: ScaleSpec = ALPHA  # alpha_A, eq. 10
+    alpha_mlp: ScaleSpec = ALPHA  # alpha_M, eq. 11
     # attention: q, k normalization (eq. 15, 16; Table 6) and s_qk
     qk_norm: bool = True
-    s_qk_mode: str = "vector"
-    s_qk_init: float = 1.0
-    s_qk_scale: float | None = None
-    # MLP: s_u, s_v (eq. 20, 21)
-    s_uv_mode: str = "vector"
-    s_uv_init: float = 1.0
-    s_uv_scale: float = 1.0
-    # logits: s_z (eq. 3)
-    s_z_mode: str = "vector"
-    s_z_init: float = 1.0
-    s_z_scale: float | None = None
+    s_qk: ScaleSpec = S_QK  # eq. 15, 16
+    # MLP (eq. 20, 21) and logits (eq. 3)
+    s_u: ScaleSpec = S_U
+    s_v: ScaleSpec = S_V
+    s_z: ScaleSpec = S_Z
 
     def __post_init__(self):
         common.check_transformer_shape(self)
         common.check_choice(self, "update", RESIDUAL_UPDATES)
-        for field in ("alpha_mode", "s_qk_mode", "s_uv_mode", "s_z_mode"):
-            common.check_choice(self, field, SCALE_MODES)
-        for field in ("alpha_abs", "qk_norm"):
-            common.check_bool(self, field)
-        for field in ("alpha_init", "s_qk_init", "s_uv_init", "s_z_init"):
-            common.check_finite_float(self, field)
-        for field in ("alpha_scale", "s_qk_scale", "s_z_scale"):
-            common.check_positive_float(self, field, allow_none=True)
-        common.check_positive_float(self, "s_uv_scale")
+        common.check_bool(self, "qk_norm")
+        for f in _scaling_fields():
+            value = getattr(self, f.name)
+            if not isinstance(value, ScaleSpec):
+                value = ScaleSpec.from_dict(value, base=f.default, where=f"NGPTConfig.{f.name}")
+                setattr(self, f.name, value)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+def _scaling_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(NGPTConfig) if isinstance(f.default, ScaleSpec)]
+
+
+#: Flat keys of earlier versions -> (the scalings they set, the ScaleSpec field). ``alpha_*``
+#: set both alpha_A and alpha_M, ``s_uv_*`` both s_u and s_v.
+FLAT_SCALING_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
+    f"{prefix}_{suffix}": (targets, spec_field)
+    for prefix, targets in (
+        ("alpha", ("alpha_attn", "alpha_mlp")),
+        ("s_qk", ("s_qk",)),
+        ("s_uv", ("s_u", "s_v")),
+        ("s_z", ("s_z",)),
+    )
+    for suffix, spec_field in (("init", "init"), ("scale", "scale"), ("mode", "mode"))
+}
+FLAT_SCALING_KEYS["alpha_abs"] = (("alpha_attn", "alpha_mlp"), "absolute")
+
+
+def new_spelling(flat_key: str, prefix: str = "") -> str:
+    """``"alpha_init"`` -> ``"alpha_attn.init, alpha_mlp.init"`` (each name after ``prefix``)."""
+    targets, spec_field = FLAT_SCALING_KEYS[flat_key]
+    return ", ".join(f"{prefix}{target}.{spec_field}" for target in targets)
+
+
+def upgrade_flat_keys(values: Mapping[str, Any], *, warn: bool = False, where: str = "NGPTConfig") -> dict[str, Any]:
+    """``values`` with every flat key of :data:`FLAT_SCALING_KEYS` folded into the scalings it
+    sets, as dicts of ScaleSpec fields (``{"alpha_init": 0.1}`` -> ``{"alpha_attn": {"init":
+    0.1}, "alpha_mlp": {"init": 0.1}}``). ``warn``: a ``DeprecationWarning`` naming the new
+    spelling of each. Raises ``ValueError`` when a scaling is given both ways."""
+    out = {key: value for key, value in values.items() if key not in FLAT_SCALING_KEYS}
+    flat = [key for key in values if key in FLAT_SCALING_KEYS]
+    for key in flat:
+        targets, spec_field = FLAT_SCALING_KEYS[key]
+        for target in targets:
+            if target in values:
+                raise ValueError(f"{where}: {key!r} and {target!r} both set {target}; give only {target!r}")
+            out.setdefault(target, {})[spec_field] = values[key]
+        if warn:
+            warnings.warn(f"{where}: {key!r} is deprecated; set {new_spelling(key)}", DeprecationWarning, stacklevel=3)
+    return out
+
+
+@functools.wraps(NGPTConfig.__init__)
+def _init_accepting_flat_keys(self, *args, **kwargs):
+    _dataclass_init(self, *args, **upgrade_flat_keys(kwargs, warn=True))
+
+
+# The flat keys stay out of the signature, the fields and asdict(): only __init__ reads them.
+_dataclass_init = NGPTConfig.__init__
+NGPTConfig.__init__ = _init_accepting_flat_keys
 
 
 class NGPT(nn.Module, HubMixin):
@@ -103,31 +158,15 @@ class NGPT(nn.Module, HubMixin):
         self.rope = RotaryEmbedding(
             c.head_dim, c.rope_base, initial_length=c.max_seq_len
         )  # shared by all blocks, stateless
-        self.blocks = nn.ModuleList(
-            NGPTBlock(
-                c.d_model,
-                c.n_heads,
-                c.d_mlp,
-                rope=self.rope,
-                causal=c.causal,
-                update=c.update,
-                alpha_init=c.alpha_init,
-                alpha_scale=c.alpha_scale,
-                alpha_mode=c.alpha_mode,
-                alpha_abs=c.alpha_abs,
-                qk_norm=c.qk_norm,
-                s_qk_mode=c.s_qk_mode,
-                s_qk_init=c.s_qk_init,
-                s_qk_scale=c.s_qk_scale,
-                s_uv_mode=c.s_uv_mode,
-                s_uv_init=c.s_uv_init,
-                s_uv_scale=c.s_uv_scale,
-            )
-            for _ in range(c.n_layers)
-        )
+        self.blocks = nn.ModuleList(NGPTBlock.from_config(c, rope=self.rope) for _ in range(c.n_layers))
         self.embed_out = SphereLinear(c.d_model, c.vocab_size, sphere="in")  # E_output, unit rows
-        s_z_scale = 1 / math.sqrt(c.d_model) if c.s_z_scale is None else c.s_z_scale
-        self.s_z = Scale(c.vocab_size, c.s_z_init, s_z_scale, mode=c.s_z_mode)
+        self.s_z = Scale.from_spec(c.vocab_size, c.s_z, c.d_model)
+
+    @classmethod
+    def upgrade_config_dict(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """A saved config dict with the flat scaling keys of earlier versions mapped, silently
+        (:func:`upgrade_flat_keys`): the file, not the caller, uses the old spelling."""
+        return upgrade_flat_keys(values)
 
     def init_weights(self) -> None:
         """(Re)initialize every parameter: random unit vectors for the sphere weights, the

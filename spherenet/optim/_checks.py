@@ -10,10 +10,9 @@ import weakref
 import torch
 from torch import nn
 
-from ..manifolds import point_tolerance
-from ..manifolds.registry import named_manifold_parameters
+from ..manifolds import SPHERE, declared_spheres, named_sphere_parameters, point_tolerance
 from ._row_kernels import RowOps
-from .groups import SPHERE, describe, named_sphere_parameters
+from .groups import describe
 
 OFF_SPHERE_POLICIES = ("project", "error")
 
@@ -145,7 +144,7 @@ def _sphere_links(model: nn.Module) -> list[tuple[dict, str, object]]:
     (``parent._modules``), each link once."""
     links: dict[tuple[int, str], tuple[dict, str, object]] = {}
     modules = dict(model.named_modules(remove_duplicate=True))
-    for entry in named_manifold_parameters(model):
+    for entry in declared_spheres(model):
         links[(id(entry.module._parameters), entry.attr)] = (entry.module._parameters, entry.attr, entry.param)
         path = entry.name.split(".")[:-1]  # the owning module's qualified name, split
         for depth in range(len(path)):

@@ -1,14 +1,15 @@
-"""Which parameters an optimizer must keep on the sphere, found from the model's declarations.
+"""Param groups that tell an optimizer which parameters to keep on the sphere.
 
 geoopt's optimizers recognise a sphere parameter by its tensor class (``ManifoldParameter``).
 That class is lost when FSDP2's ``fully_shard`` or ``load_state_dict(assign=True)`` re-wraps the
-parameter, and the optimizer then silently runs Euclidean Adam. spherenet instead asks the
-owning module (:func:`spherenet.manifolds.named_manifold_parameters`, a lookup by attribute name
-made at call time) and writes the answer into the **param group**: ``group["manifold"]`` is
-``"sphere"`` or ``"euclidean"``. The optimizers read that key and never inspect tensor classes.
+parameter, and the optimizer then silently runs Euclidean Adam. spherenet instead reads the
+owning modules' declarations (:func:`spherenet.manifolds.named_sphere_parameters`, a lookup by
+attribute name made at call time) and writes the answer into the **param group**:
+``group["manifold"]`` is ``"sphere"`` (:data:`spherenet.manifolds.SPHERE`) or ``"euclidean"``.
+The optimizers read that key and never inspect tensor classes.
 
 The tensor class is still consulted in one place, to *refuse*: a ``ManifoldParameter`` on a
-Sphere that its module did not declare (so that re-wrapping would silently lose it).
+Sphere that sits in a Euclidean group (:func:`spherenet.manifolds.is_sphere_tensor`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from ..manifolds import named_manifold_parameters
-from ..manifolds.sphere import geoopt
+from ..manifolds import SPHERE, is_sphere_tensor, named_sphere_parameters
 
 __all__ = [
     "SPHERE",
@@ -31,48 +31,8 @@ __all__ = [
     "is_matrix",
 ]
 
-SPHERE = "sphere"
 EUCLIDEAN = "euclidean"
 MANIFOLDS = (SPHERE, EUCLIDEAN)
-
-
-def _is_unit_sphere(manifold) -> bool:
-    # geoopt's Sphere (and spherenet's subclass) without a subspace constraint: the unit sphere
-    # along the last dimension, retraction x / ||x||.
-    return isinstance(manifold, geoopt.manifolds.Sphere) and getattr(manifold, "projector", None) is None
-
-
-def named_sphere_parameters(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """``(name, parameter)`` for every parameter of ``model`` declared on the unit sphere.
-
-    Names are those of ``model.named_parameters()`` (a tied parameter appears once, under its
-    first name). The parameter objects are the ones the model holds *now*, whatever their class
-    (``DTensor`` after ``fully_shard``, plain ``Parameter`` after ``load_state_dict(assign=True)``).
-
-    Raises ``ValueError`` for a parameter declared on a manifold other than the unit sphere (no
-    spherenet optimizer can keep it there), and for a geoopt ``ManifoldParameter`` on a sphere
-    that its module did not declare with :func:`spherenet.manifolds.declare_manifold`.
-    """
-    declared: dict[int, str] = {}
-    for entry in named_manifold_parameters(model):
-        if not _is_unit_sphere(entry.manifold):
-            raise ValueError(
-                f"parameter {entry.name!r} is declared on {entry.manifold!r}; spherenet.optim supports "
-                "only the unit sphere along the last dimension (spherenet.manifolds.Sphere())"
-            )
-        declared.setdefault(id(entry.param), entry.name)
-    out = []
-    for name, p in model.named_parameters():
-        if id(p) in declared:
-            out.append((name, p))
-        elif isinstance(p, geoopt.ManifoldParameter) and not isinstance(p.manifold, geoopt.manifolds.Euclidean):
-            raise ValueError(
-                f"parameter {name!r} is a geoopt ManifoldParameter on {p.manifold!r} but its module does "
-                "not declare it (spherenet.manifolds.declare_manifold(module, attr, Sphere())). An "
-                "undeclared manifold is lost when the parameter is re-wrapped (FSDP2, "
-                "load_state_dict(assign=True)); declare it so every optimizer can find it."
-            )
-    return out
 
 
 def sphere_parameters(model: nn.Module) -> list[torch.Tensor]:
@@ -168,7 +128,7 @@ def check_groups(
             raise ValueError(f"{owner}: param group manifold must be one of {MANIFOLDS}, got {manifold!r}")
         for p in g["params"]:
             placed[id(p)] = manifold
-            if manifold != SPHERE and isinstance(p, geoopt.ManifoldParameter) and _is_unit_sphere(p.manifold):
+            if manifold != SPHERE and is_sphere_tensor(p):
                 raise ValueError(
                     f"{owner}: parameter {describe(p, names)} is a ManifoldParameter on the sphere but sits in "
                     f"a {manifold!r} param group; it would take Euclidean steps and leave the sphere. Build "

@@ -2,7 +2,8 @@
 
 Section 2.6, step 2 ("After each training step, normalize all matrices E_input, E_output,
 W_q, W_k, W_v, W_o, W_u, W_nu and W_o_MLP along their embedding dimension"). Which tensors
-to normalize is read from the model's declarations (:func:`named_sphere_parameters`), so it
+to normalize is read from the model's declarations
+(:func:`spherenet.manifolds.named_sphere_parameters`), so it
 stays right after ``fully_shard`` and ``load_state_dict(assign=True)``.
 """
 
@@ -12,8 +13,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from ..manifolds import named_sphere_parameters
 from ._row_kernels import RowOps, check_sphere_layout, local
-from .groups import named_sphere_parameters
 
 __all__ = ["normalize_", "add_normalize_hook"]
 

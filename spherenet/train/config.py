@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,10 @@ class ConfigError(ValueError):
 class ModelSection:
     preset: str = "ngpt-tiny"
     # Any other key of [model] overrides a field of the preset's model config (NGPTConfig or
-    # GPTConfig), e.g. update = "slerp", n_layers = 6. Checked against that dataclass.
+    # GPTConfig), e.g. update = "slerp", n_layers = 6. Checked against that dataclass. A scaling
+    # (a ScaleSpec) is a table of some of its fields: alpha_attn = {init = 0.1}, or the dotted
+    # key alpha_attn.init = 0.1 (the override model.alpha_attn.init=0.1); fields left out keep
+    # the preset's values.
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -203,12 +207,36 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     return value
 
 
+def _set_model(overrides: dict[str, Any], key: str, value: Any) -> None:
+    """Record ``[model] key = value``; checked against the model config when the model is built.
+
+    A table (``alpha_attn = {init = 0.1}``) is merged key by key into what is set already, like
+    the dotted key ``alpha_attn.init``. The flat scaling keys of earlier versions (``alpha_init``,
+    ...) are recorded in the new spelling, with a ``DeprecationWarning``."""
+    from ..models.ngpt import FLAT_SCALING_KEYS, new_spelling
+
+    if key in FLAT_SCALING_KEYS:
+        warnings.warn(f"model.{key} is deprecated; set {new_spelling(key, 'model.')}", DeprecationWarning, stacklevel=4)
+        targets, spec_field = FLAT_SCALING_KEYS[key]
+        for target in targets:
+            _set_model(overrides, f"{target}.{spec_field}", value)
+        return
+    if "." in key:  # model.alpha_attn.init=0.1 (parse_override allows one level)
+        key, sub = key.split(".", 1)
+        value = {sub: value}
+    if isinstance(value, dict):
+        table = overrides.get(key)
+        overrides[key] = {**(table if isinstance(table, dict) else {}), **value}
+    else:
+        overrides[key] = value
+
+
 def _set(cfg: RunConfig, section: str, key: str, value: Any) -> None:
     if section not in _SECTIONS:
         raise ConfigError(f"unknown config section [{section}] (valid: {', '.join(_SECTIONS)})")
     obj = getattr(cfg, section)
     if section == "model" and key != "preset":
-        obj.overrides[key] = value  # checked against the model config when the model is built
+        _set_model(obj.overrides, key, value)
         return
     names = {f.name: f for f in fields(obj) if f.name != "overrides"}
     if key not in names:
@@ -218,13 +246,15 @@ def _set(cfg: RunConfig, section: str, key: str, value: Any) -> None:
 
 def parse_override(text: str) -> tuple[str, str, Any]:
     """``"optim.lr=1e-3"`` -> ``("optim", "lr", 0.001)``; the value is read as a TOML value,
-    falling back to a plain string (so ``data.source=my.txt`` needs no quotes)."""
+    falling back to a plain string (so ``data.source=my.txt`` needs no quotes). A field of a
+    model scaling is ``model.alpha_attn.init=0.1`` -> ``("model", "alpha_attn.init", 0.1)``."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form section.key=value")
     dotted, raw = text.split("=", 1)
-    if dotted.count(".") != 1:
-        raise ConfigError(f"override key {dotted!r} must be section.key (e.g. optim.lr)")
-    section, key = (s.strip() for s in dotted.split("."))
+    parts = [part.strip() for part in dotted.split(".")]
+    if not (len(parts) == 2 or (len(parts) == 3 and parts[0] == "model")) or not all(parts):
+        raise ConfigError(f"override key {dotted!r} must be section.key (e.g. optim.lr, model.alpha_attn.init)")
+    section, key = parts[0], ".".join(parts[1:])
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
