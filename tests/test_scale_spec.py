@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from spherenet.layers import Scale, ScaleSpec
+from spherenet.layers.attention import S_QK
+from spherenet.layers.mlp import S_U, S_V
+from spherenet.layers.residual import ALPHA
 from spherenet.models import NGPT, NGPTConfig, from_preset, load_pretrained, preset_config
 from spherenet.train.config import ConfigError, load_config, parse_override
 
@@ -202,3 +205,46 @@ def test_flat_keys_in_toml_and_overrides_warn_and_map(tmp_path):
 def test_bad_nested_overrides_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
+
+
+def test_layer_keywords_of_earlier_versions_still_build_the_same_layers():
+    """The flat keywords the layers took before ScaleSpec warn and give the same parameters as
+    the new spelling; an unknown keyword stays a TypeError."""
+    from spherenet.layers import NGPTMLP, NGPTAttention, NGPTBlock, SphericalResidual
+
+    def same(build_old, build_new, match):
+        torch.manual_seed(0)
+        with pytest.warns(DeprecationWarning, match=match):
+            old = build_old()
+        torch.manual_seed(0)
+        new = build_new()
+        assert repr(old) == repr(new)
+        assert old.state_dict().keys() == new.state_dict().keys()
+        assert all(torch.equal(old.state_dict()[k], v) for k, v in new.state_dict().items())
+
+    same(
+        lambda: SphericalResidual(8, alpha_init=0.2, alpha_mode="scalar", alpha_abs=False),
+        lambda: SphericalResidual(8, alpha=ScaleSpec(0.2, mode="scalar", absolute=False)),
+        r"alpha=ScaleSpec\(init=...\)",
+    )
+    same(
+        lambda: NGPTAttention(16, 2, s_qk_init=2.0, s_qk_scale=0.5),
+        lambda: NGPTAttention(16, 2, s_qk=ScaleSpec(2.0, scale=0.5)),
+        "s_qk=ScaleSpec",
+    )
+    fixed = dataclasses.replace(S_U, mode="fixed")
+    same(lambda: NGPTMLP(16, 32, s_uv_mode="fixed"), lambda: NGPTMLP(16, 32, s_u=fixed, s_v=fixed), "s_u=ScaleSpec")
+    same(
+        lambda: NGPTBlock(16, 2, alpha_init=0.1, s_qk_mode="scalar", s_uv_init=0.5),
+        lambda: NGPTBlock(
+            16,
+            2,
+            alpha_attn=dataclasses.replace(ALPHA, init=0.1),
+            alpha_mlp=dataclasses.replace(ALPHA, init=0.1),
+            attention={"s_qk": dataclasses.replace(S_QK, mode="scalar")},
+            mlp={"s_u": dataclasses.replace(S_U, init=0.5), "s_v": dataclasses.replace(S_V, init=0.5)},
+        ),
+        "deprecated",
+    )
+    with pytest.raises(TypeError, match="unexpected keyword argument 'alpha_colour'"):
+        SphericalResidual(8, alpha_colour=1)

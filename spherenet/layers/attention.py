@@ -34,7 +34,7 @@ from torch import nn
 from ..manifolds import normalize
 from .linear import SphereLinear
 from .rotary import RotaryEmbedding
-from .scale import Scale, ScaleSpec
+from .scale import Scale, ScaleSpec, specs_from_flat_keywords
 
 __all__ = ["NGPTAttention", "GPTAttention", "KVCache", "S_QK"]
 
@@ -193,8 +193,11 @@ class NGPTAttention(_Attention):
         causal: bool = True,
         qk_norm: bool = True,
         s_qk: ScaleSpec = S_QK,
+        **deprecated,
     ):
         super().__init__(d_model, n_heads, rope, rope_base, causal)
+        if deprecated:  # s_qk_init=..., s_qk_scale=..., s_qk_mode=... of earlier versions
+            s_qk = specs_from_flat_keywords("NGPTAttention", deprecated, {"s_qk": s_qk}, {"s_qk": ("s_qk",)})["s_qk"]
         self.qk_norm = bool(qk_norm)
         self.softmax_scale = math.sqrt(self.head_dim)
         self.w_q = SphereLinear(d_model, d_model, sphere="in")

@@ -15,7 +15,7 @@ from .mlp import GPTMLP, NGPTMLP
 from .norm import RMSNorm
 from .residual import ALPHA, SphericalResidual
 from .rotary import RotaryEmbedding
-from .scale import ScaleSpec
+from .scale import ScaleSpec, specs_from_flat_keywords
 
 __all__ = ["NGPTBlock", "GPTBlock"]
 
@@ -49,9 +49,17 @@ class NGPTBlock(nn.Module):
         alpha_mlp: ScaleSpec = ALPHA,
         attention: dict | None = None,
         mlp: dict | None = None,
+        **deprecated,
     ):
         super().__init__()
         d_mlp = 4 * d_model if d_mlp is None else d_mlp
+        if deprecated:  # the flat keywords of earlier versions: alpha_* here, s_qk_* and s_uv_* to the parts
+            alpha = {k: deprecated.pop(k) for k in list(deprecated) if k.startswith("alpha_")}
+            specs = {"alpha_attn": alpha_attn, "alpha_mlp": alpha_mlp}
+            specs = specs_from_flat_keywords("NGPTBlock", alpha, specs, {"alpha": ("alpha_attn", "alpha_mlp")})
+            alpha_attn, alpha_mlp = specs["alpha_attn"], specs["alpha_mlp"]
+            attention = {**(attention or {}), **{k: v for k, v in deprecated.items() if k.startswith("s_qk_")}}
+            mlp = {**(mlp or {}), **{k: v for k, v in deprecated.items() if not k.startswith("s_qk_")}}
         self.attn = NGPTAttention(d_model, n_heads, rope=rope, rope_base=rope_base, causal=causal, **(attention or {}))
         self.residual_attn = SphericalResidual(d_model, update, alpha_attn)
         self.mlp = NGPTMLP(d_model, d_mlp, **(mlp or {}))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .linear import SphereLinear
-from .scale import Scale, ScaleSpec
+from .scale import Scale, ScaleSpec, specs_from_flat_keywords
 
 __all__ = ["NGPTMLP", "GPTMLP", "S_U", "S_V"]
 
@@ -52,8 +52,11 @@ class NGPTMLP(nn.Module):
     The output is not normalized here: the block applies ``Norm`` (``h_M = Norm(MLP(h))``).
     """
 
-    def __init__(self, d_model: int, d_mlp: int, *, s_u: ScaleSpec = S_U, s_v: ScaleSpec = S_V):
+    def __init__(self, d_model: int, d_mlp: int, *, s_u: ScaleSpec = S_U, s_v: ScaleSpec = S_V, **deprecated):
         super().__init__()
+        if deprecated:  # s_uv_init=..., s_uv_scale=..., s_uv_mode=... of earlier versions
+            specs = specs_from_flat_keywords("NGPTMLP", deprecated, {"s_u": s_u, "s_v": s_v}, {"s_uv": ("s_u", "s_v")})
+            s_u, s_v = specs["s_u"], specs["s_v"]
         self.d_model, self.d_mlp = d_model, d_mlp
         self.w_u = SphereLinear(d_model, d_mlp, sphere="in")
         self.w_v = SphereLinear(d_model, d_mlp, sphere="in")

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..manifolds import lerp, riemannian_update, slerp
-from .scale import Scale, ScaleSpec
+from .scale import Scale, ScaleSpec, specs_from_flat_keywords
 
 __all__ = ["SphericalResidual", "RESIDUAL_UPDATES", "ALPHA"]
 
@@ -42,8 +42,11 @@ class SphericalResidual(nn.Module):
     ``Norm(ATTN(h))`` or ``Norm(MLP(h))``); the result is unit too.
     """
 
-    def __init__(self, dim: int, update: str = "lerp", alpha: ScaleSpec = ALPHA):
+    def __init__(self, dim: int, update: str = "lerp", alpha: ScaleSpec = ALPHA, **deprecated):
         super().__init__()
+        if deprecated:  # alpha_init=..., alpha_scale=..., alpha_mode=..., alpha_abs=... of earlier versions
+            specs = specs_from_flat_keywords("SphericalResidual", deprecated, {"alpha": alpha}, {"alpha": ("alpha",)})
+            alpha = specs["alpha"]
         if update not in RESIDUAL_UPDATES:
             raise ValueError(f"SphericalResidual update must be one of {tuple(RESIDUAL_UPDATES)}, got {update!r}")
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
