@@ -370,9 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     # Every rank computes the nGPT health metrics (collectives); rank 0 logs them.
     is_sphere_model = any(True for _ in named_manifold_parameters(model))
     trackers = open_trackers(
-        [name for name in t.loggers if name != "jsonl"], out_dir, cfg.to_dict(), enabled=info.is_main,
-        start_step=start, wandb_project=t.wandb_project,
-    )  # fmt: skip
+        t.loggers, out_dir, cfg.to_dict(), enabled=info.is_main, start_step=start, wandb_project=t.wandb_project
+    )
 
     bar = None
     if info.is_main and t.progress and start < t.steps and sys.stderr.isatty():

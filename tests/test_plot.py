@@ -21,8 +21,16 @@ def write_run(run_dir: Path, losses: list[float], val_every: int = 2, resumed_at
     def step_records(shift: float) -> list[dict]:
         out = []
         for step, loss in enumerate(losses, 1):
-            r = {"step": step, "loss": loss - shift, "lr": 1e-3, "grad_norm": 0.5, "skipped": False,
-                 "tokens": step * 256, "tok_per_s": 1000.0, "alpha_A_mean_abs": [0.05, 0.07]}  # fmt: skip
+            r = {
+                "step": step,
+                "loss": loss - shift,
+                "lr": 1e-3,
+                "grad_norm": 0.5,
+                "skipped": False,
+                "tokens": step * 256,
+                "tok_per_s": 1000.0,
+                "alpha_A_mean_abs": [0.05, 0.07],
+            }
             if step % val_every == 0:
                 r["val_loss"] = loss + 0.1 - shift
             out.append(r)

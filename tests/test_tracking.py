@@ -99,8 +99,18 @@ def test_loggers_must_be_a_list_of_strings(tmp_path):
 
 
 def test_record_scalars_names_and_skips_missing_values():
-    record = {"step": 7, "loss": 3.5, "lr": 1e-3, "grad_norm": None, "skipped": True, "tok_per_s": 900.0,
-              "val_loss": 3.7, "sphere_norm_error": 2e-7, "alpha_A_mean_abs": [0.05, 0.06], "tokens": 99}  # fmt: skip
+    record = {
+        "step": 7,
+        "loss": 3.5,
+        "lr": 1e-3,
+        "grad_norm": None,
+        "skipped": True,
+        "tok_per_s": 900.0,
+        "val_loss": 3.7,
+        "sphere_norm_error": 2e-7,
+        "alpha_A_mean_abs": [0.05, 0.06],
+        "tokens": 99,
+    }
     assert tracking.record_scalars(record) == {
         "train/loss": 3.5,
         "train/lr": 1e-3,
@@ -129,14 +139,22 @@ def test_ranks_other_than_0_write_nothing(tmp_path, offline_wandb):
     assert list(out.iterdir()) == []
 
 
-@pytest.mark.parametrize("logger, modules", [("tensorboard", ["tensorboard", "torch.utils.tensorboard"]),
-                                             ("wandb", ["wandb"])])  # fmt: skip
+@pytest.mark.parametrize(
+    "logger, modules", [("tensorboard", ["tensorboard", "torch.utils.tensorboard"]), ("wandb", ["wandb"])]
+)
 def test_missing_package_names_the_pip_extra_before_any_work(logger, modules, tmp_path, monkeypatch, capsys):
     for module in modules:
         monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
     out = tmp_path / "run"
-    rc = cli([*TINY, "train.steps=2", f"train.out_dir={out}", f"data.cache_dir={tmp_path / 'cache'}",
-              f"train.loggers=[{logger}]"])  # fmt: skip
+    rc = cli(
+        [
+            *TINY,
+            "train.steps=2",
+            f"train.out_dir={out}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            f"train.loggers=[{logger}]",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     assert f'pip install -e ".[{logger}]"' in err and "train.loggers" in err and "Traceback" not in err
@@ -189,8 +207,15 @@ def test_tensorboard_and_wandb_mirror_metrics_jsonl_across_a_resume(tmp_path, co
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     out = tmp_path / "run"
-    common = [*TINY, "train.steps=4", f"train.out_dir={out}", f"data.cache_dir={tmp_path / 'cache'}",
-              f"data.source={corpus}", "train.loggers=[tensorboard,wandb]", "train.wandb_project=spherenet-test"]  # fmt: skip
+    common = [
+        *TINY,
+        "train.steps=4",
+        f"train.out_dir={out}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"data.source={corpus}",
+        "train.loggers=[tensorboard,wandb]",
+        "train.wandb_project=spherenet-test",
+    ]
     assert cli([*common, "train.halt_after=3"]) == 0
     run_id = (out / tracking.WANDB_ID_FILE).read_text().strip()
     shutil.rmtree(out / "checkpoints" / "step_00000003")  # as if killed before step 3's checkpoint
@@ -204,8 +229,14 @@ def test_tensorboard_and_wandb_mirror_metrics_jsonl_across_a_resume(tmp_path, co
             last[r["step"]] = r
     assert sorted(last) == [1, 2, 3, 4]
     expected = {step: tracking.record_scalars(r) for step, r in last.items()}
-    assert {"ngpt/sphere_norm_error", "ngpt/alpha_A_mean_abs/layer_1", "ngpt/alpha_M_mean_abs/layer_0",
-            "train/grad_norm", "train/tokens_per_s", "train/lr"} <= set(expected[1])  # fmt: skip
+    assert {
+        "ngpt/sphere_norm_error",
+        "ngpt/alpha_A_mean_abs/layer_1",
+        "ngpt/alpha_M_mean_abs/layer_0",
+        "train/grad_norm",
+        "train/tokens_per_s",
+        "train/lr",
+    } <= set(expected[1])
     assert "val/loss" in expected[4] and expected[1]["ngpt/sphere_norm_error"] < 1e-5
     assert 0 < expected[4]["ngpt/alpha_A_mean_abs/layer_0"] < 1
 
@@ -260,8 +291,9 @@ def finished_compare(tmp_path) -> Path:
 
 
 def _compare(out: Path, *extra: str) -> int:
-    return compare.main(["--variants", "gpt", "ngpt", "--seeds", "0", "--size", "tiny", "--out", str(out), "--reuse",
-                         *extra])  # fmt: skip
+    return compare.main(
+        ["--variants", "gpt", "ngpt", "--seeds", "0", "--size", "tiny", "--out", str(out), "--reuse", *extra]
+    )
 
 
 def test_compare_no_progress_and_no_bar_off_a_terminal(finished_compare, capsys):
@@ -300,8 +332,23 @@ def test_convergence_bar_on_a_terminal_and_no_progress(convergence, corpus, tmp_
     _finished_run(out / "runs" / "gpt_lr1e-2" / "seed0", [4.0, 3.0, 2.5])
     _finished_run(out / "runs" / "ngpt_lr1e-2" / "seed0", [3.5, 2.6, 2.2])
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    argv = ["--variants", "gpt", "ngpt", "--lrs", "1e-2", "--ngpt-lrs", "1e-2", "--seeds", "0", "--data", str(corpus),
-            "--out", str(out), "--results", str(out / "results")]  # fmt: skip
+    argv = [
+        "--variants",
+        "gpt",
+        "ngpt",
+        "--lrs",
+        "1e-2",
+        "--ngpt-lrs",
+        "1e-2",
+        "--seeds",
+        "0",
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        "--results",
+        str(out / "results"),
+    ]
     assert convergence.main(argv) == 0
     err = capsys.readouterr().err
     assert "lr sweep: 100%" in err and "2/2" in err and "seeds" not in err  # no second stage: no bar
