@@ -29,7 +29,8 @@ small artifacts are written to ``--results`` (default ``benchmarks/results``; ``
 (default: tinyshakespeare when ``../shared/data`` has it, else the trainer's default corpus).
 ``section.key=value`` overrides, anywhere on the command line, go to every run after the
 study's own (parsed and checked as ``recipes.compare`` does). SIGTERM or Ctrl-C stops the
-running trainings with the study (see ``recipes.subprocesses``).
+running trainings with the study (see ``recipes.subprocesses``). On a terminal a bar per stage
+counts the runs done with an ETA; ``--no-progress`` turns it off.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,11 +121,18 @@ def finished(run_dir: Path) -> bool:
     return m.is_file() and '"event": "done"' in m.read_text()
 
 
-def train_one(args: argparse.Namespace, spec: str, seed: int) -> tuple[str, int, int]:
-    """One ``recipes.train`` run with the overrides ``recipes.compare`` would pass."""
+def reused(args: argparse.Namespace, spec: str, seed: int) -> bool:
+    """The run has finished before and ``--reuse`` (the default) keeps it."""
+    name, _ = compare.variant_overrides(spec, args.size)
+    return args.reuse and finished(args.runs / name / f"seed{seed}")
+
+
+def train_one(args: argparse.Namespace, spec: str, seed: int, say) -> tuple[str, int, int]:
+    """One ``recipes.train`` run with the overrides ``recipes.compare`` would pass; ``say``
+    prints its status line."""
     name, extra = compare.variant_overrides(spec, args.size)
     run_dir = args.runs / name / f"seed{seed}"
-    if args.reuse and finished(run_dir):
+    if reused(args, spec, seed):
         return name, seed, 0
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
@@ -137,16 +145,29 @@ def train_one(args: argparse.Namespace, spec: str, seed: int) -> tuple[str, int,
     with (run_dir / "train.log").open("w") as log:
         rc = subprocesses.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     status = "ok" if rc == 0 else f"FAILED (exit {rc}, see {run_dir / 'train.log'})"
-    print(f"  {name} seed {seed}: {status}", flush=True)
+    say(f"  {name} seed {seed}: {status}")
     return name, seed, rc
 
 
-def run_all(args: argparse.Namespace, jobs: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-    # On SIGTERM/Ctrl-C, leaving the with-block waits for the workers, whose runs stop
-    # (recipes.subprocesses); queued jobs raise without starting.
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda j: train_one(args, *j), jobs))
-    return {(n, s): rc for n, s, rc in results}
+def run_all(args: argparse.Namespace, jobs: list[tuple[str, int]], stage: str = "runs") -> dict[tuple[str, int], int]:
+    finished_before = {job for job in jobs if reused(args, *job)}
+    bar = compare.progress_bar(len(jobs), stage, args.progress, initial=len(finished_before))
+    say = bar.write if bar is not None else lambda line: print(line, flush=True)
+    results = {}
+    try:
+        # On SIGTERM/Ctrl-C, leaving the with-block waits for the workers, whose runs stop
+        # (recipes.subprocesses); queued jobs raise without starting.
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {pool.submit(train_one, args, *job, say): job for job in jobs}
+            for future in as_completed(futures):
+                name, seed, rc = future.result()
+                results[name, seed] = rc
+                if bar is not None and futures[future] not in finished_before:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return results
 
 
 def sweep_table(args: argparse.Namespace, specs: dict[str, dict[float, tuple[str, str]]]) -> tuple[str, dict]:
@@ -262,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per training")
     p.add_argument("--nice", type=int, default=5)
     p.add_argument("--no-reuse", dest="reuse", action="store_false", help="re-run finished runs")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars (runs done / ETA)")
     compare.add_override_argument(p, "recipes.train overrides for every run, after the study's own")
     if compare.parse_args_with_overrides(p, argv).quick:  # smaller defaults; explicit flags still win
         p.set_defaults(steps=60, eval_every=10, lrs=[3e-3, 1e-2], ngpt_lrs=[3e-3, 1e-2], seeds=[0, 1])
@@ -297,14 +319,14 @@ def study(args: argparse.Namespace, argv: list[str], specs: dict[str, dict[float
     sweep_jobs = [(spec, args.sweep_seed) for b in args.variants for _, spec in specs[b].values()]
     print(f"== stage 1: lr sweep, {len(sweep_jobs)} runs of {args.steps} steps, seed {args.sweep_seed} "
           "(finished ones reused)", flush=True)  # fmt: skip
-    run_all(args, sweep_jobs)
+    run_all(args, sweep_jobs, "lr sweep")
     sweep_md, best = sweep_table(args, specs)
     print(sweep_md, flush=True)
 
     chosen = [specs[b][best[b]] for b in args.variants]
     seed_jobs = [(spec, s) for _, spec in chosen for s in args.seeds if s != args.sweep_seed]
     print(f"== stage 2: best lr, seeds {args.seeds}: {len(seed_jobs)} more runs (finished ones reused)", flush=True)
-    rcs = run_all(args, seed_jobs)
+    rcs = run_all(args, seed_jobs, "seeds")
     if any(rcs.values()):
         print("error: some seed runs failed; see their train.log", file=sys.stderr)
         return 1
@@ -312,7 +334,8 @@ def study(args: argparse.Namespace, argv: list[str], specs: dict[str, dict[float
     baseline = chosen[args.variants.index("gpt")][0]
     rc = compare.main(
         ["--variants", *(spec for _, spec in chosen), "--seeds", *map(str, args.seeds), "--size", args.size,
-         "--out", str(args.runs), "--reuse", "--baseline", baseline, *shared_overrides(args)]
+         "--out", str(args.runs), "--reuse", "--baseline", baseline, *shared_overrides(args),
+         *([] if args.progress else ["--no-progress"])]
     )  # fmt: skip
     if rc:
         return rc

@@ -19,7 +19,8 @@ checkpoint (the newest sound checkpoint is used). All runs are drawn on the same
 training source, prepared again with the run's tokenizer and split settings, so the split is
 the one held out in training). The training context is the run's ``train.block_size`` (or the
 model's ``max_seq_len``). Errors (no checkpoint, unreadable data, too little validation data)
-print one line and exit with code 2.
+print one line and exit with code 2. On a terminal a bar counts the runs analyzed (and
+extrapolated); ``--no-progress`` turns it off.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 
 from recipes.checkpoints import Trained, load_trained
+from recipes.compare import progress_bar
 from spherenet import analysis
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError, prepare_dataset
@@ -182,17 +184,32 @@ def analyze(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     emb, cond, cond_norm, scal, ext = {}, {}, {}, {}, {}
-    for label, t in zip(labels, trained):
-        print(f"# {label}: {t.path} (step {t.step})", file=sys.stderr, flush=True)
-        emb[label] = analysis.embedding_stats(t.model, max_pairs=args.max_pairs)
-        cond[label] = analysis.condition_numbers(t.model)
-        cond_norm[label] = analysis.condition_numbers(t.model, normalize=True)
-        scal[label] = analysis.scaling_factors(t.model)
-        if args.extrapolate:
-            tokens = _validation_tokens(t, args.data, args.cache_dir, out)
-            ext[label] = analysis.length_extrapolation(
-                t.model, tokens, _block_size(t), args.factors, batches=args.eval_batches, batch_size=args.batch_size
-            )
+    stages = 2 if args.extrapolate else 1  # statistics, then the longer contexts
+    bar = progress_bar(len(trained) * stages, "analyze", args.progress, unit="stage")
+    say = bar.write if bar is not None else lambda line: print(line, file=sys.stderr, flush=True)
+    try:
+        for label, t in zip(labels, trained):
+            say(f"# {label}: {t.path} (step {t.step})")
+            if bar is not None:
+                bar.set_postfix_str(f"{label}: statistics")
+            emb[label] = analysis.embedding_stats(t.model, max_pairs=args.max_pairs)
+            cond[label] = analysis.condition_numbers(t.model)
+            cond_norm[label] = analysis.condition_numbers(t.model, normalize=True)
+            scal[label] = analysis.scaling_factors(t.model)
+            if bar is not None:
+                bar.update(1)
+            if args.extrapolate:
+                if bar is not None:
+                    bar.set_postfix_str(f"{label}: extrapolation x{', x'.join(map(str, args.factors))}")
+                tokens = _validation_tokens(t, args.data, args.cache_dir, out)
+                ext[label] = analysis.length_extrapolation(
+                    t.model, tokens, _block_size(t), args.factors, batches=args.eval_batches, batch_size=args.batch_size
+                )
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
 
     written = [
         analysis.plot_embeddings(emb, out / FIGURES["embeddings"]),
@@ -236,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-pairs", type=int, default=100_000, help="pairwise dot products sampled per embedding")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     args = p.parse_args(argv)
     try:
         if any(f < 1 for f in args.factors) or args.eval_batches < 1 or args.batch_size < 1 or args.max_pairs < 1:

@@ -22,7 +22,8 @@ comes from ``--size`` (tiny, cpu, small, 0.5b, 1b). Writes ``compare.json`` (eve
 Shared overrides may stand anywhere on the command line (also after ``--seeds 0 1 2``); every
 one is checked against the config before the first run. Each run is a ``recipes.train``
 process; SIGTERM or Ctrl-C stops the running one (it saves a checkpoint) and then the tool
-(see :mod:`recipes.subprocesses`).
+(see :mod:`recipes.subprocesses`). On a terminal a bar counts the runs done with an ETA (each
+run's own output then goes to its ``train.log``); ``--no-progress`` turns it off.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import math
 import os
 import re
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -108,6 +110,22 @@ def train_env(**extra: str) -> dict[str, str]:
     """The environment of a training child: ours, with this checkout first on PYTHONPATH."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True, initial: int = 0, unit: str = "run"):
+    """A tqdm bar on stderr, or None when turned off (``--no-progress``) or when stderr is not a
+    terminal (a log file, CI), where a bar's redraws would only be noise; None for nothing to do."""
+    if not enabled or total == 0 or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
+def finished(run_dir: Path) -> bool:
+    """The run's metrics end with its "done" event."""
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.is_file() and '"event": "done"' in metrics.read_text()
 
 
 def read_curve(run_dir: Path) -> dict:
@@ -219,25 +237,38 @@ def plot(results: dict[str, dict[int, dict]], path: Path, title: str) -> None:
 
 def run_variants(args: argparse.Namespace, variants: list[tuple[str, list[str]]], out: Path) -> dict | int:
     """Every variant and seed as a ``recipes.train`` process, one after the other: the curves,
-    or the exit status of the first run that failed."""
-    results: dict[str, dict[int, dict]] = {}
-    for name, extra in variants:
-        results[name] = {}
-        for seed in args.seeds:
+    or the exit status of the first run that failed. With a progress bar, each run's output
+    goes to its ``train.log`` instead of the terminal."""
+    results: dict[str, dict[int, dict]] = {name: {} for name, _ in variants}
+    jobs = [(name, extra, seed) for name, extra in variants for seed in args.seeds]
+    reused = {(name, seed) for name, _, seed in jobs if args.reuse and finished(out / name / f"seed{seed}")}
+    bar = progress_bar(len(jobs), "runs", args.progress, initial=len(reused))
+    try:
+        for name, extra, seed in jobs:
             run_dir = out / name / f"seed{seed}"
-            done = run_dir / "metrics.jsonl"
-            finished = done.is_file() and '"event": "done"' in done.read_text()
-            if not (args.reuse and finished):
-                if done.is_file():
-                    done.unlink()  # a fresh curve, not appended to an old one
-                print(f"== {name} seed {seed}", flush=True)
+            if (name, seed) not in reused:
+                (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh curve, not appended to an old one
                 overrides = [*args.overrides, *extra, f"train.seed={seed}", f"train.out_dir={run_dir}",
                              "train.sample_tokens=0", "train.progress=false"]  # fmt: skip
-                rc = subprocesses.run(train_command(args.config, overrides), env=train_env())
+                command = train_command(args.config, overrides)
+                if bar is None:
+                    print(f"== {name} seed {seed}", flush=True)
+                    rc = subprocesses.run(command, env=train_env())
+                else:
+                    bar.set_postfix_str(f"{name} seed {seed}")
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    with (run_dir / "train.log").open("w") as log:
+                        rc = subprocesses.run(command, env=train_env(), stdout=log, stderr=subprocess.STDOUT)
+                    bar.update(1)
                 if rc != 0:
-                    print(f"error: variant {name} seed {seed} failed (exit {rc})", file=sys.stderr)
+                    where = f", see {run_dir / 'train.log'}" if bar is not None else ""
+                    message = f"error: variant {name} seed {seed} failed (exit {rc}{where})"
+                    (bar.write if bar is not None else print)(message, file=sys.stderr)
                     return rc
             results[name][seed] = read_curve(run_dir)
+    finally:
+        if bar is not None:
+            bar.close()
     return results
 
 
@@ -250,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--baseline", default="gpt", help="variant whose best val loss is the target (default gpt)")
     p.add_argument("--reuse", action="store_true", help="skip runs whose metrics already end with 'done'")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (runs done / ETA)")
     add_override_argument(p, "applied to every variant")
     args = parse_args_with_overrides(p, argv)
 

@@ -8,12 +8,13 @@ library's source, byte level) on the CPU for a few minutes, then prints a sample
     python -m recipes.train data.source=my_text.txt train.steps=2000
     torchrun --nproc_per_node=8 -m recipes.train --config recipes/configs/gpt-1b.toml --parallel fsdp
     python -m recipes.train --resume            # continue from the newest sound checkpoint
+    python -m recipes.train train.loggers=[tensorboard,wandb]   # metrics.jsonl plus TensorBoard and W&B
 
 Overrides are ``section.key=value`` (sections: model, data, optim, train); an unknown key is
 an error that names it. The recipe assembles library parts: config (spherenet.train.config),
 data (spherenet.data), model (spherenet.models), optimizer (spherenet.optim), parallelism
 (spherenet.train.distributed), the step (spherenet.train.loop), checkpoints
-(spherenet.checkpoint).
+(spherenet.checkpoint), experiment tracking (spherenet.train.tracking).
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config
 from spherenet.train.distributed import (
     all_reduce_max,
+    all_reduce_mean,
     barrier,
     init_distributed,
     shutdown,
     wrap_model,
 )
 from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
+from spherenet.train.tracking import check_available, open_trackers
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
 
@@ -61,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallel", choices=["none", "ddp", "fsdp"], help="shortcut for train.parallel")
     p.add_argument("--compile", action="store_true", help="shortcut for train.compile=true")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
+    p.add_argument(
+        "--no-progress", action="store_true", help="shortcut for train.progress=false (no bar, no log lines)"
+    )
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     return p.parse_args(argv)
 
@@ -71,6 +77,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         overrides.append(f"train.parallel={args.parallel}")
     if args.compile:
         overrides.append("train.compile=true")
+    if args.no_progress:
+        overrides.append("train.progress=false")
     return load_config(args.config or DEFAULT_CONFIG, overrides)
 
 
@@ -104,7 +112,7 @@ def prepare_data(cfg: RunConfig, is_main: bool):
     )
     # Rank 0 tokenizes; the others wait, then read the cached files.
     if is_main:
-        data = prepare_dataset(d.source, d.tokenizer, cache, progress=True, **kwargs)
+        data = prepare_dataset(d.source, d.tokenizer, cache, progress=cfg.train.progress, **kwargs)
     barrier()
     if not is_main:
         data = prepare_dataset(d.source, d.tokenizer, cache, **kwargs)
@@ -132,7 +140,7 @@ def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.
 RESUMABLE_CHANGES = {
     "train": {"eval_every", "eval_batches", "log_every", "checkpoint_every", "keep_last", "out_dir", "compile",
               "autocast", "progress", "sample_tokens", "halt_after", "nonfinite", "max_nonfinite", "parallel",
-              "micro_batch_size", "steps"},
+              "micro_batch_size", "steps", "loggers", "wandb_project"},
     "optim": {"grad_clip", "reproject_every", "sphere_kernel"},
     "data": {"source", "cache_dir", "num_proc"},
 }  # fmt: skip
@@ -290,6 +298,7 @@ def extend_schedule(scheduler, saved_state: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = build_config(args)
+    check_available(cfg.train.loggers)  # a missing tensorboard / wandb package, before any work
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: this machine has no usable CUDA device (torch.cuda.is_available() is False)")
     info = init_distributed(args.device)
@@ -377,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         if plan is not None and plan.notes:
             log.log(event="resume_changes", step=start, changes=plan.notes)
 
+    # Every rank computes the nGPT health metrics (collectives); rank 0 logs them.
+    is_sphere_model = any(True for _ in named_sphere_parameters(model))
+    trackers = open_trackers(
+        t.loggers, out_dir, cfg.to_dict(), enabled=info.is_main, start_step=start, wandb_project=t.wandb_project
+    )
+
     bar = None
     if info.is_main and t.progress and start < t.steps and sys.stderr.isatty():
         from tqdm import tqdm
@@ -425,7 +440,11 @@ def main(argv: list[str] | None = None) -> int:
                 last_val = evaluate(step_model, val_windows.eval_batches(t.eval_batches), autocast=t.autocast)
                 record["val_loss"] = last_val
             if step % t.log_every == 0 or "val_loss" in record or result.skipped:
+                if is_sphere_model:  # the same decision on every rank: skipped steps are agreed on
+                    record["sphere_norm_error"] = sphere_norm_error(model, info.device)
+                    record.update(eigen_learning_rates(model, info.device))
                 log.log(**record)
+                trackers.log_record(record)
             if bar is not None:
                 bar.set_postfix(loss=f"{result.loss:.4f}", val=f"{last_val:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
                 bar.update(1)
@@ -457,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
+        trackers.close()
     if bar is not None:
         bar.close()
 
@@ -483,6 +503,27 @@ def sphere_norm_error(model: torch.nn.Module, device: torch.device) -> float:
         p = p.to_local() if hasattr(p, "to_local") else p
         worst = torch.maximum(worst, Sphere.norm_error(p).to(worst))
     return float(all_reduce_max(worst))
+
+
+def eigen_learning_rates(model: torch.nn.Module, device: torch.device) -> dict[str, list[float]]:
+    """Per layer, the mean |alpha_A| and |alpha_M|: the eigen learning rates of the attention and
+    MLP updates (eq. 10, 11) as the forward pass applies them. ``{}`` for a model without them
+    (GPT). Every rank takes part: FSDP shards the vectors, so sums and counts are reduced."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not all(hasattr(b, "residual_attn") and hasattr(b, "residual_mlp") for b in blocks):
+        return {}
+    parts = []
+    with torch.no_grad():
+        for block in blocks:
+            for residual in (block.residual_attn, block.residual_mlp):
+                alpha = residual.effective_alpha().detach()
+                alpha = alpha.to_local() if hasattr(alpha, "to_local") else alpha
+                total = alpha.abs().sum(dtype=torch.float64)
+                parts.append(torch.stack([total, total.new_tensor(float(alpha.numel()))]).to(device))
+    # Means of sums and counts over ranks: their ratio is the mean over every element.
+    sums, counts = all_reduce_mean(torch.stack(parts)).cpu().unbind(1)
+    means = (sums / counts.clamp(min=1)).view(len(blocks), 2).tolist()
+    return {"alpha_A_mean_abs": [m[0] for m in means], "alpha_M_mean_abs": [m[1] for m in means]}
 
 
 def generate_sample(model, tokenizer, val_windows, n_tokens: int, device: torch.device) -> str:

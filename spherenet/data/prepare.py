@@ -101,7 +101,8 @@ def prepare_dataset(
     is anything :func:`~spherenet.data.tokenizer.build_tokenizer` takes; ``"bpe:<vocab size>"``
     trains a BPE on the train-split documents. ``max_documents`` keeps the first N non-empty
     documents. ``num_proc`` worker processes tokenize (``Dataset.map``); ``batch_size`` documents
-    per call. ``force`` rebuilds even when a matching directory exists.
+    per call. ``force`` rebuilds even when a matching directory exists. ``progress`` shows the
+    tokenizing bars (``datasets``'), only when stderr is a terminal.
     """
     import datasets
 
@@ -153,6 +154,7 @@ def prepare_dataset(
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    progress = progress and sys.stderr.isatty()  # bars only on a terminal, not in a log file or CI
     bars = datasets.is_progress_bar_enabled()
     if not progress:
         datasets.disable_progress_bars()

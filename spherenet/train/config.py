@@ -102,6 +102,10 @@ class TrainSection:
     sample_tokens: int = 200  # tokens of text printed at the end (0 = none)
     progress: bool = True  # tqdm bar on rank 0 (plain log lines when stderr is not a terminal)
     halt_after: int = 0  # stop this invocation after this step (0 = run to train.steps); resume later
+    # Where metrics go besides metrics.jsonl ("jsonl", always written): "tensorboard" (event
+    # files in <out_dir>/tensorboard), "wandb" (Weights & Biases). See spherenet.train.tracking.
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    wandb_project: str = "spherenet"  # train.loggers with "wandb": the W&B project of the run
 
 
 _SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, "train": TrainSection}
@@ -116,6 +120,8 @@ _CHOICES = {
     ("train", "autocast"): ("auto", "bf16", "off"),
     ("train", "nonfinite"): ("skip", "stop"),
 }
+# List-valued keys: every element must be one of these.
+_LIST_CHOICES = {("train", "loggers"): ("jsonl", "tensorboard", "wandb")}
 _POSITIVE = {
     ("optim", "lr"),
     ("optim", "eps"),
@@ -158,6 +164,12 @@ class RunConfig:
             value = getattr(getattr(self, section), key)
             if value not in choices:
                 raise ConfigError(f"{section}.{key} = {value!r} is not one of {', '.join(choices)}")
+        for (section, key), choices in _LIST_CHOICES.items():
+            unknown = [v for v in getattr(getattr(self, section), key) if v not in choices]
+            if unknown:
+                raise ConfigError(
+                    f"{section}.{key}: {', '.join(map(repr, unknown))} not allowed (allowed values: {', '.join(choices)})"
+                )
         for section, key in _POSITIVE:
             value = getattr(getattr(self, section), key)
             if not value > 0:
@@ -204,6 +216,14 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{where} must be a string, got {value!r}")
+    if isinstance(default, list):
+        # An override that is not a TOML list arrives as text: "[a,b]", "a,b" or "a".
+        if isinstance(value, str):
+            value = [v.strip().strip("'\"") for v in value.strip().removeprefix("[").removesuffix("]").split(",")]
+            value = [v for v in value if v]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(dict.fromkeys(value))  # duplicates dropped, order kept
+        raise ConfigError(f"{where} must be a list of strings, got {value!r}")
     return value
 
 
@@ -246,8 +266,9 @@ def _set(cfg: RunConfig, section: str, key: str, value: Any) -> None:
 
 def parse_override(text: str) -> tuple[str, str, Any]:
     """``"optim.lr=1e-3"`` -> ``("optim", "lr", 0.001)``; the value is read as a TOML value,
-    falling back to a plain string (so ``data.source=my.txt`` needs no quotes). A field of a
-    model scaling is ``model.alpha_attn.init=0.1`` -> ``("model", "alpha_attn.init", 0.1)``."""
+    falling back to a plain string (so ``data.source=my.txt`` needs no quotes; a list key also
+    takes ``[a,b]`` or ``a,b`` unquoted). A field of a model scaling is
+    ``model.alpha_attn.init=0.1`` -> ``("model", "alpha_attn.init", 0.1)``."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form section.key=value")
     dotted, raw = text.split("=", 1)
