@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..manifolds import lerp, riemannian_update, slerp
+from . import fused
 from .scale import SCALE_MODES, Scale
 
 __all__ = ["SphericalResidual", "RESIDUAL_UPDATES"]
@@ -24,6 +25,9 @@ RESIDUAL_UPDATES = {
     "slerp": slerp,  # geodesic interpolation, eq. 6
     "riemannian": riemannian_update,  # Norm(h - alpha (h (h . h_block) - h_block)), eq. 25, 26
 }
+
+# The same updates as single autograd functions that keep fewer activations (spherenet.layers.fused).
+_FUSED_UPDATES = {"lerp": fused.lerp_normalize, "riemannian": fused.riemannian_normalize}
 
 
 class SphericalResidual(nn.Module):
@@ -69,6 +73,8 @@ class SphericalResidual(nn.Module):
         return alpha.abs() if self.alpha_abs else alpha
 
     def forward(self, h: torch.Tensor, h_block: torch.Tensor) -> torch.Tensor:
+        if fused.is_enabled() and self.update in _FUSED_UPDATES:
+            return _FUSED_UPDATES[self.update](h, h_block, self.effective_alpha())
         return RESIDUAL_UPDATES[self.update](h, h_block, self.effective_alpha())
 
     def extra_repr(self) -> str:
