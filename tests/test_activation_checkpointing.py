@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from spherenet.layers import KVCache, fused
 from spherenet.models import from_preset
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors
+
 SHAPE = dict(vocab_size=64, d_model=32, n_heads=2, n_layers=3, max_seq_len=32)
 
 

@@ -16,6 +16,8 @@ from spherenet.models import preset_config
 from spherenet.models.gpt import GPT
 from spherenet.models.ngpt import NGPT
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors
+
 
 def _gen(seed):
     return torch.Generator().manual_seed(seed)
@@ -235,18 +237,20 @@ def saved_bytes(model, ids) -> int:
     return sum(saved.values())
 
 
-def test_fused_model_keeps_fewer_activations_than_plain_and_than_gpt():
-    """The fused nGPT keeps ~0.6x the plain one's activations, and no more than GPT's at the
-    same shape (the plain one keeps ~1.5x GPT's)."""
+@pytest.mark.parametrize("update", ["lerp", "riemannian", "slerp"])
+def test_fused_model_keeps_fewer_activations_than_plain_and_than_gpt(update):
+    """The fused nGPT keeps ~0.6x the plain one's activations (LERP), and no more than GPT's at
+    the same shape (the plain one keeps ~1.5x GPT's), whatever the residual update."""
     shape = dict(vocab_size=64, d_model=64, n_heads=2, n_layers=2, max_seq_len=64)
     torch.manual_seed(0)
-    model, gpt = NGPT(preset_config("ngpt-tiny", **shape)), GPT(preset_config("gpt-tiny", **shape))
+    model = NGPT(preset_config("ngpt-tiny", update=update, **shape))
+    gpt = GPT(preset_config("gpt-tiny", **shape))
     ids = torch.randint(0, 64, (4, 64), generator=_gen(4))
     with fused.enabled(False):
         plain = saved_bytes(model, ids)
     lean, baseline = saved_bytes(model, ids), saved_bytes(gpt, ids)
     assert lean < 0.7 * plain, (lean, plain)
-    assert lean <= baseline < plain, (lean, baseline, plain)
+    assert lean <= baseline, (lean, baseline)
 
 
 def test_scaled_sphere_linear_folds_only_with_gradients():
@@ -260,18 +264,3 @@ def test_scaled_sphere_linear_folds_only_with_gradients():
     on = layer(x, out_scale=s)
     torch.testing.assert_close(on, off, rtol=1e-13, atol=1e-14)
     torch.testing.assert_close(on, layer(x) * s, rtol=1e-13, atol=1e-14)
-
-
-def test_compiled_fullgraph_forward_and_backward_match_eager():
-    """Dynamo traces the autograd functions into one graph and AOTAutograd their backward
-    (``aot_eager``: the same graphs as inductor gets, without its minutes of code generation)."""
-    model = ngpt(torch.float32, n_layers=1)
-    ids = torch.randint(0, 64, (2, 16), generator=_gen(7))
-    logits, grads = loss_and_grads(model, ids, True)
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    c_logits = compiled(ids)
-    loss = F.cross_entropy(c_logits.flatten(0, 1), ids.roll(-1, 1).flatten())
-    c_grads = torch.autograd.grad(loss, list(model.parameters()))
-    torch.testing.assert_close(c_logits, logits, rtol=1e-4, atol=1e-4)
-    for got, want in zip(c_grads, grads):
-        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch.autograd.function import once_differentiable
 
-from ..manifolds.geodesic import _TINY, _work_dtype
+from ..manifolds.geodesic import _TINY, _work_dtype, slerp
 
 __all__ = [
     "is_enabled",
@@ -45,6 +45,7 @@ __all__ = [
     "scaled_normalize",
     "lerp_normalize",
     "riemannian_normalize",
+    "slerp_normalize",
     "swiglu",
 ]
 
@@ -235,6 +236,14 @@ def riemannian_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha, eps: flo
     the values of :func:`spherenet.manifolds.riemannian_update`; keeps what
     :func:`lerp_normalize` keeps and recomputes ``h · h_block``."""
     return _RiemannianNormalize.apply(h, h_block, alpha, eps)
+
+
+def slerp_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha) -> torch.Tensor:
+    """The SLERP residual update (eq. 6, then ``Norm``), :func:`spherenet.manifolds.slerp` itself
+    under ``torch.utils.checkpoint``: its many intermediates (angle, sines, tangent, both
+    branches) are recomputed in the backward pass from ``h``, ``h_block`` and ``alpha``, which
+    are kept anyway. One more evaluation of the update, for the non-default update only."""
+    return torch.utils.checkpoint.checkpoint(slerp, h, h_block, alpha, use_reentrant=False)
 
 
 class _SwiGLU(torch.autograd.Function):

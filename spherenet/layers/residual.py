@@ -27,7 +27,11 @@ RESIDUAL_UPDATES = {
 }
 
 # The same updates as single autograd functions that keep fewer activations (spherenet.layers.fused).
-_FUSED_UPDATES = {"lerp": fused.lerp_normalize, "riemannian": fused.riemannian_normalize}
+_FUSED_UPDATES = {
+    "lerp": fused.lerp_normalize,
+    "slerp": fused.slerp_normalize,
+    "riemannian": fused.riemannian_normalize,
+}
 
 
 class SphericalResidual(nn.Module):
@@ -73,9 +77,8 @@ class SphericalResidual(nn.Module):
         return alpha.abs() if self.alpha_abs else alpha
 
     def forward(self, h: torch.Tensor, h_block: torch.Tensor) -> torch.Tensor:
-        if fused.is_enabled() and self.update in _FUSED_UPDATES:
-            return _FUSED_UPDATES[self.update](h, h_block, self.effective_alpha())
-        return RESIDUAL_UPDATES[self.update](h, h_block, self.effective_alpha())
+        updates = _FUSED_UPDATES if fused.is_enabled() else RESIDUAL_UPDATES
+        return updates[self.update](h, h_block, self.effective_alpha())
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, update={self.update}, alpha_abs={self.alpha_abs}"
