@@ -28,11 +28,17 @@ What is measured:
   ``torch.cuda.max_memory_reserved()``, the most the caching allocator held from the driver
   over the whole worker (warm-up and compilation included).
 
+nGPT's eager forward uses the fused autograd functions of ``spherenet.layers.fused`` (the
+default). ``--variants [plain] [checkpointed]`` adds "eager, plain autograd" (nGPT with ``fused.enabled(False)``,
+compared with GPT's eager step) and "eager, activation checkpointing" (both models,
+``set_activation_checkpointing(True)``).
+
 ``--dtype bf16`` is autocast to bfloat16 with fp32 parameters and optimizer states, as in
 bench_step.py.
 
     nice python benchmarks/bench_memory.py                 # CPU: d 256, 4 layers, ctx 256, batch 8
     nice python benchmarks/bench_memory.py --quick         # tiny shape
+    nice python benchmarks/bench_memory.py --variants      # + plain autograd, activation checkpointing
     python benchmarks/bench_memory.py --device cuda --dtype bf16 --compile --size 0.5b --n-layers 8 --ctx 1024 --batch 8
 """
 
@@ -48,7 +54,18 @@ import weakref
 
 import torch
 from _machine import add_shape_args, emit, header, pick_device, shape_text  # benchmarks/ is on sys.path
-from bench_step import RECIPE, build, config_for, make_step, random_batch  # the same models, data and step
+from bench_step import (  # the same models, data and step
+    MODE_LABEL,
+    RECIPE,
+    VARIANTS,
+    baseline_of,
+    build,
+    config_for,
+    contenders_of,
+    make_step,
+    random_batch,
+    selected_variants,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -129,10 +146,11 @@ def vm_hwm_bytes() -> int | None:
 def worker(args) -> dict:
     device = pick_device(args.device)
     family, mode = args.worker
-    model, optimizer, scheduler = build(family, args, device)
+    model, optimizer, scheduler = build(family, args, device, mode)
     runner = torch.compile(model) if mode == "compiled" else model
     x, y = random_batch(model.config.vocab_size, args.batch, model.config.max_seq_len, device)
-    step = make_step(runner, optimizer, scheduler, x, y, device, args.dtype)
+    step = make_step(runner, optimizer, scheduler, x, y, device, args.dtype, mode)
+    eager = mode != "compiled"
     result = {"family": family, "mode": mode, "n_params": sum(p.numel() for p in model.parameters())}
     try:
         step()  # warm-up: optimizer state exists from here on (and the graph is compiled)
@@ -145,14 +163,14 @@ def worker(args) -> dict:
             step()
             torch.cuda.synchronize(device)
             result["step_peak"] = torch.cuda.max_memory_allocated(device) - before
-        elif mode == "eager":
+        elif eager:
             tracker = LiveStorageBytes()
             with tracker:
                 step()
             result["step_peak"] = tracker.peak
         else:
             result["step_peak"] = None  # compiled CPU code allocates outside the dispatcher
-        if mode == "eager":
+        if eager:
             result["saved"] = saved_for_backward_bytes(step, list(model.parameters()))
     except torch.OutOfMemoryError as e:
         result["oom"] = str(e).splitlines()[0]
@@ -186,6 +204,9 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: autocast to bfloat16, fp32 parameters and optimizer states")  # fmt: skip
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd models")
+    p.add_argument("--variants", nargs="*", choices=VARIANTS, metavar="VARIANT",
+                   help="also these contenders (alone: all): plain = nGPT with plain autograd, "
+                        "checkpointed = both models with activation checkpointing")  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--quick", action="store_true", help="size tiny, ctx 64, batch 4, 1 thread")
     p.add_argument("--markdown", metavar="FILE", help="also append the tables to FILE")
@@ -206,8 +227,8 @@ def main(argv=None) -> int:
         return 0
     device = pick_device(args.device)  # fail here, not in every worker
 
-    modes = ["eager", "compiled"] if args.compile else ["eager"]
-    rows = {(f, m): run_worker(args, f, m) for m in modes for f in RECIPE}
+    modes = ["eager", *selected_variants(args.variants), *(("compiled",) if args.compile else ())]
+    rows = {(f, m): run_worker(args, f, m) for f, m in contenders_of(modes)}
     emit(report(args, device, modes, rows, argv), args.markdown)
     return 0
 
@@ -242,9 +263,9 @@ def report(args, device, modes, rows, argv) -> str:
 
     for (family, mode), r in rows.items():
         if "oom" in r:
-            lines.append(f"| {family} | {mode} | out of memory | | | | | {mib(r['process'])} |")
+            lines.append(f"| {family} | {MODE_LABEL[mode]} | out of memory | | | | | {mib(r['process'])} |")
             continue
-        lines.append(f"| {family} | {mode} | {mib(r['params'])} | {mib(r['state'])} | {mib(r['step_peak'])} | "
+        lines.append(f"| {family} | {MODE_LABEL[mode]} | {mib(r['params'])} | {mib(r['state'])} | {mib(r['step_peak'])} | "
                      f"{mib(total(r))} | {mib(r.get('saved'))} | {mib(r['process'])} |")  # fmt: skip
 
     def ratio(a, c):
@@ -253,12 +274,14 @@ def report(args, device, modes, rows, argv) -> str:
     lines += ["", f"| mode | nGPT / GPT step peak | nGPT / GPT total | nGPT / GPT saved for backward | nGPT / GPT {last[:-4]} |",
               "|---|---|---|---|---|"]  # fmt: skip
     for mode in modes:
-        n, b = rows[("nGPT", mode)], rows[("GPT", mode)]
+        n, b = rows[("nGPT", mode)], rows[baseline_of(mode)]
         if "oom" in n or "oom" in b:
-            lines.append(f"| {mode} | out of memory | | | |")
+            lines.append(f"| {MODE_LABEL[mode]} | out of memory | | | |")
             continue
-        lines.append(f"| {mode} | {ratio(n['step_peak'], b['step_peak'])} | {ratio(total(n), total(b))} | "
+        lines.append(f"| {MODE_LABEL[mode]} | {ratio(n['step_peak'], b['step_peak'])} | {ratio(total(n), total(b))} | "
                      f"{ratio(n.get('saved'), b.get('saved'))} | {ratio(n['process'], b['process'])} |")  # fmt: skip
+    if "plain" in modes:
+        lines += ["", 'GPT has no fused functions: the "plain autograd" row compares with its eager step.']
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,11 @@ One step = forward, next-token loss, backward, ``optimizer.step()``, ``scheduler
 d_MLP (4 d), vocabulary and context (the presets ``ngpt-SIZE`` and ``gpt-SIZE`` with the same
 overrides); each gets its paper recipe from ``spherenet.optim.build_optimizer`` (nGPT:
 ``riemannian_adam``; GPT: ``adamw``, Table 3). "torch.compile" is ``torch.compile(model)``
-(forward and backward graphs; the optimizer step stays eager, as in training).
+(forward and backward graphs; the optimizer step stays eager, as in training). nGPT's eager
+forward uses the fused autograd functions of ``spherenet.layers.fused`` (the default);
+``--variants [plain] [checkpointed]`` adds the contenders "eager, plain autograd" (nGPT with ``fused.enabled(False)``,
+compared with GPT's eager time) and "eager, activation checkpointing" (both models,
+``set_activation_checkpointing(True)``).
 
 The contenders (nGPT/GPT x eager/compiled) run interleaved: in every round each runs ``--steps``
 steps in a fresh random order, and the table gives the median over rounds of the time per
@@ -44,12 +48,37 @@ from _machine import (  # benchmarks/ is on sys.path
     sync,
 )
 
+from spherenet.layers import fused
 from spherenet.models import model_from_config, preset_config
 from spherenet.optim import build_optimizer
 from spherenet.train.loop import autocast_context
 
 RECIPE = {"nGPT": ("ngpt", "riemannian_adam"), "GPT": ("gpt", "adamw")}
-MODE_LABEL = {"eager": "eager", "compiled": "torch.compile"}
+MODE_LABEL = {
+    "eager": "eager",
+    "plain": "eager, plain autograd",
+    "checkpointed": "eager, activation checkpointing",
+    "compiled": "torch.compile",
+}
+VARIANTS = ("plain", "checkpointed")
+
+
+def contenders_of(modes) -> list[tuple[str, str]]:
+    """(family, mode) pairs: every family in every mode, except GPT in "plain" (GPT has no fused
+    functions: its plain autograd is its eager)."""
+    return [(f, m) for m in modes for f in RECIPE if (f, m) != ("GPT", "plain")]
+
+
+def selected_variants(asked: list[str] | None) -> tuple[str, ...]:
+    """The ``--variants`` asked for, in table order: none without the option, all with it alone."""
+    if asked is None:
+        return ()
+    return tuple(v for v in VARIANTS if not asked or v in asked)
+
+
+def baseline_of(mode: str) -> tuple[str, str]:
+    """The GPT contender an nGPT contender in ``mode`` is compared with."""
+    return ("GPT", "eager" if mode == "plain" else mode)
 
 
 def config_for(family: str, args):
@@ -58,11 +87,13 @@ def config_for(family: str, args):
     return preset_config(f"{RECIPE[family][0]}-{size}", **overrides)
 
 
-def build(family: str, args, device: torch.device):
-    """The model of ``family`` at the shape of ``args``, built on ``device``, and its recipe."""
+def build(family: str, args, device: torch.device, mode: str = "eager"):
+    """The model of ``family`` at the shape of ``args``, built on ``device``, and its recipe;
+    with activation checkpointing in ``mode`` "checkpointed"."""
     torch.manual_seed(0)
     with device:  # parameters are created on the device (no CPU copy of a large model)
         model = model_from_config(config_for(family, args))
+    model.set_activation_checkpointing(mode == "checkpointed")
     method = RECIPE[family][1]
     optimizer, scheduler = build_optimizer(model, method, lr=1e-3, total_steps=10**6)
     return model, optimizer, scheduler
@@ -75,14 +106,16 @@ def random_batch(vocab_size: int, batch: int, ctx: int, device: torch.device) ->
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
 
-def make_step(model, optimizer, scheduler, x, y, device, dtype):
+def make_step(model, optimizer, scheduler, x, y, device, dtype, mode: str = "eager"):
+    """One training step of ``model``; in ``mode`` "plain" with nGPT's fused functions off."""
     autocast = "bf16" if dtype == "bf16" else "off"
 
     def step():
-        with autocast_context(autocast, device):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        loss.backward()
+        with fused.enabled(mode != "plain"):
+            with autocast_context(autocast, device):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            loss.backward()
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -99,6 +132,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=3, help="timed steps per contender per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender first (compiles)")
     p.add_argument("--no-compile", action="store_true", help="eager only")
+    p.add_argument("--variants", nargs="*", choices=VARIANTS, metavar="VARIANT",
+                   help="also these contenders (alone: all): plain = nGPT with plain autograd, "
+                        "checkpointed = both models with activation checkpointing")  # fmt: skip
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: autocast to bfloat16, fp32 parameters and optimizer states")  # fmt: skip
@@ -124,16 +160,15 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    modes = ["eager"] if args.no_compile else ["eager", "compiled"]
+    modes = ["eager", *selected_variants(args.variants), *(() if args.no_compile else ("compiled",))]
     contenders, n_params, config = {}, {}, None
-    for family in RECIPE:
-        for mode in modes:
-            model, opt, sched = build(family, args, device)
-            config = model.config
-            n_params[family] = sum(p.numel() for p in model.parameters())
-            runner = torch.compile(model) if mode == "compiled" else model
-            x, y = random_batch(config.vocab_size, args.batch, config.max_seq_len, device)
-            contenders[(family, mode)] = make_step(runner, opt, sched, x, y, device, args.dtype)
+    for family, mode in contenders_of(modes):
+        model, opt, sched = build(family, args, device, mode)
+        config = model.config
+        n_params[family] = sum(p.numel() for p in model.parameters())
+        runner = torch.compile(model) if mode == "compiled" else model
+        x, y = random_batch(config.vocab_size, args.batch, config.max_seq_len, device)
+        contenders[(family, mode)] = make_step(runner, opt, sched, x, y, device, args.dtype, mode)
 
     warmup_s = {}
     for key, step in contenders.items():
@@ -186,16 +221,19 @@ def report(args, device, config, n_params, modes, times, warmup_s, peak, argv) -
         "|---|---|---|---|---|",
     ]
     for mode in modes:
-        n, b = med[("nGPT", mode)], med[("GPT", mode)]
-        (n0, n1), (b0, b1) = spread[("nGPT", mode)], spread[("GPT", mode)]
-        paired = statistics.median(a / c for a, c in zip(times[("nGPT", mode)], times[("GPT", mode)]))
+        gpt = baseline_of(mode)
+        n, b = med[("nGPT", mode)], med[gpt]
+        (n0, n1), (b0, b1) = spread[("nGPT", mode)], spread[gpt]
+        paired = statistics.median(a / c for a, c in zip(times[("nGPT", mode)], times[gpt]))
         cells = [f"{n:.1f} ({n0:.1f}–{n1:.1f})", f"{b:.1f} ({b0:.1f}–{b1:.1f})", f"{n / b:.2f}", f"{paired:.2f}"]
         lines.append(f"| {MODE_LABEL[mode]} | " + " | ".join(cells) + " |")
+    if "plain" in modes:
+        lines += ["", 'GPT has no fused functions: the "plain autograd" row compares with its eager step.']
     lines += ["", "| model | " + " | ".join(f"{MODE_LABEL[m]} tokens/s" for m in modes)
               + (" | compiled / eager |" if "compiled" in modes else " |"),
               "|---|" + "---|" * (len(modes) + ("compiled" in modes))]  # fmt: skip
     for family in RECIPE:
-        cells = [f"{tokens / med[(family, m)] * 1e3:,.0f}" for m in modes]
+        cells = [f"{tokens / med[(family, m)] * 1e3:,.0f}" if (family, m) in med else "-" for m in modes]
         if "compiled" in modes:
             cells.append(f"{med[(family, 'compiled')] / med[(family, 'eager')]:.2f}")
         lines.append(f"| {family} | " + " | ".join(cells) + " |")

@@ -126,6 +126,7 @@ def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.
         model = from_preset(cfg.model.preset, **overrides)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
+    model.set_activation_checkpointing(cfg.train.activation_checkpointing)
     return model.to(device)
 
 
@@ -140,7 +141,7 @@ def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.
 RESUMABLE_CHANGES = {
     "train": {"eval_every", "eval_batches", "log_every", "checkpoint_every", "keep_last", "out_dir", "compile",
               "autocast", "progress", "sample_tokens", "halt_after", "nonfinite", "max_nonfinite", "parallel",
-              "micro_batch_size", "steps", "loggers", "wandb_project"},
+              "micro_batch_size", "steps", "loggers", "wandb_project", "activation_checkpointing"},
     "optim": {"grad_clip", "reproject_every", "sphere_kernel"},
     "data": {"source", "cache_dir", "num_proc"},
 }  # fmt: skip

@@ -58,17 +58,19 @@ def check_preamble(text: str, title: str) -> None:
 
 @pytest.mark.slow
 def test_bench_step_quick_markdown(tmp_path):
-    text = run_bench("bench_step.py", tmp_path / "step.md")
+    text = run_bench("bench_step.py", tmp_path / "step.md", "--variants")
     check_preamble(text, "Training step time, nGPT vs GPT: cpu fp32, context 64, batch 4")
     rows = table(
         text, "| mode | nGPT ms/step | GPT ms/step | nGPT/GPT (medians) | nGPT/GPT (median of per-round ratios) |"
     )
-    assert [r[0] for r in rows] == ["eager"]
+    assert [r[0] for r in rows] == ["eager", "eager, plain autograd", "eager, activation checkpointing"]
     for mode, n, g, ratio, paired in rows:
         assert re.fullmatch(TIMING, n) and re.fullmatch(TIMING, g), (n, g)
         assert re.fullmatch(NUMBER, ratio) and re.fullmatch(NUMBER, paired)
-    rows = table(text, "| model | eager tokens/s |")
-    assert [r[0] for r in rows] == ["nGPT", "GPT"] and all(re.fullmatch(NUMBER, r[1]) for r in rows)
+    header = "| model | eager tokens/s | eager, plain autograd tokens/s | eager, activation checkpointing tokens/s |"
+    rows = table(text, header)
+    assert [r[0] for r in rows] == ["nGPT", "GPT"] and rows[1][2] == "-"  # GPT has no plain variant
+    assert all(re.fullmatch(NUMBER, c) for r in rows for c in r[1:] if c != "-")
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ from einops import rearrange
 from torch import nn
 
 from ..manifolds import normalize
+from . import fused
 from .linear import SphereLinear
 from .rotary import RotaryEmbedding
 from .scale import Scale, ScaleSpec, specs_from_flat_keywords
@@ -220,6 +221,8 @@ class NGPTAttention(_Attention):
 
     def _scale_qk(self, x: torch.Tensor) -> torch.Tensor:
         """eq. 15, 16 for q or k of shape (B, H, T, d_k): ``Norm(x) * s_qk`` per head."""
+        if self.qk_norm and fused.is_enabled():
+            return fused.scaled_normalize(x, self._s_qk_per_head())
         if self.qk_norm:
             x = normalize(x)
         return x * self._s_qk_per_head()

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..manifolds import normalize
+from . import fused
 from .attention import GPTAttention, KVCache, NGPTAttention
 from .mlp import GPTMLP, NGPTMLP
 from .norm import RMSNorm
@@ -84,9 +85,10 @@ class NGPTBlock(nn.Module):
         )
 
     def forward(self, h: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        h_attn = normalize(self.attn(h, cache=cache))
+        norm = fused.normalize if fused.is_enabled() else normalize
+        h_attn = norm(self.attn(h, cache=cache))
         h = self.residual_attn(h, h_attn)
-        h_mlp = normalize(self.mlp(h))
+        h_mlp = norm(self.mlp(h))
         h = self.residual_mlp(h, h_mlp)
         return h
 

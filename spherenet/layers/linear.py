@@ -77,12 +77,25 @@ class SphereLinear(nn.Module):
         """The weight in torch's ``(out_features, in_features)`` convention."""
         return self.weight if self.sphere == "in" else self.weight.t()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``x W``, or ``(x W) * out_scale`` (one factor per output feature, shape
+        ``(out_features,)`` or ``(1,)``: s_u, s_v, s_z of eq. 20, 21, 3).
+
+        With gradients enabled the scale is folded into the weight's rows, ``x (s W)``: one
+        multiply of the weight instead of one of the output, and no output kept for the scale's
+        gradient. Without, the output is scaled (cheaper for a few tokens, as in decoding). The
+        result has the dtype of ``x W`` (bf16 under autocast in both cases).
+        """
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"SphereLinear expected input with last dimension {self.in_features}, got shape {tuple(x.shape)}"
             )
-        return F.linear(x, self.matrix())
+        if out_scale is None:
+            return F.linear(x, self.matrix())
+        if torch.is_grad_enabled():
+            return F.linear(x, self.matrix() * out_scale.unsqueeze(-1))
+        y = F.linear(x, self.matrix())
+        return (y * out_scale).to(y.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, sphere={self.sphere}"

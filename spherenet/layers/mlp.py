@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
 from .linear import SphereLinear
 from .scale import Scale, ScaleSpec, specs_from_flat_keywords
 
@@ -70,6 +71,9 @@ class NGPTMLP(nn.Module):
         return dict(s_u=config.s_u, s_v=config.s_v)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        u = self.w_u(h) * self.s_u()  # eq. 20
-        v = self.w_v(h) * (self.s_v() * math.sqrt(self.d_model))  # eq. 21
+        s_u, s_v = self.s_u(), self.s_v() * math.sqrt(self.d_model)
+        if fused.is_enabled():  # the scalings folded into W_u, W_v; SiLU(v) recomputed in backward
+            return self.w_o(fused.swiglu(self.w_u(h, out_scale=s_u), self.w_v(h, out_scale=s_v)))
+        u = self.w_u(h) * s_u  # eq. 20
+        v = self.w_v(h) * s_v  # eq. 21
         return self.w_o(u * F.silu(v))

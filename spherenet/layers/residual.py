@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..manifolds import lerp, riemannian_update, slerp
+from . import fused
 from .scale import Scale, ScaleSpec, specs_from_flat_keywords
 
 __all__ = ["SphericalResidual", "RESIDUAL_UPDATES", "ALPHA"]
@@ -26,6 +27,13 @@ RESIDUAL_UPDATES = {
 #: The paper's alpha_A and alpha_M (Section 2.6, step 3): init 0.05 ("in order of 1/n_layers"),
 #: scale 1/sqrt(d_model), one per dimension, used as |alpha| (Appendix A.2).
 ALPHA = ScaleSpec(init=0.05, absolute=True)
+
+# The same updates as single autograd functions that keep fewer activations (spherenet.layers.fused).
+_FUSED_UPDATES = {
+    "lerp": fused.lerp_normalize,
+    "slerp": fused.slerp_normalize,
+    "riemannian": fused.riemannian_normalize,
+}
 
 
 class SphericalResidual(nn.Module):
@@ -64,7 +72,8 @@ class SphericalResidual(nn.Module):
         return self.alpha()
 
     def forward(self, h: torch.Tensor, h_block: torch.Tensor) -> torch.Tensor:
-        return RESIDUAL_UPDATES[self.update](h, h_block, self.effective_alpha())
+        updates = _FUSED_UPDATES if fused.is_enabled() else RESIDUAL_UPDATES
+        return updates[self.update](h, h_block, self.effective_alpha())
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, update={self.update}, alpha_abs={self.alpha_abs}"

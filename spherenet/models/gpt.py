@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..layers import GPTBlock, KVCache, RMSNorm, RotaryEmbedding
 from . import common
@@ -66,6 +67,7 @@ class GPT(nn.Module, HubMixin):
         )
         self.norm_out = RMSNorm(c.d_model, c.norm_eps)
         self.embed_out = nn.Linear(c.d_model, c.vocab_size, bias=False)  # untied from embed_in
+        self.activation_checkpointing = False  # set_activation_checkpointing
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -95,9 +97,19 @@ class GPT(nn.Module, HubMixin):
 
         h = self.embed_in(input_ids)
         for block, cache in zip(self.blocks, caches):
-            h = block(h, cache=cache)
+            if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
+                h = checkpoint(block, h, use_reentrant=False)  # keep h only; recompute in backward
+            else:
+                h = block(h, cache=cache)
         h = self.norm_out(h)
         return self.embed_out(h)
+
+    def set_activation_checkpointing(self, enabled: bool = True) -> None:
+        """Activation checkpointing per block: in training forwards (gradients enabled, no KV
+        caches) each block keeps only its input for the backward pass and recomputes its forward
+        there (``torch.utils.checkpoint``, non-reentrant: works under DDP, FSDP2 and
+        ``torch.compile``). Same loss and gradients, less activation memory, one more forward."""
+        self.activation_checkpointing = bool(enabled)
 
     def generate(
         self,

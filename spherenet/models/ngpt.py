@@ -26,6 +26,7 @@ from ..layers import (
     ScaleSpec,
     SphereEmbedding,
     SphereLinear,
+    fused,
 )
 from ..layers.attention import S_QK
 from ..layers.mlp import S_U, S_V
@@ -161,6 +162,7 @@ class NGPT(nn.Module, HubMixin):
         self.blocks = nn.ModuleList(NGPTBlock.from_config(c, rope=self.rope) for _ in range(c.n_layers))
         self.embed_out = SphereLinear(c.d_model, c.vocab_size, sphere="in")  # E_output, unit rows
         self.s_z = Scale.from_spec(c.vocab_size, c.s_z, c.d_model)
+        self.activation_checkpointing = False  # set_activation_checkpointing
 
     @classmethod
     def upgrade_config_dict(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -191,9 +193,22 @@ class NGPT(nn.Module, HubMixin):
 
         h = self.embed_in(input_ids)  # (B, T, d), unit
         for block, cache in zip(self.blocks, caches):
-            h = block(h, cache=cache)
-        logits = self.embed_out(h) * self.s_z()  # eq. 1, 3
-        return logits
+            if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
+                h = fused.checkpoint(block, h)  # keep h only; recompute in backward
+            else:
+                h = block(h, cache=cache)
+        if not fused.is_enabled():
+            return self.embed_out(h) * self.s_z()  # eq. 1, 3
+        s_z = self.s_z()
+        logits = self.embed_out(h, out_scale=s_z)  # eq. 1, 3, s_z folded into E_out's rows
+        return logits.to(torch.promote_types(logits.dtype, s_z.dtype))  # the dtype of (E_out h) s_z
+
+    def set_activation_checkpointing(self, enabled: bool = True) -> None:
+        """Activation checkpointing per block: in training forwards (gradients enabled, no KV
+        caches) each block keeps only its input for the backward pass and recomputes its forward
+        there (``torch.utils.checkpoint``, non-reentrant: works under DDP, FSDP2 and
+        ``torch.compile``). Same loss and gradients, less activation memory, one more forward."""
+        self.activation_checkpointing = bool(enabled)
 
     def generate(
         self,

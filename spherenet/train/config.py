@@ -96,6 +96,7 @@ class TrainSection:
     out_dir: str = "runs/default"
     parallel: str = "none"  # none | ddp | fsdp
     compile: bool = False
+    activation_checkpointing: bool = False  # recompute each block in backward: less memory, one more forward
     autocast: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
     nonfinite: str = "skip"  # skip | stop: what to do with a NaN/inf loss or gradient
     max_nonfinite: int = 10  # stop after this many skipped steps in a row

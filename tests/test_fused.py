@@ -1,0 +1,266 @@
+"""The fused autograd functions of spherenet.layers.fused: exact gradients (gradcheck, float64),
+the values and gradients of the plain autograd versions (float32, float64, bf16, every alpha
+shape, zero norms), and fewer bytes kept for the backward pass in the model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spherenet.layers import fused
+from spherenet.manifolds import lerp, normalize, riemannian_update
+from spherenet.models import preset_config
+from spherenet.models.gpt import GPT
+from spherenet.models.ngpt import NGPT
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def unit(*shape, dtype=torch.float64, seed=0):
+    return normalize(torch.randn(*shape, dtype=dtype, generator=_gen(seed)))
+
+
+def alphas(d, dtype):
+    """Every form the residual update takes alpha in: per dimension, one scalar (1,), a 0-d
+    tensor, a tensor broadcasting over rows, a Python float; signed (alpha_abs=False)."""
+    g = _gen(7)
+    return {
+        "vector": (0.5 * torch.rand(d, generator=g) - 0.1).to(dtype),
+        "scalar": torch.tensor([0.3], dtype=dtype),
+        "zero_dim": torch.tensor(0.2, dtype=dtype),
+        "per_row": (0.4 * torch.rand(3, 1, d, generator=g)).to(dtype),
+        "float": 0.25,
+    }
+
+
+def leaf(t):
+    return t.detach().clone().requires_grad_(True) if isinstance(t, torch.Tensor) else t
+
+
+def grads_of(fn, inputs, grad_out_seed=0):
+    """Output and the gradients of <output, G> for a fixed random G, for the tensor inputs."""
+    inputs = [leaf(t) for t in inputs]
+    out = fn(*inputs)
+    g = torch.randn(out.shape, generator=_gen(grad_out_seed), dtype=torch.float64).to(out.dtype)
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    return out, torch.autograd.grad(out, tensors, g)
+
+
+def assert_same(fused_fn, plain_fn, inputs, **tol):
+    out, grads = grads_of(fused_fn, inputs)
+    ref, ref_grads = grads_of(plain_fn, inputs)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, **tol)
+    for got, want in zip(grads, ref_grads):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, **tol)
+
+
+def plain_scaled_normalize(x, s):
+    return normalize(x) * s
+
+
+def plain_swiglu(u, v):
+    return u * F.silu(v)
+
+
+UPDATES = {"lerp": (fused.lerp_normalize, lerp), "riemannian": (fused.riemannian_normalize, riemannian_update)}
+TOL = {torch.float64: {"rtol": 1e-12, "atol": 1e-12}, torch.float32: {"rtol": 2e-5, "atol": 2e-6}}
+
+
+# ----------------------------------------------------------------------- exact gradients
+
+
+@pytest.mark.parametrize("update", UPDATES)
+@pytest.mark.parametrize("alpha", ["vector", "scalar", "zero_dim", "per_row", "float"])
+def test_residual_update_gradcheck(update, alpha):
+    h, b = unit(3, 4, 6, seed=1), unit(3, 4, 6, seed=2)
+    a = leaf(alphas(6, torch.float64)[alpha])
+    assert torch.autograd.gradcheck(UPDATES[update][0], (leaf(h), leaf(b), a))
+
+
+@pytest.mark.parametrize("scale_shape", [(3, 1, 5), (1,)])
+def test_norm_and_scaled_norm_and_swiglu_gradcheck(scale_shape):
+    x = leaf(torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=_gen(0)))
+    s = leaf(torch.rand(scale_shape, dtype=torch.float64, generator=_gen(1)) + 0.5)
+    v = leaf(torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=_gen(2)))
+    assert torch.autograd.gradcheck(fused.normalize, (x,))
+    assert torch.autograd.gradcheck(fused.scaled_normalize, (x, s))
+    assert torch.autograd.gradcheck(fused.swiglu, (x, v))
+
+
+# ------------------------------------------------------------------- same as plain autograd
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("update", UPDATES)
+@pytest.mark.parametrize("alpha", ["vector", "scalar", "zero_dim", "per_row", "float"])
+def test_residual_update_matches_plain(dtype, update, alpha):
+    h, b = unit(3, 4, 16, dtype=dtype, seed=3), unit(3, 4, 16, dtype=dtype, seed=4)
+    assert_same(*UPDATES[update], (h, b, alphas(16, dtype)[alpha]), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("scale_shape", [(4, 1, 8), (1,)])
+def test_norm_scaled_norm_and_swiglu_match_plain(dtype, scale_shape):
+    x = 3 * torch.randn(2, 4, 5, 8, dtype=dtype, generator=_gen(5))
+    s = torch.rand(scale_shape, dtype=torch.float64, generator=_gen(6)).to(dtype) + 0.5
+    v = torch.randn(2, 4, 5, 8, dtype=dtype, generator=_gen(7))
+    assert_same(fused.normalize, normalize, (x,), **TOL[dtype])
+    assert_same(fused.scaled_normalize, plain_scaled_normalize, (x, s), **TOL[dtype])
+    assert_same(fused.swiglu, plain_swiglu, (x, v), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_zero_and_tiny_norms_behave_as_the_plain_clamp(dtype):
+    """A zero row maps to zero and its gradient is g / eps (no gradient through the clamped
+    norm); rows just above and below eps follow the plain ``clamp_min`` too; LERP between
+    antipodal points at alpha 1/2 sums to zero."""
+    eps = 1e-30 if dtype == torch.float32 else 1e-300
+    x = torch.randn(4, 6, dtype=dtype, generator=_gen(8))
+    x[0] = 0
+    x[1] = x[1] / x[1].norm() * eps * 0.5
+    x[2] = x[2] / x[2].norm() * eps * 4
+    out, grads = grads_of(fused.normalize, (x,))
+    ref, ref_grads = grads_of(normalize, (x,))
+    assert torch.isfinite(grads[0]).all()
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=0)
+    torch.testing.assert_close(grads[0], ref_grads[0], rtol=1e-5, atol=0)
+
+    h = unit(2, 6, dtype=dtype, seed=9)
+    for fused_fn, plain_fn in UPDATES.values():
+        out, grads = grads_of(fused_fn, (h, -h, 0.5))
+        ref, ref_grads = grads_of(plain_fn, (h, -h, 0.5))
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+        for got, want in zip(grads, ref_grads):
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+
+
+def test_bf16_inputs_keep_the_plain_dtypes_and_values():
+    """bf16 inputs are computed in float32 and cast back like the plain functions; the saved
+    output is bf16, so gradients agree to bf16 rounding."""
+    tol = {"rtol": 2e-2, "atol": 2e-2}
+    h, b = unit(3, 8, 32, dtype=torch.bfloat16, seed=10), unit(3, 8, 32, dtype=torch.bfloat16, seed=11)
+    alpha = torch.rand(32, generator=_gen(12)) * 0.3  # float32, as the model's parameters
+    for pair in UPDATES.values():
+        assert_same(*pair, (h, b, alpha), **tol)
+    x = torch.randn(2, 4, 8, 16, generator=_gen(13)).bfloat16()
+    s = torch.rand(4, 1, 16, generator=_gen(14)) + 0.5
+    assert_same(fused.normalize, normalize, (x,), **tol)
+    assert_same(fused.scaled_normalize, plain_scaled_normalize, (x, s), **tol)
+    assert_same(fused.swiglu, plain_swiglu, (x, 2 * x.flip(-1)), **tol)
+
+
+def test_enabled_switches_and_restores():
+    assert fused.is_enabled()
+    with fused.enabled(False):
+        assert not fused.is_enabled()
+        with fused.enabled(True):
+            assert fused.is_enabled()
+        assert not fused.is_enabled()
+    assert fused.is_enabled()
+
+
+# --------------------------------------------------------------------------------- the model
+
+
+def ngpt(dtype=torch.float64, **overrides):
+    torch.manual_seed(0)
+    config = preset_config("ngpt-tiny", vocab_size=64, d_model=32, n_heads=2, n_layers=2, max_seq_len=16)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = NGPT(config).to(dtype)
+    g = _gen(1)
+    with torch.no_grad():  # scalings away from their constant inits: a wrong broadcast shows
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.mul_(1 + 0.5 * torch.rand(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+def loss_and_grads(model, ids, fused_ops: bool, autocast: bool = False):
+    with fused.enabled(fused_ops), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        logits = model(ids)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), ids.roll(-1, 1).flatten())
+    return logits, torch.autograd.grad(loss, list(model.parameters()))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"update": "riemannian"}, {"update": "slerp"}, {"qk_norm": False},
+     {"alpha_mode": "scalar", "s_qk_mode": "scalar", "s_uv_mode": "scalar", "s_z_mode": "scalar"},
+     {"alpha_mode": "fixed", "s_qk_mode": "fixed", "s_uv_mode": "fixed", "s_z_mode": "fixed", "alpha_abs": False}],
+    ids=["lerp", "riemannian", "slerp", "no_qk_norm", "scalar", "fixed"],
+)  # fmt: skip
+def test_model_matches_plain_autograd(overrides):
+    model = ngpt(**overrides)
+    ids = torch.randint(0, 64, (2, 16), generator=_gen(2))
+    logits, grads = loss_and_grads(model, ids, True)
+    ref_logits, ref_grads = loss_and_grads(model, ids, False)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_model_under_bf16_autocast_matches_plain():
+    model = ngpt(torch.float32)
+    ids = torch.randint(0, 64, (2, 16), generator=_gen(3))
+    logits, grads = loss_and_grads(model, ids, True, autocast=True)
+    ref_logits, ref_grads = loss_and_grads(model, ids, False, autocast=True)
+    assert logits.dtype == ref_logits.dtype == torch.float32
+    torch.testing.assert_close(logits, ref_logits, rtol=0.05, atol=0.05)
+    for got, want in zip(grads, ref_grads):
+        assert math.isfinite(got.sum().item())
+        torch.testing.assert_close(got, want, rtol=0.1, atol=0.02 * want.abs().max().item())
+
+
+def saved_bytes(model, ids) -> int:
+    """Bytes of the distinct storages the forward keeps for the backward, parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(ids).sum().backward()
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("update", ["lerp", "riemannian", "slerp"])
+def test_fused_model_keeps_fewer_activations_than_plain_and_than_gpt(update):
+    """The fused nGPT keeps ~0.6x the plain one's activations (LERP), and no more than GPT's at
+    the same shape (the plain one keeps ~1.5x GPT's), whatever the residual update."""
+    shape = dict(vocab_size=64, d_model=64, n_heads=2, n_layers=2, max_seq_len=64)
+    torch.manual_seed(0)
+    model = NGPT(preset_config("ngpt-tiny", update=update, **shape))
+    gpt = GPT(preset_config("gpt-tiny", **shape))
+    ids = torch.randint(0, 64, (4, 64), generator=_gen(4))
+    with fused.enabled(False):
+        plain = saved_bytes(model, ids)
+    lean, baseline = saved_bytes(model, ids), saved_bytes(gpt, ids)
+    assert lean < 0.7 * plain, (lean, plain)
+    assert lean <= baseline, (lean, baseline)
+
+
+def test_scaled_sphere_linear_folds_only_with_gradients():
+    """``SphereLinear(x, out_scale)`` scales W's rows when gradients are on and the output when
+    off: the same values either way."""
+    model = ngpt(torch.float64)
+    layer, s = model.blocks[0].mlp.w_u, torch.rand(128, dtype=torch.float64, generator=_gen(5))
+    x = torch.randn(3, 32, dtype=torch.float64, generator=_gen(6))
+    with torch.no_grad():
+        off = layer(x, out_scale=s)
+    on = layer(x, out_scale=s)
+    torch.testing.assert_close(on, off, rtol=1e-13, atol=1e-14)
+    torch.testing.assert_close(on, layer(x) * s, rtol=1e-13, atol=1e-14)
