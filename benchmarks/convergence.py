@@ -140,7 +140,7 @@ def train_one(args: argparse.Namespace, spec: str, seed: int, say) -> tuple[str,
         "nice", "-n", str(args.nice), sys.executable, "-m", "recipes.train", "--config", str(DEFAULT_CONFIG),
         *shared_overrides(args), *extra, f"train.seed={seed}", f"train.out_dir={run_dir}",
         "train.sample_tokens=0", "train.progress=false",
-    ]  # fmt: skip
+    ]  # fmt: skip  # options beside their values
     env = compare.train_env(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     with (run_dir / "train.log").open("w") as log:
         rc = subprocesses.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -219,8 +219,10 @@ def paired_table(args: argparse.Namespace, baseline: str) -> str:
         "| variant | seed | GPT best | variant best | common target | GPT steps | variant steps | ratio (x) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    summary = ["| variant | ratio GPT steps / variant steps, mean ± std (per seed) | variant reaches GPT's best |",
-               "|---|---|---|"]  # fmt: skip
+    summary = [
+        "| variant | ratio GPT steps / variant steps, mean ± std (per seed) | variant reaches GPT's best |",
+        "|---|---|---|",
+    ]
     for name, by_seed in curves.items():
         ratios, reached = [], 0
         for seed, c in by_seed.items():
@@ -235,8 +237,10 @@ def paired_table(args: argparse.Namespace, baseline: str) -> str:
                 f"{sb:.0f} | {sv:.0f} | {ratio:.2f} |"
             )
         std = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
-        summary.append(f"| {name} | {statistics.mean(ratios):.2f} ± {std:.2f} ({', '.join(f'{r:.2f}' for r in ratios)}) "
-                       f"| {reached}/{len(by_seed)} seeds |")  # fmt: skip
+        summary.append(
+            f"| {name} | {statistics.mean(ratios):.2f} ± {std:.2f} ({', '.join(f'{r:.2f}' for r in ratios)}) "
+            f"| {reached}/{len(by_seed)} seeds |"
+        )
     return "\n".join(summary) + "\n\nPer seed:\n\n" + "\n".join(lines) + "\n"
 
 
@@ -304,9 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     specs = {b: {lr: variant_spec(b, lr, args.size, args.warmup) for lr in grid[b]} for b in args.variants}
     # Every run's overrides, checked as recipes.train will read them, before the first run.
     compare.check_overrides(
-        DEFAULT_CONFIG, *([*shared_overrides(args), *compare.variant_overrides(spec, args.size)[1]]
-                          for b in args.variants for _, spec in specs[b].values())
-    )  # fmt: skip
+        DEFAULT_CONFIG,
+        *(
+            [*shared_overrides(args), *compare.variant_overrides(spec, args.size)[1]]
+            for b in args.variants
+            for _, spec in specs[b].values()
+        ),
+    )
     args.runs.mkdir(parents=True, exist_ok=True)
     args.results.mkdir(parents=True, exist_ok=True)
     print(f"data: {corpus_label(shared_config(args).data.source)}", flush=True)
@@ -317,8 +325,11 @@ def main(argv: list[str] | None = None) -> int:
 def study(args: argparse.Namespace, argv: list[str], specs: dict[str, dict[float, tuple[str, str]]]) -> int:
     """Stage 1 (the lr sweep), stage 2 (the seeds), the tables and the plot."""
     sweep_jobs = [(spec, args.sweep_seed) for b in args.variants for _, spec in specs[b].values()]
-    print(f"== stage 1: lr sweep, {len(sweep_jobs)} runs of {args.steps} steps, seed {args.sweep_seed} "
-          "(finished ones reused)", flush=True)  # fmt: skip
+    print(
+        f"== stage 1: lr sweep, {len(sweep_jobs)} runs of {args.steps} steps, seed {args.sweep_seed} "
+        "(finished ones reused)",
+        flush=True,
+    )
     run_all(args, sweep_jobs, "lr sweep")
     sweep_md, best = sweep_table(args, specs)
     print(sweep_md, flush=True)
@@ -333,38 +344,59 @@ def study(args: argparse.Namespace, argv: list[str], specs: dict[str, dict[float
 
     baseline = chosen[args.variants.index("gpt")][0]
     rc = compare.main(
-        ["--variants", *(spec for _, spec in chosen), "--seeds", *map(str, args.seeds), "--size", args.size,
-         "--out", str(args.runs), "--reuse", "--baseline", baseline, *shared_overrides(args),
-         *([] if args.progress else ["--no-progress"])]
-    )  # fmt: skip
+        [
+            "--variants",
+            *(spec for _, spec in chosen),
+            "--seeds",
+            *map(str, args.seeds),
+            "--size",
+            args.size,
+            "--out",
+            str(args.runs),
+            "--reuse",
+            "--baseline",
+            baseline,
+            *shared_overrides(args),
+            *([] if args.progress else ["--no-progress"]),
+        ]
+    )
     if rc:
         return rc
 
     head = header(args, argv)
     (args.results / "convergence_sweep.md").write_text(
-        "# Convergence study: learning-rate sweep\n\n" + head
+        "# Convergence study: learning-rate sweep\n\n"
+        + head
         + f"Final validation loss (best over the run in parentheses), seed {args.sweep_seed}; bold: the lr "
         "with the lowest final validation loss, used for the seeds. GPT's grid: "
-        + ", ".join(f"{lr:g}" for lr in args.lrs) + "; the nGPT variants': "
-        + ", ".join(f"{lr:g}" for lr in args.ngpt_lrs) + " (\"not run\": outside the variant's grid).\n\n" + sweep_md
-    )  # fmt: skip
+        + ", ".join(f"{lr:g}" for lr in args.lrs)
+        + "; the nGPT variants': "
+        + ", ".join(f"{lr:g}" for lr in args.ngpt_lrs)
+        + ' ("not run": outside the variant\'s grid).\n\n'
+        + sweep_md
+    )
     table = (args.runs / "compare.md").read_text()
     (args.results / "convergence.md").write_text(
-        "# Convergence study: steps to reach GPT's best validation loss\n\n" + head
+        "# Convergence study: steps to reach GPT's best validation loss\n\n"
+        + head
         + "Each variant at its best lr from the sweep (`convergence_sweep.md`), seeds "
-        + ", ".join(map(str, args.seeds)) + ", paired by seed with the GPT run of the same seed. \"steps to "
+        + ", ".join(map(str, args.seeds))
+        + ', paired by seed with the GPT run of the same seed. "steps to '
         "baseline's best\": the first evaluated step whose validation loss is at or below that seed's GPT best "
         "validation loss; reached: how many seeds get there; speedup: GPT's steps to that loss / the variant's "
-        "steps, mean ± std over the seeds that reach it (\"-\" when none does).\n\n" + table
+        'steps, mean ± std over the seeds that reach it ("-" when none does).\n\n'
+        + table
         + "\n## Paired by seed, common target\n\nDefined even when a variant never reaches GPT's best. "
         "The same seed's GPT run as the reference. Common target: the lowest validation "
         "loss both runs reach (GPT's best when the variant gets below it, else the variant's best); ratio: GPT's "
         "steps to that loss / the variant's steps to it (> 1: the variant is faster).\n\n"
         + paired_table(args, baseline)
-    )  # fmt: skip
+    )
     shutil.copyfile(args.runs / "compare.png", args.results / "convergence.png")
-    print(f"wrote {args.results / 'convergence.md'}, {args.results / 'convergence_sweep.md'}, "
-          f"{args.results / 'convergence.png'}")  # fmt: skip
+    print(
+        f"wrote {args.results / 'convergence.md'}, {args.results / 'convergence_sweep.md'}, "
+        f"{args.results / 'convergence.png'}"
+    )
     return 0
 
 

@@ -118,8 +118,17 @@ def _json_stats(t: Trained, emb: dict, cond: dict, cond_norm: dict, scal: dict, 
 
 
 def _markdown(stats: dict[str, dict], factors: list[int] | None) -> str:
-    head = ["run", "model", "step", "E_in norm mean ± std", "E_out norm mean ± std", "E_in eig cond",
-            "median cond W_q/W_k/W_v", "median cond MLP W_u/W_v/W_o", "mean |alpha_A| / |alpha_M|"]  # fmt: skip
+    head = [
+        "run",
+        "model",
+        "step",
+        "E_in norm mean ± std",
+        "E_out norm mean ± std",
+        "E_in eig cond",
+        "median cond W_q/W_k/W_v",
+        "median cond MLP W_u/W_v/W_o",
+        "mean |alpha_A| / |alpha_M|",
+    ]
     if factors:
         head += [f"val loss {f}x" for f in factors]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -138,19 +147,31 @@ def _markdown(stats: dict[str, dict], factors: list[int] | None) -> str:
             alpha = f"{np.mean(sc['alpha_A_mean_abs']):.3f} / {np.mean(sc['alpha_M_mean_abs']):.3f}"
         else:
             alpha = "- (GPT)"
-        row = [label, s["model"], str(s["step"]),
-               f"{e_in['norm_mean']:.3f} ± {e_in['norm_std']:.3f}", f"{e_out['norm_mean']:.3f} ± {e_out['norm_std']:.3f}",
-               num(e_in["eig_condition"]), med("attn_q", "attn_k", "attn_v"), med("mlp_u", "mlp_v", "mlp_o"), alpha]  # fmt: skip
+        row = [
+            label,
+            s["model"],
+            str(s["step"]),
+            f"{e_in['norm_mean']:.3f} ± {e_in['norm_std']:.3f}",
+            f"{e_out['norm_mean']:.3f} ± {e_out['norm_std']:.3f}",
+            num(e_in["eig_condition"]),
+            med("attn_q", "attn_k", "attn_v"),
+            med("mlp_u", "mlp_v", "mlp_o"),
+            alpha,
+        ]
         if factors:
             ext = s.get("extrapolation")
             row += [f"{v:.4f}" for v in ext["loss"]] if ext else ["-"] * len(factors)
         lines.append("| " + " | ".join(row) + " |")
-    notes = ["", "Condition numbers: sigma_max / sigma_min (float64 SVD), per head then the median for attention "
-             "(nGPT paper Fig. 5). Eigenvalue condition: largest / smallest non-zero eigenvalue of the "
-             "embeddings' covariance (Fig. 4)."]  # fmt: skip
+    notes = [
+        "",
+        "Condition numbers: sigma_max / sigma_min (float64 SVD), per head then the median for attention "
+        "(nGPT paper Fig. 5). Eigenvalue condition: largest / smallest non-zero eigenvalue of the "
+        "embeddings' covariance (Fig. 4).",
+    ]
     if factors:
-        notes.append("Extrapolation: the same validation tokens scored with windows of f x the training context "
-                     "(Appendix A.7).")  # fmt: skip
+        notes.append(
+            "Extrapolation: the same validation tokens scored with windows of f x the training context (Appendix A.7)."
+        )
     return "\n".join(lines + notes) + "\n"
 
 

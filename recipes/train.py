@@ -144,7 +144,7 @@ RESUMABLE_CHANGES = {
               "micro_batch_size", "steps", "loggers", "wandb_project", "activation_checkpointing"},
     "optim": {"grad_clip", "reproject_every", "sphere_kernel"},
     "data": {"source", "cache_dir", "num_proc"},
-}  # fmt: skip
+}  # fmt: skip  # key names packed by section
 # Keys added after checkpoints were already being written: a checkpoint without one ran with
 # this value (so resuming it with the same value is no change).
 ADDED_KEYS = {"optim": {"gradient": "riemannian", "muon_lr": -1.0, "muon_momentum": 0.95}}
@@ -241,8 +241,10 @@ def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> Re
             f"resume with train.steps >= {ckpt.step}"
         )
     if t.steps != old_steps:
-        notes.append(f"train.steps {old_steps} -> {t.steps}: the learning-rate schedule (warmup + cosine to 0) "
-                     f"is recomputed over {t.steps} steps from step {ckpt.step}")  # fmt: skip
+        notes.append(
+            f"train.steps {old_steps} -> {t.steps}: the learning-rate schedule (warmup + cosine to 0) "
+            f"is recomputed over {t.steps} steps from step {ckpt.step}"
+        )
 
     backend, old_world = ckpt.manifest.get("backend"), int(ckpt.manifest.get("world_size", 1))
     old_parallel = old_train.get("parallel", "none")
@@ -269,8 +271,10 @@ def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> Re
         )
     old_micro = old_train.get("micro_batch_size", 0)
     if old_micro != t.micro_batch_size:
-        notes.append(f"train.micro_batch_size {old_micro or 'unset'} -> {t.micro_batch_size or 'unset'}: "
-                     "gradient accumulation changes, the global batch and the data order do not")  # fmt: skip
+        notes.append(
+            f"train.micro_batch_size {old_micro or 'unset'} -> {t.micro_batch_size or 'unset'}: "
+            "gradient accumulation changes, the global batch and the data order do not"
+        )
     return ResumePlan(ckpt, dict(position), t.steps != old_steps, notes)
 
 
@@ -326,32 +330,56 @@ def main(argv: list[str] | None = None) -> int:
     # One draw per step: this rank's share of the global batch, split into micro-batches below.
     # So the data position is the step (global batches), whatever the micro-batch or world size.
     train_windows = data.windows(
-        "train", block_size=block, batch_size=micro * accum, seed=t.seed, rank=info.rank,
-        world_size=info.world_size, vocab_size=model.config.vocab_size,
-    )  # fmt: skip
-    val_windows = data.windows(
-        "val", block_size=block, batch_size=micro, seed=t.seed, rank=info.rank, world_size=info.world_size,
+        "train",
+        block_size=block,
+        batch_size=micro * accum,
+        seed=t.seed,
+        rank=info.rank,
+        world_size=info.world_size,
         vocab_size=model.config.vocab_size,
-    )  # fmt: skip
+    )
+    val_windows = data.windows(
+        "val",
+        block_size=block,
+        batch_size=micro,
+        seed=t.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+        vocab_size=model.config.vocab_size,
+    )
 
     wrapped = wrap_model(model, t.parallel, info)
     o = cfg.optim
     try:
         optimizer, scheduler = build_optimizer(
-            model, o.method, lr=o.lr, total_steps=t.steps,
+            model,
+            o.method,
+            lr=o.lr,
+            total_steps=t.steps,
             weight_decay=None if o.weight_decay < 0 else o.weight_decay,
             warmup_steps=None if o.warmup_steps < 0 else o.warmup_steps,
-            betas=(o.beta1, o.beta2), eps=o.eps, second_moment=o.second_moment, gradient=o.gradient,
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+            second_moment=o.second_moment,
+            gradient=o.gradient,
             sphere_kernel=o.sphere_kernel,
-            muon_lr=None if o.muon_lr < 0 else o.muon_lr, muon_momentum=o.muon_momentum,
-        )  # fmt: skip
+            muon_lr=None if o.muon_lr < 0 else o.muon_lr,
+            muon_momentum=o.muon_momentum,
+        )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[optim] method {o.method!r} with train.steps={t.steps}: {exc}") from None
     step_model = torch.compile(wrapped) if t.compile else wrapped
 
-    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "train_windows": train_windows,
-             "config": cfg.to_dict(), "tokenizer": tokenizer.spec(),
-             "model_class": model_class_name(model), "model_config": dataclasses.asdict(model.config)}  # fmt: skip
+    state = {
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "train_windows": train_windows,
+        "config": cfg.to_dict(),
+        "tokenizer": tokenizer.spec(),
+        "model_class": model_class_name(model),
+        "model_config": dataclasses.asdict(model.config),
+    }
     run_files = checkpoint_files(model, tokenizer)  # the model config and tokenizer, inside every checkpoint
     start = 0
     if plan is not None:
@@ -409,8 +437,11 @@ def main(argv: list[str] | None = None) -> int:
             raise KeyboardInterrupt
         stop_requested["signal"] = signum
         if signum == signal.SIGINT and info.is_main:
-            print("\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to abort without it)",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                "\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to abort without it)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     previous_handlers = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
 
@@ -423,9 +454,14 @@ def main(argv: list[str] | None = None) -> int:
             x, y = (v.to(info.device) for v in train_windows.next_batch())
             batches = list(zip(x.split(micro), y.split(micro)))
             result = train_step(
-                step_model, batches, optimizer, autocast=t.autocast, grad_clip=o.grad_clip,
-                nonfinite=t.nonfinite, sharded=t.parallel == "fsdp" and info.enabled,
-            )  # fmt: skip
+                step_model,
+                batches,
+                optimizer,
+                autocast=t.autocast,
+                grad_clip=o.grad_clip,
+                nonfinite=t.nonfinite,
+                sharded=t.parallel == "fsdp" and info.enabled,
+            )
             scheduler.step()
             if o.reproject_every and step % o.reproject_every == 0:
                 normalize_(model)
@@ -435,8 +471,15 @@ def main(argv: list[str] | None = None) -> int:
             now = time.time()
             tok_s = tokens_per_step / max(now - t_last, 1e-9)
             t_last = now
-            record = dict(step=step, loss=result.loss, lr=lr, grad_norm=result.grad_norm, skipped=result.skipped,
-                          tokens=step * tokens_per_step, tok_per_s=round(tok_s, 1))  # fmt: skip
+            record = dict(
+                step=step,
+                loss=result.loss,
+                lr=lr,
+                grad_norm=result.grad_norm,
+                skipped=result.skipped,
+                tokens=step * tokens_per_step,
+                tok_per_s=round(tok_s, 1),
+            )
             if step % t.eval_every == 0 or step == t.steps:
                 last_val = evaluate(step_model, val_windows.eval_batches(t.eval_batches), autocast=t.autocast)
                 record["val_loss"] = last_val
@@ -484,10 +527,17 @@ def main(argv: list[str] | None = None) -> int:
     norm_err = sphere_norm_error(model, info.device)
     if info.is_main:
         what = "done" if last_step == t.steps else "halted before train.steps (continue with --resume)"
-        print(f"{what}: step {last_step}, val loss {last_val:.4f}, max |row norm - 1| of sphere weights "
-              f"{norm_err:.2e}, checkpoints in {ckpt.directory}", flush=True)  # fmt: skip
-        log.log(event="done" if last_step == t.steps else "halted", step=last_step, val_loss=last_val,
-                sphere_norm_error=norm_err)  # fmt: skip
+        print(
+            f"{what}: step {last_step}, val loss {last_val:.4f}, max |row norm - 1| of sphere weights "
+            f"{norm_err:.2e}, checkpoints in {ckpt.directory}",
+            flush=True,
+        )
+        log.log(
+            event="done" if last_step == t.steps else "halted",
+            step=last_step,
+            val_loss=last_val,
+            sphere_norm_error=norm_err,
+        )
     if t.sample_tokens > 0 and last_step == t.steps:
         sample = generate_sample(model, tokenizer, val_windows, t.sample_tokens, info.device)
         if info.is_main:

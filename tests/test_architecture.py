@@ -192,6 +192,10 @@ RENAMED_MODULES = {
         "spherenet.optim.riemannian_adam",
         ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS", "resolve_sphere_kernel", "split_fused"],
     ),
+    "spherenet.optim.recipes": (
+        "spherenet.optim.build",
+        ["METHODS", "MUON_METHODS", "RECIPES", "build_optimizer", "WarmupCosine"],
+    ),
 }
 
 

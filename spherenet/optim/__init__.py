@@ -14,11 +14,11 @@
   the Muon recipes ``"spherical_muon"`` (nGPT) and ``"muon"`` (GPT).
 """
 
+from .build import METHODS, MUON_METHODS, RECIPES, WarmupCosine, build_optimizer
 from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
 from .muon import SphericalMuon, is_hidden_matrix, zeropower_via_newton_schulz
 from .normalize import add_normalize_hook, normalize_
-from .recipes import METHODS, MUON_METHODS, RECIPES, WarmupCosine, build_optimizer
 from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
 from .wrapper import MAGNITUDE_STATES, POINT_STATES, VECTOR_STATES, Riemannian
 
