@@ -201,12 +201,21 @@ def parse_args(argv=None):
     add_shape_args(p)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
-                   help="bf16: autocast to bfloat16, fp32 parameters and optimizer states")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="bf16: autocast to bfloat16, fp32 parameters and optimizer states",
+    )
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd models")
-    p.add_argument("--variants", nargs="*", choices=VARIANTS, metavar="VARIANT",
-                   help="also these contenders (alone: all): plain = nGPT with plain autograd, "
-                        "checkpointed = both models with activation checkpointing")  # fmt: skip
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        choices=VARIANTS,
+        metavar="VARIANT",
+        help="also these contenders (alone: all): plain = nGPT with plain autograd, "
+        "checkpointed = both models with activation checkpointing",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--quick", action="store_true", help="size tiny, ctx 64, batch 4, 1 thread")
     p.add_argument("--markdown", metavar="FILE", help="also append the tables to FILE")
@@ -237,8 +246,11 @@ def report(args, device, modes, rows, argv) -> str:
     config = config_for("nGPT", args)
     cuda = device.type == "cuda"
     last = "CUDA max reserved MiB" if cuda else "VmHWM MiB"
-    how = ("torch.cuda.max_memory_allocated beyond what was allocated before the step" if cuda
-           else "live tensor storage (TorchDispatchMode), eager only")  # fmt: skip
+    how = (
+        "torch.cuda.max_memory_allocated beyond what was allocated before the step"
+        if cuda
+        else "live tensor storage (TorchDispatchMode), eager only"
+    )
     n_params = {f: rows[(f, "eager")]["n_params"] for f in RECIPE}
     lines = [
         header(
@@ -265,21 +277,28 @@ def report(args, device, modes, rows, argv) -> str:
         if "oom" in r:
             lines.append(f"| {family} | {MODE_LABEL[mode]} | out of memory | | | | | {mib(r['process'])} |")
             continue
-        lines.append(f"| {family} | {MODE_LABEL[mode]} | {mib(r['params'])} | {mib(r['state'])} | {mib(r['step_peak'])} | "
-                     f"{mib(total(r))} | {mib(r.get('saved'))} | {mib(r['process'])} |")  # fmt: skip
+        lines.append(
+            f"| {family} | {MODE_LABEL[mode]} | {mib(r['params'])} | {mib(r['state'])} | {mib(r['step_peak'])} | "
+            f"{mib(total(r))} | {mib(r.get('saved'))} | {mib(r['process'])} |"
+        )
 
     def ratio(a, c):
         return "n/a" if a is None or c is None else f"{a / c:.2f}"
 
-    lines += ["", f"| mode | nGPT / GPT step peak | nGPT / GPT total | nGPT / GPT saved for backward | nGPT / GPT {last[:-4]} |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        f"| mode | nGPT / GPT step peak | nGPT / GPT total | nGPT / GPT saved for backward | nGPT / GPT {last[:-4]} |",
+        "|---|---|---|---|---|",
+    ]
     for mode in modes:
         n, b = rows[("nGPT", mode)], rows[baseline_of(mode)]
         if "oom" in n or "oom" in b:
             lines.append(f"| {MODE_LABEL[mode]} | out of memory | | | |")
             continue
-        lines.append(f"| {MODE_LABEL[mode]} | {ratio(n['step_peak'], b['step_peak'])} | {ratio(total(n), total(b))} | "
-                     f"{ratio(n.get('saved'), b.get('saved'))} | {ratio(n['process'], b['process'])} |")  # fmt: skip
+        lines.append(
+            f"| {MODE_LABEL[mode]} | {ratio(n['step_peak'], b['step_peak'])} | {ratio(total(n), total(b))} | "
+            f"{ratio(n.get('saved'), b.get('saved'))} | {ratio(n['process'], b['process'])} |"
+        )
     if "plain" in modes:
         lines += ["", 'GPT has no fused functions: the "plain autograd" row compares with its eager step.']
     return "\n".join(lines) + "\n"

@@ -132,12 +132,21 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=3, help="timed steps per contender per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender first (compiles)")
     p.add_argument("--no-compile", action="store_true", help="eager only")
-    p.add_argument("--variants", nargs="*", choices=VARIANTS, metavar="VARIANT",
-                   help="also these contenders (alone: all): plain = nGPT with plain autograd, "
-                        "checkpointed = both models with activation checkpointing")  # fmt: skip
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        choices=VARIANTS,
+        metavar="VARIANT",
+        help="also these contenders (alone: all): plain = nGPT with plain autograd, "
+        "checkpointed = both models with activation checkpointing",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
-                   help="bf16: autocast to bfloat16, fp32 parameters and optimizer states")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="bf16: autocast to bfloat16, fp32 parameters and optimizer states",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument(
         "--quick", action="store_true", help="smoke run: size tiny, ctx 64, batch 4, 3 rounds, eager only, 1 thread"
@@ -229,9 +238,13 @@ def report(args, device, config, n_params, modes, times, warmup_s, peak, argv) -
         lines.append(f"| {MODE_LABEL[mode]} | " + " | ".join(cells) + " |")
     if "plain" in modes:
         lines += ["", 'GPT has no fused functions: the "plain autograd" row compares with its eager step.']
-    lines += ["", "| model | " + " | ".join(f"{MODE_LABEL[m]} tokens/s" for m in modes)
-              + (" | compiled / eager |" if "compiled" in modes else " |"),
-              "|---|" + "---|" * (len(modes) + ("compiled" in modes))]  # fmt: skip
+    lines += [
+        "",
+        "| model | "
+        + " | ".join(f"{MODE_LABEL[m]} tokens/s" for m in modes)
+        + (" | compiled / eager |" if "compiled" in modes else " |"),
+        "|---|" + "---|" * (len(modes) + ("compiled" in modes)),
+    ]
     for family in RECIPE:
         cells = [f"{tokens / med[(family, m)] * 1e3:,.0f}" if (family, m) in med else "-" for m in modes]
         if "compiled" in modes:

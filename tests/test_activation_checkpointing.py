@@ -113,7 +113,7 @@ def test_recipe_trains_the_same_with_checkpointing(tmp_path):
     text.write_text("\n\n".join(f"paragraph {i} of the unit sphere and its geodesics." * 3 for i in range(200)))
     common = ["model.preset=ngpt-tiny", "model.max_seq_len=16", "train.batch_size=4", "train.steps=2",
               "train.log_every=1", "train.eval_every=100", "train.checkpoint_every=100", "train.sample_tokens=0",
-              "train.progress=false", f"data.source={text}", f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+              "train.progress=false", f"data.source={text}", f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip  # options beside their values
     losses = {}
     for flag in ("false", "true"):
         out = tmp_path / flag

@@ -119,15 +119,6 @@ def test_library_files_stay_short():
 
 # `# fmt: skip` followed by a comment: ruff still honours it (text right after `skip` it does not).
 _FMT_SKIP = re.compile(r"#\s*fmt:\s*skip\b(?P<after>.*)$")
-# Files whose bare `fmt: skip` comments are still to be given a reason.
-FMT_SKIP_PENDING = (
-    "benchmarks/bench_memory.py",
-    "benchmarks/bench_step.py",
-    "benchmarks/convergence.py",
-    "recipes/",
-    "spherenet/layers/",
-    "spherenet/models/ngpt.py",
-)
 
 
 def bare_fmt_skips(paths) -> list[str]:
@@ -156,15 +147,6 @@ def repository_python_files() -> list[Path]:
     return sorted(p for d in ("spherenet", "tests", "recipes", "benchmarks") for p in (ROOT / d).rglob("*.py"))
 
 
-def test_fmt_skip_has_a_reason_outside_the_pending_files():
-    paths = [p for p in repository_python_files() if not p.relative_to(ROOT).as_posix().startswith(FMT_SKIP_PENDING)]
-    bare = bare_fmt_skips(paths)
-    assert not bare, "give each `# fmt: skip` a reason (`# fmt: skip  # why`) or let ruff format it:\n" + "\n".join(
-        bare
-    )
-
-
-@pytest.mark.xfail(strict=False, reason="files in FMT_SKIP_PENDING still hold bare `# fmt: skip` comments")
 def test_every_fmt_skip_has_a_reason():
     bare = bare_fmt_skips(repository_python_files())
     assert not bare, "give each `# fmt: skip` a reason (`# fmt: skip  # why`) or let ruff format it:\n" + "\n".join(

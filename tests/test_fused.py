@@ -174,9 +174,7 @@ def test_enabled_switches_and_restores():
 
 def ngpt(dtype=torch.float64, **overrides):
     torch.manual_seed(0)
-    config = preset_config("ngpt-tiny", vocab_size=64, d_model=32, n_heads=2, n_layers=2, max_seq_len=16)
-    for key, value in overrides.items():
-        setattr(config, key, value)
+    config = preset_config("ngpt-tiny", vocab_size=64, d_model=32, n_heads=2, n_layers=2, max_seq_len=16, **overrides)
     model = NGPT(config).to(dtype)
     g = _gen(1)
     with torch.no_grad():  # scalings away from their constant inits: a wrong broadcast shows
@@ -195,11 +193,19 @@ def loss_and_grads(model, ids, fused_ops: bool, autocast: bool = False):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"update": "riemannian"}, {"update": "slerp"}, {"qk_norm": False},
-     {"alpha_mode": "scalar", "s_qk_mode": "scalar", "s_uv_mode": "scalar", "s_z_mode": "scalar"},
-     {"alpha_mode": "fixed", "s_qk_mode": "fixed", "s_uv_mode": "fixed", "s_z_mode": "fixed", "alpha_abs": False}],
+    [
+        {},
+        {"update": "riemannian"},
+        {"update": "slerp"},
+        {"qk_norm": False},
+        {name: {"mode": "scalar"} for name in ("alpha_attn", "alpha_mlp", "s_qk", "s_u", "s_v", "s_z")},
+        {
+            **{name: {"mode": "fixed"} for name in ("s_qk", "s_u", "s_v", "s_z")},
+            **{name: {"mode": "fixed", "absolute": False} for name in ("alpha_attn", "alpha_mlp")},
+        },
+    ],
     ids=["lerp", "riemannian", "slerp", "no_qk_norm", "scalar", "fixed"],
-)  # fmt: skip
+)
 def test_model_matches_plain_autograd(overrides):
     model = ngpt(**overrides)
     ids = torch.randint(0, 64, (2, 16), generator=_gen(2))
