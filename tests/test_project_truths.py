@@ -150,3 +150,11 @@ def test_tracked_files_name_no_work_tracking_numbers():
         pytest.skip(f"git grep failed: {done.stderr.strip()}")
     hits = done.stdout.splitlines()
     assert not hits, "work-tracking references in tracked files:\n" + "\n".join(hits)
+
+
+def test_ci_runs_the_readme_test_command():
+    """The README's second command is the one `.ci/run` calls, word for word."""
+    readme_commands = _commands((ROOT / "README.md").read_text())
+    test_command = next(cmd for cmd in readme_commands if cmd[:3] == ["python", "-m", "pytest"])
+    ci_lines = [shlex.split(line) for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line]
+    assert test_command in ci_lines, f"README runs {test_command}; .ci/run has {ci_lines}"
