@@ -161,6 +161,11 @@ class Study:
         self.started = time.monotonic()
         self.done_now = 0
         self.lock = threading.Lock()
+        # runs done / planned, with an ETA (a sweep that grows past its edge adds to the plan)
+        seeds = len([sd for sd in args.seeds if sd != args.sweep_seed])
+        planned = sum(len(args.grid or [0, 0, 0]) + seeds for pt in args.points for _ in arms_at(args, pt))
+        done = sum(1 for key in self.ledger.rows if key[0] in {str(pt) for pt in args.points})
+        self.bar = compare.progress_bar(max(planned, done), "scaling study", enabled=args.progress, initial=done)
 
     def point_args(self, point: Point) -> argparse.Namespace:
         """The namespace ``convergence.train_one`` reads, for one point."""
@@ -216,6 +221,9 @@ class Study:
         with self.lock:  # runs finish on several threads
             self.ledger.add(row)
             self.done_now += 1
+            if self.bar is not None:
+                self.bar.total = max(self.bar.total, self.bar.n + 1)
+                self.bar.update(1)
             self.report()
         return row
 
@@ -250,6 +258,8 @@ class Study:
                         more.append((arm, lr, seed0))
                 if not more:
                     break
+                if self.bar is not None:
+                    self.bar.total += len(more)
                 run_all(more)
             best = {}
             for arm in arms:
@@ -458,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--nice", type=int, default=10)
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (none off a terminal)")
     compare.add_override_argument(p, "recipes.train overrides for every run, after the study's own")
     if compare.parse_args_with_overrides(p, argv).quick:
         p.set_defaults(
@@ -521,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     with subprocesses.stop_children_on_signals():
         for pt in args.points:
             study.run_point(pt, arms_at(args, pt))
+    if study.bar is not None:
+        study.bar.close()
     write_results(args, study.ledger)
     print(f"wrote {args.results / 'scaling.md'}", flush=True)
     return 0

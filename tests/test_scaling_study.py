@@ -7,6 +7,7 @@ test_study_tools.py."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import math
 import sys
@@ -85,7 +86,7 @@ def test_study_brackets_every_arm_reports_the_speedup_and_resumes(scaling, tmp_p
     calls: list = []
     monkeypatch.setattr(scaling.convergence, "train_one", fake_train_one(calls))
     argv = ["--points", "tiny@32", "--arms", "gpt", "ngpt", "--update-point", "", "--seeds", "0", "1",
-            "--data", "stdlib", "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results")]  # fmt: skip # a command line
+            "--data", "stdlib", "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results"), "--no-progress"]  # fmt: skip # a command line
     assert scaling.main(argv) == 0
 
     ledger = [json.loads(line) for line in (tmp_path / "results" / "runs.jsonl").read_text().splitlines()]
@@ -119,3 +120,22 @@ def test_a_crashed_run_stays_out_of_the_ledger(scaling, tmp_path, monkeypatch):
 def test_bad_point_is_refused(scaling, tmp_path):
     with pytest.raises(SystemExit, match="SIZE@CONTEXT"):
         scaling.main(["--points", "tiny256", "--out", str(tmp_path), "--results", str(tmp_path)])
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-progress"]])
+def test_progress_bar_on_a_terminal_unless_no_progress(scaling, tmp_path, monkeypatch, flag):
+    monkeypatch.setattr(scaling.convergence, "train_one", fake_train_one([]))
+    monkeypatch.setattr(sys, "stderr", FakeTerminal())
+    argv = ["--points", "tiny@32", "--arms", "gpt", "--update-point", "", "--seeds", "0", "--data", "stdlib",
+            "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results"), *flag]  # fmt: skip # a command line
+    assert scaling.main(argv) == 0
+    shown = sys.stderr.getvalue()
+    if flag:
+        assert "scaling study" not in shown
+    else:
+        assert "scaling study" in shown and "3/3" in shown  # the sweep's three runs, all planned
