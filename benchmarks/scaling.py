@@ -200,7 +200,8 @@ class Study:
             return row
         pargs = self.point_args(point)
         spec = self.spec(point, arm, lr)
-        name, _, rc = convergence.train_one(pargs, spec, seed)
+        say = self.bar.write if self.bar is not None else lambda line: print(line, flush=True)
+        name, _, rc = convergence.train_one(pargs, spec, seed, say)
         run_dir = pargs.runs / name / f"seed{seed}"
         curve = compare.read_curve(run_dir) if (run_dir / "metrics.jsonl").is_file() else {}
         row = {

@@ -64,7 +64,7 @@ def fake_curve(arm: str, lr: float, seed: int) -> list[float]:
 
 
 def fake_train_one(calls):
-    def train_one(pargs, spec, seed):
+    def train_one(pargs, spec, seed, say):
         name, _, items = spec.partition(":")
         arm = name.split("_lr")[0]
         lr = float(next(kv.split("=")[1] for kv in items.split(",") if kv.startswith("optim.lr=")))
@@ -77,6 +77,7 @@ def fake_train_one(calls):
         lines.append({"event": "done", "step": STEPS[-1], "val_loss": lines[-1]["val_loss"]})
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
         calls.append((str(pargs.block), arm, lr, seed))
+        say(f"  {name} seed {seed}: ok")
         return name, seed, 0
 
     return train_one
@@ -109,7 +110,7 @@ def test_study_brackets_every_arm_reports_the_speedup_and_resumes(scaling, tmp_p
 
 
 def test_a_crashed_run_stays_out_of_the_ledger(scaling, tmp_path, monkeypatch):
-    monkeypatch.setattr(scaling.convergence, "train_one", lambda pargs, spec, seed: (spec.split(":")[0], seed, 1))
+    monkeypatch.setattr(scaling.convergence, "train_one", lambda pargs, spec, seed, say: (spec.split(":")[0], seed, 1))
     argv = ["--points", "tiny@32", "--arms", "gpt", "--update-point", "", "--seeds", "0", "--data", "stdlib",
             "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results"), "--jobs", "1"]  # fmt: skip # a command line
     with pytest.raises(SystemExit, match="failed \\(exit 1\\)"):
@@ -139,3 +140,17 @@ def test_progress_bar_on_a_terminal_unless_no_progress(scaling, tmp_path, monkey
         assert "scaling study" not in shown
     else:
         assert "scaling study" in shown and "3/3" in shown  # the sweep's three runs, all planned
+
+
+def test_one_real_training_through_the_study(scaling, tmp_path):
+    """The study drives convergence.train_one, a real recipes.train process, as it is today:
+    one GPT run of a few steps lands in the ledger with its validation curve."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n\n".join(f"line {i}: the quick brown fox jumps over the lazy dog" for i in range(300)))
+    argv = ["--points", "tiny@16", "--arms", "gpt", "--update-point", "", "--seeds", "0", "--grid", "0.01",
+            "--steps", "4", "--tokens-per-step", "64", "--eval-every", "2", "--eval-batches", "1", "--jobs", "1",
+            "--data", str(text), "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results"),
+            "--no-progress"]  # fmt: skip  # options beside their values
+    assert scaling.main(argv) == 0
+    (row,) = [json.loads(line) for line in (tmp_path / "results" / "runs.jsonl").read_text().splitlines()]
+    assert row["finished"] and row["exit"] == 0 and row["steps"] == [2, 4] and len(row["val_loss"]) == 2
