@@ -294,8 +294,9 @@ def chosen(ledger: Ledger, point: str, arm: str, sweep_seed: int) -> tuple[float
 
 def paired(ledger: Ledger, point: str, arm: str, lr: float, base_lr: float, seeds: list[int]) -> dict:
     """Per seed present for both the arm and GPT: the ratio GPT steps / arm steps to the common
-    target, and the final losses."""
-    ratios, finals, base_finals = [], [], []
+    target, whether that ratio is only a lower bound (the arm was at the target by its first
+    evaluation, so it may have got there sooner), and the final losses."""
+    ratios, censored, finals, base_finals = [], [], [], []
     for seed in seeds:
         row, base = ledger.rows.get((point, arm, lr, seed)), ledger.rows.get((point, BASELINE, base_lr, seed))
         if row is None or base is None:
@@ -306,12 +307,14 @@ def paired(ledger: Ledger, point: str, arm: str, lr: float, base_lr: float, seed
         a_vals = [v for v in row["val_loss"] if v is not None and math.isfinite(v)]
         if not b_vals or not a_vals:
             ratios.append(math.nan)
+            censored.append(False)
             continue
         target = max(min(b_vals), min(a_vals))
         sb = compare.steps_to_reach(base, target)
         sa = compare.steps_to_reach(row, target)
         ratios.append(sb / sa if math.isfinite(sb) and math.isfinite(sa) and sa > 0 else math.nan)
-    return {"ratios": ratios, "finals": finals, "base_finals": base_finals}
+        censored.append(bool(row["steps"]) and sa == row["steps"][0] and sb > sa)
+    return {"ratios": ratios, "censored": censored, "finals": finals, "base_finals": base_finals}
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -355,12 +358,15 @@ def write_results(args: argparse.Namespace, ledger: Ledger, plots: bool = True) 
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        p = r["paired"] or {"ratios": [], "finals": [], "base_finals": []}
+        p = r["paired"] or {"ratios": [], "censored": [], "finals": [], "base_finals": []}
         tried = ", ".join(f"{lr:g}" for lr in r["tried"])
-        per_seed = ", ".join("-" if math.isnan(x) else f"{x:.2f}" for x in p["ratios"])
+        per_seed = ", ".join(
+            "-" if math.isnan(x) else f"{'≥' if low else ''}{x:.2f}" for x, low in zip(p["ratios"], p["censored"])
+        )
+        bound = "≥ " if any(p["censored"]) else ""
         lines.append(
             f"| {r['point']} | {args.params[str(r['point'])] / 1e6:.2f}M | {r['arm']} | **{r['lr']:g}** ({tried}) | "
-            f"{'yes' if r['bracketed'] else 'no'} | {len(p['ratios'])} | {fmt(*mean_std(p['ratios']))} ({per_seed}) | "
+            f"{'yes' if r['bracketed'] else 'no'} | {len(p['ratios'])} | {bound}{fmt(*mean_std(p['ratios']))} ({per_seed}) | "
             f"{fmt(*mean_std(p['finals']), 4)} | {fmt(*mean_std(p['base_finals']), 4)} |"
         )
     (args.results / "scaling.md").write_text(
@@ -368,7 +374,9 @@ def write_results(args: argparse.Namespace, ledger: Ledger, plots: bool = True) 
         + head
         + "Speedup: per seed, the lowest validation loss both GPT and the arm reach (the common target); "
         "GPT's steps to it / the arm's steps to it (> 1: the arm is faster); mean ± std over the seeds, "
-        "per seed in parentheses. Every arm at its own best rate (bold) of the sweep (seed "
+        "per seed in parentheses; ≥: the arm was at the target by its first evaluation (step "
+        f"{args.eval_every}), so the ratio is a lower bound and {args.steps // args.eval_every}x is the most "
+        "this budget can measure. Every arm at its own best rate (bold) of the sweep (seed "
         f"{args.sweep_seed}); bracketed: a tried rate on both sides of it. Final val loss: at equal tokens, "
         "mean ± std over the seeds. This file is rewritten after every run; rows appear as arms finish.\n\n"
         + "\n".join(lines)
@@ -391,13 +399,14 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
         if r["arm"] != BASELINE and r["paired"]:
             m, s = mean_std(r["paired"]["ratios"])
             if not math.isnan(m):
-                by_arm.setdefault(r["arm"], []).append((r["point"], m, s))
+                by_arm.setdefault(r["arm"], []).append((r["point"], m, s, any(r["paired"]["censored"])))
     axes = {
         "speedup_context.png": ("context length (tokens)", lambda p: p.context, args.context_size),
         "speedup_params.png": ("parameters (nGPT)", lambda p: args.params[str(p)], None),
     }
     for filename, (xlabel, x_of, size) in axes.items():
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        lower_bounds = False
         for arm, pts in sorted(by_arm.items()):
             if size is not None:  # the context axis: one model size
                 pts = [t for t in pts if t[0].size == size]
@@ -406,7 +415,7 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
             if not pts:
                 continue
             pts.sort(key=lambda t: x_of(t[0]))
-            ax.errorbar(
+            line = ax.errorbar(
                 [x_of(t[0]) for t in pts],
                 [t[1] for t in pts],
                 yerr=[t[2] for t in pts],
@@ -414,12 +423,20 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
                 capsize=3,
                 label=arm,
             )
+            low = [t for t in pts if t[3]]  # a lower bound: some seed was at the target by its first evaluation
+            if low:
+                color = line.lines[0].get_color()
+                ax.scatter([x_of(t[0]) for t in low], [t[1] for t in low], marker="^", s=90, color=color, zorder=3)
+                lower_bounds = True
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xscale("log", base=2 if size is not None else 10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("speedup over GPT (GPT steps / arm steps)")
         where = f"{size} model" if size is not None else f"context {args.size_context}"
-        ax.set_title(f"{args.corpus_label}, {where}", fontsize=9)
+        bound_note = (
+            f"; ^: mean is a lower bound (at most {args.steps // args.eval_every}x measurable)" if lower_bounds else ""
+        )
+        ax.set_title(f"{args.corpus_label}, {where}{bound_note}", fontsize=9)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         fig.tight_layout()

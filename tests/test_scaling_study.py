@@ -154,3 +154,46 @@ def test_one_real_training_through_the_study(scaling, tmp_path):
     assert scaling.main(argv) == 0
     (row,) = [json.loads(line) for line in (tmp_path / "results" / "runs.jsonl").read_text().splitlines()]
     assert row["finished"] and row["exit"] == 0 and row["steps"] == [2, 4] and len(row["val_loss"]) == 2
+
+
+def test_a_ratio_reached_at_the_first_evaluation_is_reported_as_a_lower_bound(scaling, tmp_path):
+    """With validation every 10 of 100 steps no ratio above 10x can be measured: an arm already
+    at GPT's best loss by its first evaluation is marked, in the table, as a lower bound."""
+    import argparse
+
+    def run(arm, lr, seed, val_loss):
+        return {"point": "tiny@32", "arm": arm, "lr": lr, "seed": seed, "finished": True,
+                "steps": [10, 20, 30], "val_loss": val_loss}  # fmt: skip  # one ledger row per line
+
+    ledger = scaling.Ledger(tmp_path / "runs.jsonl")
+    for row in [
+        run("gpt", 1e-2, 0, [3.0, 2.5, 2.0]),
+        run("gpt", 3e-3, 0, [3.0, 2.6, 2.2]),
+        run("gpt", 3e-2, 0, [3.0, 2.6, 2.3]),
+        run("gpt", 1e-2, 1, [3.0, 2.5, 2.0]),
+        run("ngpt", 3e-2, 0, [1.9, 1.8, 1.7]),  # at GPT's best (2.0) by step 10: 3x or more
+        run("ngpt", 1e-2, 0, [2.5, 2.2, 2.1]),
+        run("ngpt", 1e-1, 0, [2.5, 2.2, 2.1]),
+        run("ngpt", 3e-2, 1, [2.5, 1.9, 1.8]),  # at 2.0 by step 20: exactly 1.5x
+    ]:
+        ledger.add(row)
+    paired = scaling.paired(ledger, "tiny@32", "ngpt", 3e-2, 1e-2, [0, 1])
+    assert paired["ratios"] == [3.0, 1.5] and paired["censored"] == [True, False]
+    assert scaling.paired(ledger, "tiny@32", "gpt", 1e-2, 1e-2, [0, 1])["censored"] == [False, False]
+
+    point = scaling.Point.parse("tiny@32")
+    args = argparse.Namespace(
+        points=[point], arms=["gpt", "ngpt"], update_point=None, sweep_seed=0, seeds=[0, 1],
+        params={"tiny@32": 170_000}, results=tmp_path, command="python benchmarks/scaling.py", jobs=1, threads=1,
+        date="2026-01-01", corpus_label="a corpus", tokens_per_step=1024, steps=30, eval_every=10,
+        eval_batches=1, overrides=[],
+    )  # fmt: skip  # the study's arguments, grouped by kind
+    args.context_size, args.size_context = "tiny", 32
+    scaling.write_results(args, ledger)
+    assert (tmp_path / "speedup_context.png").stat().st_size > 0  # drawn with the lower-bound marker
+    table = (tmp_path / "scaling.md").read_text()
+    row = next(line for line in table.splitlines() if "| ngpt |" in line)
+    assert "| ≥ 2.25 ± 1.06 (≥3.00, 1.50) |" in row and "| yes |" in row
+    gpt_row = next(line for line in table.splitlines() if "| gpt |" in line)
+    assert "≥" not in gpt_row
+    assert "3x is the most this budget can measure" in table
