@@ -434,7 +434,7 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
         ax.set_ylabel("speedup over GPT (GPT steps / arm steps)")
         where = f"{size} model" if size is not None else f"context {args.size_context}"
         bound_note = (
-            f"; ^: mean is a lower bound (at most {args.steps // args.eval_every}x measurable)" if lower_bounds else ""
+            f"\n^: a lower bound (at most {args.steps // args.eval_every}x is measurable)" if lower_bounds else ""
         )
         ax.set_title(f"{args.corpus_label}, {where}{bound_note}", fontsize=9)
         if ax.get_legend_handles_labels()[0]:
