@@ -45,6 +45,7 @@ import datetime
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import threading
@@ -501,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             max_extend=1,
         )
     args = compare.parse_args_with_overrides(p, argv)
-    args.command = "python benchmarks/scaling.py" + ("" if not argv else " " + " ".join(argv))
+    args.command = "python benchmarks/scaling.py" + ("" if not argv else " " + shlex.join(argv))
     args.points = [Point.parse(t) for t in args.points]
     args.update_point = Point.parse(args.update_point) if args.update_point else None
     if BASELINE not in args.arms:
