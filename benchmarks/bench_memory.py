@@ -53,11 +53,11 @@ import warnings
 import weakref
 
 import torch
-from _machine import add_shape_args, emit, header, pick_device, shape_text  # benchmarks/ is on sys.path
+from _machine import emit, header, pick_device, shape_text  # benchmarks/ is on sys.path
 from bench_step import (  # the same models, data and step
     MODE_LABEL,
     RECIPE,
-    VARIANTS,
+    add_step_args,
     baseline_of,
     build,
     config_for,
@@ -198,25 +198,8 @@ def mib(v) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_shape_args(p)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument(
-        "--dtype",
-        default="fp32",
-        choices=["fp32", "bf16"],
-        help="bf16: autocast to bfloat16, fp32 parameters and optimizer states",
-    )
+    add_step_args(p)
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd models")
-    p.add_argument(
-        "--variants",
-        nargs="*",
-        choices=VARIANTS,
-        metavar="VARIANT",
-        help="also these contenders (alone: all): plain = nGPT with plain autograd, "
-        "checkpointed = both models with activation checkpointing",
-    )
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--quick", action="store_true", help="size tiny, ctx 64, batch 4, 1 thread")
     p.add_argument("--markdown", metavar="FILE", help="also append the tables to FILE")
     p.add_argument("--worker", nargs=2, metavar=("FAMILY", "MODE"), help=argparse.SUPPRESS)

@@ -124,14 +124,11 @@ def make_step(model, optimizer, scheduler, x, y, device, dtype, mode: str = "eag
     return step
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_step_args(p: argparse.ArgumentParser) -> None:
+    """The options of the training step both step benchmarks measure (this one and
+    bench_memory.py): the shape, the batch, the extra contenders, the device and precision."""
     add_shape_args(p)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per contender per round")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender first (compiles)")
-    p.add_argument("--no-compile", action="store_true", help="eager only")
     p.add_argument(
         "--variants",
         nargs="*",
@@ -148,6 +145,15 @@ def parse_args(argv=None):
         help="bf16: autocast to bfloat16, fp32 parameters and optimizer states",
     )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_step_args(p)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per contender per round")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender first (compiles)")
+    p.add_argument("--no-compile", action="store_true", help="eager only")
     p.add_argument(
         "--quick", action="store_true", help="smoke run: size tiny, ctx 64, batch 4, 3 rounds, eager only, 1 thread"
     )
