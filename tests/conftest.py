@@ -21,3 +21,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def _saved_bytes(model: torch.nn.Module, forward_backward) -> int:
+    """Bytes of the distinct storages that ``forward_backward()`` keeps for the backward pass,
+    the model's parameters excluded: its activation memory."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward_backward()
+    return sum(saved.values())
+
+
+@pytest.fixture
+def saved_bytes():
+    """``saved_bytes(model, forward_backward)``: the activation bytes a forward and backward keep."""
+    return _saved_bytes
