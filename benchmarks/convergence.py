@@ -116,15 +116,10 @@ def shared_overrides(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def finished(run_dir: Path) -> bool:
-    m = run_dir / "metrics.jsonl"
-    return m.is_file() and '"event": "done"' in m.read_text()
-
-
 def reused(args: argparse.Namespace, spec: str, seed: int) -> bool:
     """The run has finished before and ``--reuse`` (the default) keeps it."""
     name, _ = compare.variant_overrides(spec, args.size)
-    return args.reuse and finished(args.runs / name / f"seed{seed}")
+    return args.reuse and compare.finished(args.runs / name / f"seed{seed}")
 
 
 def train_one(args: argparse.Namespace, spec: str, seed: int, say) -> tuple[str, int, int]:
@@ -186,7 +181,7 @@ def sweep_table(args: argparse.Namespace, specs: dict[str, dict[float, tuple[str
                 continue
             name, _ = by_lr[lr]
             run_dir = args.runs / name / f"seed{args.sweep_seed}"
-            if not finished(run_dir):
+            if not compare.finished(run_dir):
                 cells.append("diverged / failed")
                 continue
             c = compare.read_curve(run_dir)

@@ -210,7 +210,7 @@ class Study:
             "arm": arm,
             "lr": lr,
             "seed": seed,
-            "finished": convergence.finished(run_dir),
+            "finished": compare.finished(run_dir),
             "exit": rc,
             "steps": curve.get("steps", []),
             "val_loss": curve.get("val_loss", []),
