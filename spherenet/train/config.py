@@ -121,8 +121,10 @@ _CHOICES = {
     ("train", "autocast"): ("auto", "bf16", "off"),
     ("train", "nonfinite"): ("skip", "stop"),
 }
+#: The run trackers ``train.loggers`` may name (spherenet.train.tracking opens them).
+LOGGERS = ("jsonl", "tensorboard", "wandb")
 # List-valued keys: every element must be one of these.
-_LIST_CHOICES = {("train", "loggers"): ("jsonl", "tensorboard", "wandb")}
+_LIST_CHOICES = {("train", "loggers"): LOGGERS}
 _POSITIVE = {
     ("optim", "lr"),
     ("optim", "eps"),

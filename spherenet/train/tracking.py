@@ -24,7 +24,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .config import ConfigError
+from .config import LOGGERS, ConfigError
 
 __all__ = [
     "LOGGERS",
@@ -38,7 +38,6 @@ __all__ = [
     "record_scalars",
 ]
 
-LOGGERS = ("jsonl", "tensorboard", "wandb")
 # logger -> (modules it imports, the pip extra that installs them)
 _REQUIRES = {
     "tensorboard": (("tensorboard", "torch.utils.tensorboard"), "tensorboard"),
