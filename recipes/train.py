@@ -52,7 +52,7 @@ from spherenet.train.distributed import (
     wrap_model,
 )
 from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
-from spherenet.train.tracking import check_available, open_trackers
+from spherenet.train.tracking import check_available, flatten_config, open_trackers
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
 
@@ -179,15 +179,6 @@ def _saved_model_config(class_name: str, config: dict) -> dict:
         return config
 
 
-def _flat(config: dict) -> dict:
-    """``{"s_qk": {"init": 1.0}}`` -> ``{"s_qk.init": 1.0}``: a difference names the field."""
-    return {
-        f"{key}.{sub}" if isinstance(value, dict) else key: inner
-        for key, value in config.items()
-        for sub, inner in (value.items() if isinstance(value, dict) else [(None, value)])
-    }
-
-
 def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config: dict, path: Path) -> None:
     """ConfigError naming every setting that differs from the run that wrote the checkpoint
     (``saved``: its plain values), except those in :data:`RESUMABLE_CHANGES`. The model is
@@ -203,7 +194,11 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
     if isinstance(saved.get("model_config"), dict):
         saved_class = model_class_name(str(saved.get("model_class")))
         compare("model ", {"class": saved_class}, {"class": model_class})
-        compare("model.", _flat(_saved_model_config(saved_class, saved["model_config"])), _flat(model_config))
+        compare(
+            "model.",
+            flatten_config(_saved_model_config(saved_class, saved["model_config"])),
+            flatten_config(model_config),
+        )
     old_cfg, new_cfg = saved.get("config"), cfg.to_dict()
     if isinstance(old_cfg, dict):
         for section in ("data", "optim", "train"):
