@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from recipes.checkpoints import Trained, load_trained
-from recipes.compare import progress_bar
+from recipes.progress import progress_bar
 from spherenet import analysis
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError, prepare_dataset

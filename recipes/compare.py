@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 from recipes import subprocesses
+from recipes.progress import progress_bar
 from recipes.train import DEFAULT_CONFIG
 from spherenet.train.config import ConfigError, load_config
 
@@ -110,16 +111,6 @@ def train_env(**extra: str) -> dict[str, str]:
     """The environment of a training child: ours, with this checkout first on PYTHONPATH."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return dict(os.environ, PYTHONPATH=path, **extra)
-
-
-def progress_bar(total: int, desc: str, enabled: bool = True, initial: int = 0, unit: str = "run"):
-    """A tqdm bar on stderr, or None when turned off (``--no-progress``) or when stderr is not a
-    terminal (a log file, CI), where a bar's redraws would only be noise; None for nothing to do."""
-    if not enabled or total == 0 or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
 
 
 def finished(run_dir: Path) -> bool:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from recipes.checkpoints import checkpoint_files, model_class_name, saved_model_config
+from recipes.progress import progress_bar
 from spherenet.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -416,11 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         t.loggers, out_dir, cfg.to_dict(), enabled=info.is_main, start_step=start, wandb_project=t.wandb_project
     )
 
-    bar = None
-    if info.is_main and t.progress and start < t.steps and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=t.steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
+    bar = progress_bar(t.steps, "train", info.is_main and t.progress and start < t.steps, initial=start, unit="it")
     last_step = min(t.steps, t.halt_after) if t.halt_after else t.steps
 
     # SIGTERM (preemption, scheduler time limit) or Ctrl-C (SIGINT): finish the step, checkpoint,

@@ -274,6 +274,18 @@ def test_train_no_progress_flag_is_train_progress_false():
     assert build_config(parse_args([])).train.progress is True
 
 
+def test_train_bar_on_a_terminal_from_the_resumed_step_unless_turned_off(tmp_path, corpus, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    out = tmp_path / "run"
+    common = [*TINY, "train.steps=4", f"train.out_dir={out}", f"data.cache_dir={tmp_path / 'cache'}",
+              f"data.source={corpus}"]  # fmt: skip  # options beside their values
+    assert cli([*common, "train.halt_after=2"]) == 0
+    assert "train" not in capsys.readouterr().err  # TINY turns the bar off
+    assert cli([*common, "train.progress=true", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "train: 100%" in err and "4/4" in err and "0/4" not in err  # counts on from step 2
+
+
 def _finished_run(run_dir: Path, val: list[float]) -> None:
     """A finished recipes.train run's metrics.jsonl (what --reuse keeps)."""
     run_dir.mkdir(parents=True)
