@@ -156,7 +156,11 @@ def final_loss(row: dict) -> float:
 
 
 class Study:
-    def __init__(self, args: argparse.Namespace):
+    """The sweeps and seeds of every point, run through ``convergence.train_one`` and recorded
+    in the ledger. ``bar``: a progress bar to count on (a study of several ledgers shares one);
+    by default the study makes its own."""
+
+    def __init__(self, args: argparse.Namespace, bar=None):
         self.args = args
         self.ledger = Ledger(args.results / "runs.jsonl")
         self.started = time.monotonic()
@@ -166,7 +170,9 @@ class Study:
         seeds = len([sd for sd in args.seeds if sd != args.sweep_seed])
         planned = sum(len(args.grid or [0, 0, 0]) + seeds for pt in args.points for _ in arms_at(args, pt))
         done = sum(1 for key in self.ledger.rows if key[0] in {str(pt) for pt in args.points})
-        self.bar = compare.progress_bar(max(planned, done), "scaling study", enabled=args.progress, initial=done)
+        if bar is None:
+            bar = compare.progress_bar(max(planned, done), "scaling study", enabled=args.progress, initial=done)
+        self.bar = bar
 
     def point_args(self, point: Point) -> argparse.Namespace:
         """The namespace ``convergence.train_one`` reads, for one point."""
@@ -202,7 +208,9 @@ class Study:
         pargs = self.point_args(point)
         spec = self.spec(point, arm, lr)
         say = self.bar.write if self.bar is not None else lambda line: print(line, flush=True)
+        began = time.monotonic()
         name, _, rc = convergence.train_one(pargs, spec, seed, say)
+        wall_s = time.monotonic() - began
         run_dir = pargs.runs / name / f"seed{seed}"
         curve = compare.read_curve(run_dir) if (run_dir / "metrics.jsonl").is_file() else {}
         row = {
@@ -215,6 +223,7 @@ class Study:
             "steps": curve.get("steps", []),
             "val_loss": curve.get("val_loss", []),
             "tokens": curve.get("tokens", []),
+            "wall_s": round(wall_s, 1),
             "date": datetime.date.today().isoformat(),
         }
         if rc not in (0, None) and not row["val_loss"]:
@@ -242,7 +251,8 @@ class Study:
         point, ``--jobs`` runs at a time across the arms."""
         print(f"== {point}: {', '.join(arms)}", flush=True)
         seed0 = self.args.sweep_seed
-        start = {arm: self.args.gpt_lr if arm.startswith("gpt") else self.args.ngpt_lr for arm in arms}
+        default = {arm: self.args.gpt_lr if arm.startswith("gpt") else self.args.ngpt_lr for arm in arms}
+        start = {**default, **getattr(self.args, "start_lr", {})}  # a study may centre each arm's grid
         grid = {arm: self.args.grid or lr_grid(start[arm]) for arm in arms}
         with ThreadPoolExecutor(max_workers=self.args.jobs) as pool:
 

@@ -7,7 +7,9 @@ Every variant is the base config (``--config``, default ``recipes/configs/defaul
 the shared overrides plus the variant's own. Built-in variants:
 
     gpt                   baseline GPT of the same size, AdamW (Table 3)
-    ngpt (= ngpt-lerp)    nGPT, LERP update (eq. 10, 11), RiemannianAdam
+    ngpt (= ngpt-lerp)    nGPT, LERP update (eq. 10, 11), the paper's optimizer (RiemannianAdam,
+                          Adam's moments on the raw gradient, then Norm; Section 2.6)
+    ngpt-tangent          nGPT, RiemannianAdam with moments on the tangent-projected gradient
     ngpt-slerp            nGPT, SLERP update (eq. 6)
     ngpt-riemannian       nGPT, Riemannian update (eq. 24-26)
     ngpt-adam_normalize   nGPT, the paper's Adam followed by renormalization (Section 2.6)
@@ -47,8 +49,24 @@ ROOT = Path(__file__).resolve().parents[1]  # where ``python -m recipes.train`` 
 
 BUILTIN = {
     "gpt": ["model.preset=gpt-{size}", "optim.method=adamw"],
-    "ngpt": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=riemannian_adam"],
-    "ngpt-lerp": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=riemannian_adam"],
+    "ngpt": [
+        "model.preset=ngpt-{size}",
+        "model.update=lerp",
+        "optim.method=riemannian_adam",
+        "optim.gradient=euclidean",
+    ],
+    "ngpt-lerp": [
+        "model.preset=ngpt-{size}",
+        "model.update=lerp",
+        "optim.method=riemannian_adam",
+        "optim.gradient=euclidean",
+    ],
+    "ngpt-tangent": [
+        "model.preset=ngpt-{size}",
+        "model.update=lerp",
+        "optim.method=riemannian_adam",
+        "optim.gradient=riemannian",
+    ],
     "ngpt-slerp": ["model.preset=ngpt-{size}", "model.update=slerp", "optim.method=riemannian_adam"],
     "ngpt-riemannian": ["model.preset=ngpt-{size}", "model.update=riemannian", "optim.method=riemannian_adam"],
     "ngpt-adam_normalize": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=adam_normalize"],

@@ -1,0 +1,503 @@
+"""Budget study: when does nGPT pay off across training length? The compute multiplier against
+tokens per parameter.
+
+    nice python benchmarks/budget.py                  # the study on the default corpus (hours: see its estimate)
+    python benchmarks/budget.py --estimate-only       # time every arm, write the estimate, train nothing
+    python benchmarks/budget.py --quick               # a smoke run of the pipeline (minutes)
+
+At each point ``SIZE@CONTEXT`` (default ``tiny@256`` and ``tiny@1024``) every arm trains at each
+budget (default 100, 400 and 1600 steps of ``--tokens-per-step`` tokens). Every budget is its
+own cosine run (GPT arms: warmup 5% of the budget) at its own learning rate, chosen as
+``benchmarks/scaling.py`` chooses it: a grid of three rates a factor 3 apart, grown until the best
+is bracketed, then the chosen rate for every seed. A budget's grid is centred on the arm's rate
+chosen at the budget before it, since the best rate moves with the budget. Validation runs
+``--evals`` times per run, the last at its final step.
+
+The compute multiplier of an arm at budget B: the budget GPT needs to reach the arm's final
+validation loss at B, divided by B. GPT's budget is read off GPT's final-loss-against-budget
+curve, linear in log tokens between the two budgets that bracket the loss; beyond the budgets
+measured it lies on the line through the two nearest and is marked as an extrapolation. Per
+seed, against GPT's curve of the same seed; mean ± std over the seeds. Beside it: the final-loss
+gap to GPT at equal tokens.
+
+No warmup-stable-decay shortcut is taken: every budget is a separate cosine run, so there is no
+decay branch to check against one.
+
+Resumable: each budget keeps its own ledger ``RESULTS/stepsNNNN/runs.jsonl`` (with that budget's
+``scaling.md``, the steps-to-target table of ``benchmarks/scaling.py``); a run found there is not
+trained again. ``RESULTS/budget.md``, ``multiplier.png`` and ``loss_budget.png`` are rewritten
+after every run. ``RESULTS/estimate.json`` holds the time per step measured before the first
+run, from which ``budget.md`` states the study's cost. ``RESULTS`` defaults to
+``benchmarks/results/budget/<corpus>/``; run directories are scratch in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import convergence  # noqa: E402  (benchmarks/ is on sys.path)
+import scaling  # noqa: E402
+from _machine import cpu_name  # noqa: E402
+
+from recipes import compare, subprocesses  # noqa: E402
+from recipes.train import DEFAULT_CONFIG  # noqa: E402
+
+ARMS = ["gpt", "ngpt", "gpt-muon"]
+POINTS = ["tiny@256", "tiny@1024"]
+BUDGETS = [100, 400, 1600]
+BASELINE = scaling.BASELINE
+# What the estimate assumes per arm and budget: the first grid of three rates, one growth past
+# its edge, and the other seeds at the chosen rate.
+RUNS_PER_SWEEP = 4
+EVAL_BATCH_COST = 1 / 3  # a validation batch (forward only) in training steps
+
+
+# ---------------------------------------------------------------- the compute multiplier
+
+
+def budget_for_loss(loss: float, curve: list[tuple[float, float]]) -> tuple[float, bool]:
+    """The budget at which GPT's final-loss-against-budget ``curve`` ([(budget, final loss)])
+    reaches ``loss``, and whether that is an extrapolation.
+
+    Between measured budgets the loss is linear in log budget: the first pair of neighbouring
+    budgets (in budget order) whose losses bracket ``loss`` gives it. Below every measured loss
+    the line through the two largest budgets is followed up, above every one the line through
+    the two smallest down (both marked True). inf: below every loss while the curve's last
+    segment does not fall (the trend never gets there); nan: fewer than two finite points, or
+    above every loss while the first segment does not fall."""
+    points = sorted((b, v) for b, v in curve if math.isfinite(v))
+    if len(points) < 2 or not math.isfinite(loss):
+        return math.nan, False
+    xs = [math.log(b) for b, _ in points]
+    ys = [v for _, v in points]
+    for i in range(len(points) - 1):
+        lo, hi = sorted((ys[i], ys[i + 1]))
+        if lo <= loss <= hi:
+            if ys[i] == ys[i + 1]:
+                return points[i][0], False
+            t = (loss - ys[i]) / (ys[i + 1] - ys[i])
+            return math.exp(xs[i] + t * (xs[i + 1] - xs[i])), False
+    i = len(points) - 2 if loss < min(ys) else 0
+    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+    if slope >= 0:
+        return (math.inf if loss < min(ys) else math.nan), True
+    end = i + 1 if loss < min(ys) else i
+    return math.exp(xs[end] + (loss - ys[end]) / slope), True
+
+
+def multiplier(loss: float, budget: int, curve: list[tuple[float, float]]) -> tuple[float, bool]:
+    """The compute multiplier of a run that ends at ``loss`` after ``budget`` steps: GPT's budget
+    for that loss (:func:`budget_for_loss`) over ``budget``; > 1: the arm is worth that many
+    times its tokens of GPT training. Every run takes the same tokens per step, so steps stand
+    for tokens."""
+    needed, extrapolated = budget_for_loss(loss, curve)
+    return needed / budget, extrapolated
+
+
+def fmt_multiplier(value: float, extrapolated: bool) -> str:
+    if math.isnan(value):
+        return "-"
+    text = "∞" if math.isinf(value) else f"{value:.2f}"
+    return text + ("*" if extrapolated else "")
+
+
+# ---------------------------------------------------------------- the study
+
+
+def budget_dir(results: Path, budget: int) -> Path:
+    return results / f"steps{budget:04d}"
+
+
+def budget_args(args: argparse.Namespace, budget: int, start_lr: dict[str, float]) -> argparse.Namespace:
+    """The namespace ``scaling.Study`` reads, for one budget."""
+    b = copy.copy(args)
+    b.steps = budget
+    b.eval_every = max(1, budget // args.evals)
+    b.out = args.out / f"steps{budget}"
+    b.results = budget_dir(args.results, budget)
+    b.start_lr = dict(start_lr)
+    b.update_point = None
+    b.grid = None
+    return b
+
+
+class BudgetStudy(scaling.Study):
+    """One budget's sweeps and seeds; after every run the whole study's tables are rewritten."""
+
+    def __init__(self, args: argparse.Namespace, study_args: argparse.Namespace, bar):
+        super().__init__(args, bar)
+        self.study_args = study_args
+
+    def report(self) -> None:
+        super().report()
+        write_results(self.study_args)
+
+
+def ledgers(args: argparse.Namespace) -> dict[int, scaling.Ledger]:
+    return {b: scaling.Ledger(budget_dir(args.results, b) / "runs.jsonl") for b in args.budgets}
+
+
+def final(ledger: scaling.Ledger, point: str, arm: str, lr: float, seed: int) -> float:
+    row = ledger.rows.get((point, arm, float(lr), seed))
+    return scaling.final_loss(row) if row is not None else math.nan
+
+
+def summary(args: argparse.Namespace) -> list[dict]:
+    """One row per (point, budget, arm) with a chosen rate: its final losses per seed, and per
+    seed the gap to GPT and the compute multiplier."""
+    books = ledgers(args)
+    chosen = {
+        (str(pt), b, arm): scaling.chosen(books[b], str(pt), arm, args.sweep_seed)
+        for pt in args.points
+        for b in args.budgets
+        for arm in args.arms
+    }
+    rows = []
+    for pt in args.points:
+        point = str(pt)
+        base_curve = {}  # seed -> [(budget, GPT's final loss)]
+        for b in args.budgets:
+            lr, _ = chosen[point, b, BASELINE]
+            for seed in args.seeds:
+                loss = final(books[b], point, BASELINE, lr, seed) if lr is not None else math.nan
+                base_curve.setdefault(seed, []).append((b, loss))
+        for b in args.budgets:
+            base_lr, _ = chosen[point, b, BASELINE]
+            for arm in args.arms:
+                lr, bracketed = chosen[point, b, arm]
+                if lr is None:
+                    continue
+                tried = sorted(lr_ for (p, a, lr_, s) in books[b].rows if (p, a, s) == (point, arm, args.sweep_seed))
+                seeds, finals, gaps, mults = [], [], [], []
+                for seed in args.seeds:
+                    if (point, arm, float(lr), seed) not in books[b].rows:
+                        continue
+                    loss = final(books[b], point, arm, lr, seed)
+                    seeds.append(seed)
+                    finals.append(loss)
+                    base = final(books[b], point, BASELINE, base_lr, seed) if base_lr is not None else math.nan
+                    gaps.append(loss - base)
+                    mults.append(multiplier(loss, b, base_curve[seed]))
+                rows.append(
+                    {
+                        "point": pt,
+                        "budget": b,
+                        "arm": arm,
+                        "lr": lr,
+                        "bracketed": bracketed,
+                        "tried": tried,
+                        "seeds": seeds,
+                        "finals": finals,
+                        "gaps": gaps,
+                        "multipliers": mults,
+                    }
+                )
+    return rows
+
+
+def spent_core_hours(args: argparse.Namespace) -> tuple[float, int]:
+    """Core-hours the ledgers' runs took (wall time x threads per run) and how many runs."""
+    walls = [r.get("wall_s", 0.0) for book in ledgers(args).values() for r in book.rows.values()]
+    return sum(walls) * args.threads / 3600, len(walls)
+
+
+def estimate_text(args: argparse.Namespace) -> str:
+    path = args.results / "estimate.json"
+    if not path.is_file():
+        return "No estimate yet (`--estimate-only` writes one).\n\n"
+    est = json.loads(path.read_text())
+    lines = ["| point | arm | s / step | start-up s |", "|---|---|---|---|"]
+    total = 0.0
+    for pt in args.points:
+        for arm in args.arms:
+            m = est["timings"].get(f"{pt}|{arm}")
+            if m is None:
+                continue
+            lines.append(f"| {pt} | {arm} | {m['s_per_step']:.3f} | {m['startup_s']:.1f} |")
+            total += run_seconds(args, m)
+    core_h = total * args.threads / 3600
+    spent, runs = spent_core_hours(args)
+    return (
+        f"**Cost.** Estimated before the first run ({est['date']}, `{est['command']}`): "
+        f"{core_h:.1f} core-hours, {total / args.jobs / 3600:.1f} h wall at {args.jobs} runs at a time, "
+        f"assuming {RUNS_PER_SWEEP} sweep runs per arm and budget (the grid of three and one growth) plus "
+        f"{len(args.seeds) - 1} more seeds, each run its start-up plus its steps and validation batches "
+        f"(one validation batch counted as {EVAL_BATCH_COST:.2g} of a step) at the time per step measured "
+        f"with {args.jobs} runs at a time:\n\n"
+        + "\n".join(lines)
+        + f"\n\nSpent so far: {spent:.1f} core-hours in {runs} runs.\n\n"
+    )
+
+
+def run_seconds(args: argparse.Namespace, timing: dict) -> float:
+    """The estimated wall seconds of one arm's runs at one point over every budget."""
+    per_budget = [
+        timing["startup_s"] + (b + args.evals * args.eval_batches * EVAL_BATCH_COST) * timing["s_per_step"]
+        for b in args.budgets
+    ]
+    return (RUNS_PER_SWEEP + len(args.seeds) - 1) * sum(per_budget)
+
+
+def write_results(args: argparse.Namespace, plots: bool = True) -> None:
+    rows = summary(args)
+    lines = [
+        "| point | budget (steps) | tokens / param | arm | lr (tried) | bracketed | seeds | final val loss | "
+        "gap to GPT | compute multiplier (per seed) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        per_seed = ", ".join(fmt_multiplier(m, x) for m, x in r["multipliers"])
+        finite = [m for m, _ in r["multipliers"] if math.isfinite(m)]
+        mark = "*" if any(x for _, x in r["multipliers"]) else ""
+        mean = scaling.fmt(*scaling.mean_std(finite)) + mark if finite else "-"
+        lines.append(
+            f"| {r['point']} | {r['budget']} | {tokens_per_param(args, r['point'], r['budget']):.1f} | {r['arm']} | "
+            f"**{r['lr']:g}** ({', '.join(f'{x:g}' for x in r['tried'])}) | {'yes' if r['bracketed'] else 'no'} | "
+            f"{len(r['seeds'])} | {scaling.fmt(*scaling.mean_std(r['finals']), 4)} | "
+            f"{scaling.fmt(*scaling.mean_std(r['gaps']), 4)} | {mean} ({per_seed}) |"
+        )
+    points = ", ".join(
+        f"{p} (batch {max(1, args.tokens_per_step // p.context)} x {p.context}, "
+        f"{args.params[str(p)] / 1e6:.2f}M params)"
+        for p in args.points
+    )
+    overrides = f" Overrides for every run: `{' '.join(args.overrides)}`." if args.overrides else ""
+    (args.results / "budget.md").write_text(
+        "# Budget study: nGPT's compute multiplier over GPT against training length\n\n"
+        f"Command: `{args.command}`  \n"
+        f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
+        f"{args.threads} thread(s); started {args.date}.  \n"
+        f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Budgets: "
+        f"{', '.join(map(str, args.budgets))} steps of {args.tokens_per_step} tokens, each its own run, cosine "
+        f"to 0 (GPT arms: warmup 5%, weight decay 0.1), validation {args.evals} times per run on "
+        f"{args.eval_batches} batches. Seeds {', '.join(map(str, args.seeds))}.{overrides}\n\n"
+        + estimate_text(args)
+        + "Compute multiplier: per seed, the budget GPT needs to reach the arm's final validation loss "
+        "(read off GPT's final loss against budget, same seed, linear in log tokens) over the arm's budget; "
+        "> 1: the arm is worth that many times its tokens of GPT training. *: extrapolated beyond the "
+        f"GPT budgets measured ({min(args.budgets)} to {max(args.budgets)} steps); ∞: below every GPT loss "
+        "while GPT's curve no longer falls. Mean ± std over the finite per-seed values. Gap to GPT: the "
+        "arm's final loss minus GPT's at the same budget and seed (< 0: the arm is ahead at equal tokens). "
+        f"Every arm at its own best rate (bold) of the sweep (seed {args.sweep_seed}) at that budget; "
+        "bracketed: a tried rate on both sides of it. Tokens / param: the nGPT model's parameter count. "
+        "This file is rewritten after every run.\n\n" + "\n".join(lines) + "\n"
+    )
+    if plots:
+        plot(args, rows)
+
+
+def tokens_per_param(args: argparse.Namespace, point: scaling.Point, budget: int) -> float:
+    return budget * args.tokens_per_step / args.params[str(point)]
+
+
+def plot(args: argparse.Namespace, rows: list[dict]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    lines: dict[tuple[int, str], list] = {}
+    for r in rows:
+        finite = [m for m, _ in r["multipliers"] if math.isfinite(m)]
+        if r["arm"] != BASELINE and finite:
+            m, s = scaling.mean_std(finite)
+            extrapolated = any(x for _, x in r["multipliers"])
+            x = tokens_per_param(args, r["point"], r["budget"])
+            lines.setdefault((r["point"].context, r["arm"]), []).append((x, m, s, extrapolated))
+    for (context, arm), pts in sorted(lines.items()):
+        pts.sort()
+        line = ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                           capsize=3, label=f"{arm} @ {context}")  # fmt: skip  # one call, its style beside it
+        ext = [p for p in pts if p[3]]
+        if ext:
+            color = line.lines[0].get_color()
+            ax.scatter([p[0] for p in ext], [p[1] for p in ext], s=110, facecolors="none", edgecolors=color, zorder=3)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens per parameter")
+    ax.set_ylabel("compute multiplier over GPT")
+    ax.set_title(f"{args.corpus_label}\nopen circle: extrapolated beyond GPT's budgets", fontsize=9)
+    if lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.results / "multiplier.png", dpi=110)
+    plt.close(fig)
+
+    contexts = sorted({p.context for p in args.points})
+    fig, axes = plt.subplots(1, len(contexts), figsize=(5.2 * len(contexts), 4.0), squeeze=False)
+    for ax, context in zip(axes[0], contexts):
+        for arm in args.arms:
+            pts = sorted(
+                (r["budget"] * args.tokens_per_step, *scaling.mean_std(r["finals"]))
+                for r in rows
+                if r["arm"] == arm and r["point"].context == context
+            )
+            pts = [p for p in pts if math.isfinite(p[1])]
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                            capsize=3, label=arm)  # fmt: skip  # one call, its style beside it
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens (budget)")
+        ax.set_ylabel("final validation loss")
+        ax.set_title(f"context {context}", fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.results / "loss_budget.png", dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the estimate
+
+
+def measure(args: argparse.Namespace, steps: int = 40) -> None:
+    """Time ``steps`` steps of every arm at every point, ``--jobs`` at a time as the study runs
+    them, and write ``estimate.json``: seconds per step (the trainer's tokens/s at its last log)
+    and start-up seconds (the rest of the run's wall time)."""
+    path = args.results / "estimate.json"
+    est = json.loads(path.read_text()) if path.is_file() else {"timings": {}}
+    todo = [(pt, arm) for pt in args.points for arm in args.arms if f"{pt}|{arm}" not in est["timings"]]
+    if not todo:
+        return
+    timing_args = budget_args(args, steps, {})
+    timing_args.eval_every = steps // 2
+    timing_args.eval_batches = 1
+    timing_args.out = timing_args.results = args.out / "estimate"
+    study = scaling.Study(timing_args, bar=None)
+
+    def one(job: tuple[scaling.Point, str]) -> tuple[str, dict]:
+        pt, arm = job
+        pargs = study.point_args(pt)
+        lr = args.gpt_lr if arm.startswith("gpt") else args.ngpt_lr
+        began = time.monotonic()
+        name, _, rc = convergence.train_one(pargs, study.spec(pt, arm, lr), 0, lambda line: None)
+        wall = time.monotonic() - began
+        run_dir = pargs.runs / name / "seed0"
+        if rc != 0:
+            raise SystemExit(f"error: timing run {arm} at {pt} failed (exit {rc}); see {run_dir / 'train.log'}")
+        logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        rate = [r["tok_per_s"] for r in logged if r.get("tok_per_s")][-1]
+        s_per_step = pargs.batch * pargs.block / rate
+        return f"{pt}|{arm}", {"s_per_step": s_per_step, "startup_s": max(0.0, wall - steps * s_per_step)}
+
+    print(f"timing {len(todo)} arm(s), {steps} steps each", flush=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for key, timing in pool.map(one, todo):
+            est["timings"][key] = timing
+    est.update(date=datetime.date.today().isoformat(), command=args.command)
+    path.write_text(json.dumps(est, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 point, 2 arms, budgets 10 and 40, 2 seeds")
+    p.add_argument("--estimate-only", action="store_true", help="time the arms, write the estimate, train nothing")
+    p.add_argument("--points", nargs="+", default=POINTS, help="SIZE@CONTEXT, e.g. tiny@256")
+    p.add_argument("--arms", nargs="+", default=ARMS, choices=sorted(compare.BUILTIN))
+    p.add_argument("--budgets", nargs="+", type=int, default=BUDGETS, help="training steps per run")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--sweep-seed", type=int, default=0)
+    p.add_argument("--gpt-lr", type=float, default=1e-2, help="the GPT arms' first sweep centre")
+    p.add_argument("--ngpt-lr", type=float, default=3e-2, help="the nGPT arms' first sweep centre")
+    p.add_argument("--max-extend", type=int, default=3, help="how often a sweep may grow past its edge")
+    p.add_argument("--tokens-per-step", type=int, default=4096)
+    p.add_argument("--evals", type=int, default=10, help="validations per run (every budget / evals steps)")
+    p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--data", default="stdlib", help="data.source (default: the trainer's default corpus)")
+    p.add_argument("--out", type=Path, default=None, help="scratch run directories (default /tmp/budget[_quick])")
+    p.add_argument("--results", type=Path, default=None, help="ledgers, tables and plots")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--nice", type=int, default=10)
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (none off a terminal)")
+    compare.add_override_argument(p, "recipes.train overrides for every run, after the study's own")
+    if compare.parse_args_with_overrides(p, argv).quick:
+        p.set_defaults(points=["tiny@32"], arms=["gpt", "ngpt"], budgets=[10, 40], tokens_per_step=256,
+                       evals=5, eval_batches=1, seeds=[0, 1], max_extend=1)  # fmt: skip  # the smoke settings
+    args = compare.parse_args_with_overrides(p, argv)
+    args.command = "python benchmarks/budget.py" + ("" if not argv else " " + shlex.join(argv))
+    args.points = [scaling.Point.parse(t) for t in args.points]
+    args.budgets = sorted(set(args.budgets))
+    if BASELINE not in args.arms:
+        raise SystemExit("error: the study needs the gpt baseline among --arms")
+    if len(args.budgets) < 2 or min(args.budgets) < args.evals:
+        raise SystemExit(f"error: --budgets needs two or more budgets of at least --evals ({args.evals}) steps")
+    if args.sweep_seed not in args.seeds:
+        args.seeds = [args.sweep_seed, *args.seeds]
+    args.data = convergence.data_source(args.data)
+    args.corpus_label = convergence.corpus_label(args.data)
+    slug = "default_corpus" if args.data == "stdlib" else args.corpus_label.split(" ")[0]
+    slug = "".join(c if c.isalnum() or c in "-_" else "_" for c in slug.removesuffix(".txt"))
+    args.out = (args.out or Path("/tmp/budget_quick" if args.quick else "/tmp/budget") / slug).resolve()
+    args.results = (
+        args.results or (args.out / "results" if args.quick else ROOT / "benchmarks/results/budget" / slug)
+    ).resolve()
+    args.results.mkdir(parents=True, exist_ok=True)
+    args.params = {str(pt): scaling.parameters(pt) for pt in args.points}
+    args.context_size = args.points[0].size  # what scaling's per-budget plots read
+    args.size_context = args.points[0].context
+    meta = args.results / "study.json"  # the first start's date stays, so the header does not churn
+    args.date = json.loads(meta.read_text())["started"] if meta.is_file() else datetime.date.today().isoformat()
+    meta.write_text(json.dumps({"started": args.date, "command": args.command}, indent=1) + "\n")
+    probe = scaling.Study(budget_args(args, args.budgets[0], {}), bar=None)
+    compare.check_overrides(
+        DEFAULT_CONFIG,
+        *(
+            [*convergence.shared_overrides(probe.point_args(pt)), *compare.variant_overrides(probe.spec(pt, a, 1e-3), pt.size)[1]]
+            for pt in args.points
+            for a in args.arms
+        ),
+    )  # fmt: skip  # one comprehension per line
+    print(f"data: {args.corpus_label}; results in {args.results}", flush=True)
+    with subprocesses.stop_children_on_signals():
+        measure(args)
+        write_results(args)
+        if args.estimate_only:
+            print(f"wrote {args.results / 'budget.md'} (estimate only)", flush=True)
+            return 0
+        per_budget = (RUNS_PER_SWEEP - 1 + len(args.seeds)) * len(args.arms)
+        planned = per_budget * len(args.points) * len(args.budgets)
+        done = sum(len(book.rows) for book in ledgers(args).values())
+        bar = compare.progress_bar(max(planned, done), "budget study", enabled=args.progress, initial=done)
+        for pt in args.points:
+            start: dict[str, float] = {}
+            for budget in args.budgets:
+                bargs = budget_args(args, budget, start)
+                bargs.results.mkdir(parents=True, exist_ok=True)
+                study = BudgetStudy(bargs, args, bar)
+                study.run_point(pt, list(args.arms))
+                for arm in args.arms:
+                    lr, _ = scaling.chosen(study.ledger, str(pt), arm, args.sweep_seed)
+                    if lr is not None:
+                        start[arm] = lr
+                write_results(args)
+        if bar is not None:
+            bar.close()
+    write_results(args)
+    print(f"wrote {args.results / 'budget.md'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
