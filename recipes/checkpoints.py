@@ -64,10 +64,10 @@ def checkpoint_files(model: nn.Module, tokenizer: Tokenizer) -> dict[str, str]:
 
 
 def saved_model_config(class_name: str, config: dict[str, Any]) -> NGPTConfig | GPTConfig:
-    """The config of a saved model description (model.json, or ``model_config`` in the state),
-    also one written by an earlier version (old keys are mapped by the model class)."""
-    model_cls, config_cls = _MODELS[class_name]
-    return config_cls(**model_cls.upgrade_config_dict(config))
+    """The config of a saved model description (model.json, or ``model_config`` in the state).
+    Raises ``ValueError`` naming every field this version does not know."""
+    model_cls, _ = _MODELS[class_name]
+    return model_cls.config_from_dict(config, f"the saved {class_name} config")
 
 
 def find_checkpoint(path: str | Path) -> VerifiedCheckpoint:

@@ -5,12 +5,15 @@ shape, zero norms), and fewer bytes kept for the backward pass in the model."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from spherenet.layers import fused
+from spherenet.layers import fused, ops
 from spherenet.manifolds import lerp, normalize, riemannian_update
 from spherenet.models import preset_config
 from spherenet.models.gpt import GPT
@@ -159,14 +162,51 @@ def test_bf16_inputs_keep_the_plain_dtypes_and_values():
     assert_same(fused.swiglu, plain_swiglu, (x, 2 * x.flip(-1)), **tol)
 
 
-def test_enabled_switches_and_restores():
-    assert fused.is_enabled()
-    with fused.enabled(False):
-        assert not fused.is_enabled()
-        with fused.enabled(True):
-            assert fused.is_enabled()
-        assert not fused.is_enabled()
-    assert fused.is_enabled()
+def test_use_switches_and_restores_the_implementation():
+    assert ops.active() == "torch"
+    with ops.use("reference"):
+        assert ops.active() == "reference"
+        with ops.use("torch"):
+            assert ops.active() == "torch"
+        assert ops.active() == "reference"
+    assert ops.active() == "torch"
+    with pytest.raises(ValueError, match="kernel implementation must be one of reference, torch, got 'cuda'"):
+        with ops.use("cuda"):
+            pass
+    assert ops.active() == "torch"
+
+
+def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
+    """Each entry point calls the function of the active implementation, and only that one."""
+    calls = []
+    record = lambda name: lambda *args: calls.append(name) or args[0]  # noqa: E731
+    fake = ops.Implementation(
+        normalize=record("normalize"),
+        qk_normalize=record("qk_normalize"),
+        residual_updates={"lerp": record("lerp"), "slerp": record("slerp"), "riemannian": record("riemannian")},
+        swiglu=record("swiglu"),
+        scaled_linear=record("scaled_linear"),
+    )
+    monkeypatch.setitem(ops.IMPLEMENTATIONS, "fake", fake)
+    x = torch.ones(2, 4)
+    with ops.use("fake"):
+        ops.normalize(x)
+        ops.qk_normalize(x, x)
+        for update in ("lerp", "slerp", "riemannian"):
+            ops.residual_update(update, x, x, x)
+        ops.swiglu(x, x)
+        ops.scaled_linear(x, x, x)
+    assert calls == ["normalize", "qk_normalize", "lerp", "slerp", "riemannian", "swiglu", "scaled_linear"]
+
+
+def test_the_environment_chooses_the_implementation_at_import():
+    code = "import spherenet.layers.ops as ops; print(ops.active())"
+    env = dict(os.environ, SPHERENET_KERNELS="reference")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "reference"
+    env["SPHERENET_KERNELS"] = "gpu"
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "SPHERENET_KERNELS='gpu' is not one of reference, torch" in bad.stderr
 
 
 # --------------------------------------------------------------------------------- the model
@@ -185,7 +225,7 @@ def ngpt(dtype=torch.float64, **overrides):
 
 
 def loss_and_grads(model, ids, fused_ops: bool, autocast: bool = False):
-    with fused.enabled(fused_ops), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+    with ops.use("torch" if fused_ops else "reference"), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
         logits = model(ids)
     loss = F.cross_entropy(logits.float().flatten(0, 1), ids.roll(-1, 1).flatten())
     return logits, torch.autograd.grad(loss, list(model.parameters()))
@@ -237,7 +277,7 @@ def test_fused_model_keeps_fewer_activations_than_plain_and_than_gpt(update, sav
     model = NGPT(preset_config("ngpt-tiny", update=update, **shape))
     gpt = GPT(preset_config("gpt-tiny", **shape))
     ids = torch.randint(0, 64, (4, 64), generator=_gen(4))
-    with fused.enabled(False):
+    with ops.use("reference"):
         plain = saved_bytes(model, lambda: model(ids).sum().backward())
     lean = saved_bytes(model, lambda: model(ids).sum().backward())
     baseline = saved_bytes(gpt, lambda: gpt(ids).sum().backward())

@@ -1,4 +1,4 @@
-"""ScaleSpec (Section 2.5), NGPTConfig's scalings, and the flat keys of earlier versions."""
+"""ScaleSpec (Section 2.5), NGPTConfig's scalings, and the flat keys of earlier versions refused by name."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 import re
-import warnings
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from spherenet.train.config import ConfigError, load_config, parse_override
 SIZES = dict(vocab_size=32, n_layers=2, d_model=16, n_heads=2)
 
 # NGPTConfig as dataclasses.asdict wrote it before the scalings were ScaleSpecs (a checkpoint's
-# model.json, state.pt's model_config, config.json), with every scaling off its default.
+# model.json, state.pt's model_config, config.json): no longer loaded, and refused by name.
 OLD_FLAT = {
     **SIZES, "d_mlp": 64, "max_seq_len": 1024, "rope_base": 10000.0, "causal": True, "update": "lerp",
     "alpha_init": 0.1, "alpha_scale": None, "alpha_abs": False, "alpha_mode": "scalar",
@@ -103,47 +102,28 @@ def test_config_takes_a_partial_dict_over_the_default():
     assert NGPTConfig(**dataclasses.asdict(c)) == c  # asdict -> dicts -> the same config
 
 
-def test_flat_keywords_warn_and_build_the_same_model():
-    flat = {key: value for key, value in OLD_FLAT.items() if key not in SIZES}
-    with pytest.warns(DeprecationWarning) as record:
-        old = NGPTConfig(**SIZES, **flat)
-    messages = " | ".join(str(w.message) for w in record)
-    assert "'alpha_init' is deprecated; set alpha_attn.init, alpha_mlp.init" in messages
-    assert "'s_uv_scale' is deprecated; set s_u.scale, s_v.scale" in messages
-    assert "'alpha_abs' is deprecated; set alpha_attn.absolute, alpha_mlp.absolute" in messages
-    new = NGPTConfig(**SIZES, **NEW)
-    assert old == new
-    torch.manual_seed(0)
-    old_model = NGPT(old)
-    torch.manual_seed(0)
-    new_model = NGPT(new)
-    assert list(old_model.state_dict()) == list(new_model.state_dict())
-    assert torch.equal(logits(old_model), logits(new_model))
-    with pytest.warns(DeprecationWarning, match="s_qk_mode"):
-        assert preset_config("ngpt-tiny", s_qk_mode="scalar").s_qk == ScaleSpec(1.0, mode="scalar")
+def test_flat_keywords_are_refused_by_name():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'alpha_init'"):
+        NGPTConfig(**SIZES, alpha_init=0.1)
+    with pytest.raises(ValueError, match="unknown override\\(s\\) 's_qk_mode' for preset 'ngpt-tiny'"):
+        preset_config("ngpt-tiny", s_qk_mode="scalar")
 
 
-def test_a_scaling_given_both_ways_is_refused():
-    with pytest.raises(ValueError, match="'alpha_init' and 'alpha_attn' both set alpha_attn"):
-        NGPTConfig(**SIZES, alpha_init=0.1, alpha_attn=ScaleSpec(0.2))
+def test_old_flat_config_dict_is_refused_naming_its_fields():
+    """A config dict saved with the flat keys (model.json, state.pt) fails with a message that
+    names where it came from and every field this version does not know."""
+    with pytest.raises(ValueError) as info:
+        NGPT.config_from_dict(OLD_FLAT, "run/model.json")
+    message = str(info.value)
+    assert message.startswith("run/model.json has field(s) 'alpha_abs', 'alpha_init', 'alpha_mode'")
+    assert "NGPTConfig does not know" in message and "valid fields:" in message and "alpha_attn" in message
+    assert NGPT.config_from_dict(dataclasses.asdict(NGPTConfig(**SIZES, **NEW)), "x") == NGPTConfig(**SIZES, **NEW)
 
 
-def test_old_flat_config_dict_loads_into_the_same_model():
-    """A config dict saved before the change (model.json, state.pt) builds the same model: the
-    same state_dict keys and shapes, the same outputs from the same weights, silently."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        config = NGPTConfig(**NGPT.upgrade_config_dict(OLD_FLAT))
-    assert config == NGPTConfig(**SIZES, **NEW)
-    model = NGPT(NGPTConfig(**SIZES, **NEW))
-    loaded = NGPT(config)
-    assert {k: v.shape for k, v in loaded.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
-    loaded.load_state_dict(model.state_dict())
-    assert torch.equal(logits(loaded), logits(model))
-
-
-def test_config_json_with_flat_keys_loads(tmp_path):
+def test_config_json_with_flat_keys_is_refused(tmp_path):
     pytest.importorskip("safetensors.torch")
+    from spherenet.models import PretrainedFileError
+
     model = from_preset("ngpt-tiny", **NEW).eval()
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
@@ -151,8 +131,10 @@ def test_config_json_with_flat_keys_loads(tmp_path):
     old = {k: v for k, v in saved.items() if k not in NEW}
     old.update({k: v for k, v in OLD_FLAT.items() if k not in SIZES and k not in old})
     (tmp_path / "config.json").write_text(json.dumps(old))
-    loaded = load_pretrained(tmp_path)
-    assert loaded.config == model.config and torch.equal(logits(loaded), logits(model))
+    with pytest.raises(
+        PretrainedFileError, match=re.escape(str(tmp_path / "config.json")) + " has field\\(s\\) 'alpha_abs'"
+    ):
+        load_pretrained(tmp_path)
 
 
 def test_toml_tables_dotted_keys_and_overrides_merge(tmp_path):
@@ -174,25 +156,12 @@ def test_toml_tables_dotted_keys_and_overrides_merge(tmp_path):
     assert parse_override("model.s_qk.mode=scalar") == ("model", "s_qk.mode", "scalar")
 
 
-def test_flat_keys_in_toml_and_overrides_warn_and_map(tmp_path):
+def test_flat_keys_in_toml_are_refused_when_the_model_is_built(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[model]\npreset = "ngpt-tiny"\nalpha_init = 0.1\n')
-    with pytest.warns(DeprecationWarning) as record:
-        cfg = load_config(path, ["model.s_uv_mode=scalar"])
-    assert [str(w.message) for w in record] == [
-        "model.alpha_init is deprecated; set model.alpha_attn.init, model.alpha_mlp.init",
-        "model.s_uv_mode is deprecated; set model.s_u.mode, model.s_v.mode",
-    ]
-    assert cfg.model.overrides == {
-        "alpha_attn": {"init": 0.1},
-        "alpha_mlp": {"init": 0.1},
-        "s_u": {"mode": "scalar"},
-        "s_v": {"mode": "scalar"},
-    }
-    with pytest.warns(DeprecationWarning, match="model.s_qk_init is deprecated"):
-        assert load_config(None, ["model.s_qk.mode=scalar", "model.s_qk_init=2"]).model.overrides == {
-            "s_qk": {"mode": "scalar", "init": 2}
-        }
+    cfg = load_config(path, [])
+    with pytest.raises(ValueError, match="unknown override\\(s\\) 'alpha_init'"):
+        preset_config(cfg.model.preset, **cfg.model.overrides)
 
 
 @pytest.mark.parametrize(
@@ -208,45 +177,35 @@ def test_bad_nested_overrides_are_named(override, message):
         load_config(None, [override])
 
 
-def test_layer_keywords_of_earlier_versions_still_build_the_same_layers():
-    """The flat keywords the layers took before ScaleSpec warn and give the same parameters as
-    the new spelling; an unknown keyword stays a TypeError."""
+def test_layer_keywords_of_earlier_versions_are_refused():
     from spherenet.layers import NGPTMLP, NGPTAttention, NGPTBlock, SphericalResidual
 
-    def same(build_old, build_new, match):
-        torch.manual_seed(0)
-        with pytest.warns(DeprecationWarning) as record:
-            old = build_old()
-        assert any(re.search(match, str(w.message)) for w in record), [str(w.message) for w in record]
-        torch.manual_seed(0)
-        new = build_new()
-        assert repr(old) == repr(new)
-        assert old.state_dict().keys() == new.state_dict().keys()
-        assert all(torch.equal(old.state_dict()[k], v) for k, v in new.state_dict().items())
+    for build, keyword in [
+        (lambda: SphericalResidual(8, alpha_init=0.2), "alpha_init"),
+        (lambda: NGPTAttention(16, 2, s_qk_init=2.0), "s_qk_init"),
+        (lambda: NGPTMLP(16, 32, s_uv_mode="fixed"), "s_uv_mode"),
+        (lambda: NGPTBlock(16, 2, alpha_init=0.1), "alpha_init"),
+        (lambda: NGPTBlock(16, 2, attention={"qk_norm": False}), "attention"),
+    ]:
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'"):
+            build()
 
-    same(
-        lambda: SphericalResidual(8, alpha_init=0.2, alpha_mode="scalar", alpha_abs=False),
-        lambda: SphericalResidual(8, alpha=ScaleSpec(0.2, mode="scalar", absolute=False)),
-        r"alpha=ScaleSpec\(init=...\)",
+
+def test_block_takes_each_scaling_as_a_plain_argument():
+    """NGPTBlock's scalings and options reach the part that uses them."""
+    from spherenet.layers import NGPTBlock
+
+    block = NGPTBlock(
+        16,
+        2,
+        alpha_attn=dataclasses.replace(ALPHA, init=0.1),
+        alpha_mlp=dataclasses.replace(ALPHA, init=0.2, mode="scalar"),
+        qk_norm=False,
+        s_qk=dataclasses.replace(S_QK, mode="scalar"),
+        s_u=dataclasses.replace(S_U, init=0.5),
+        s_v=dataclasses.replace(S_V, mode="fixed"),
     )
-    same(
-        lambda: NGPTAttention(16, 2, s_qk_init=2.0, s_qk_scale=0.5),
-        lambda: NGPTAttention(16, 2, s_qk=ScaleSpec(2.0, scale=0.5)),
-        "s_qk=ScaleSpec",
-    )
-    fixed = dataclasses.replace(S_U, mode="fixed")
-    same(lambda: NGPTMLP(16, 32, s_uv_mode="fixed"), lambda: NGPTMLP(16, 32, s_u=fixed, s_v=fixed), "s_u=ScaleSpec")
-    same(
-        lambda: NGPTBlock(16, 2, alpha_init=0.1, s_qk_mode="scalar", s_uv_init=0.5),
-        lambda: NGPTBlock(
-            16,
-            2,
-            alpha_attn=dataclasses.replace(ALPHA, init=0.1),
-            alpha_mlp=dataclasses.replace(ALPHA, init=0.1),
-            attention={"s_qk": dataclasses.replace(S_QK, mode="scalar")},
-            mlp={"s_u": dataclasses.replace(S_U, init=0.5), "s_v": dataclasses.replace(S_V, init=0.5)},
-        ),
-        "deprecated",
-    )
-    with pytest.raises(TypeError, match="unexpected keyword argument 'alpha_colour'"):
-        SphericalResidual(8, alpha_colour=1)
+    assert block.residual_attn.alpha.init == 0.1 and block.residual_attn.alpha.mode == "vector"
+    assert block.residual_mlp.alpha.init == 0.2 and block.residual_mlp.alpha.mode == "scalar"
+    assert block.attn.qk_norm is False and block.attn.s_qk.mode == "scalar"
+    assert block.mlp.s_u.init == 0.5 and block.mlp.s_v.mode == "fixed"

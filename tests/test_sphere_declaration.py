@@ -79,11 +79,3 @@ def test_every_reader_sees_the_same_weights_of_an_ngpt():
     assert list(model.sphere_weights()) == names  # export's check of unit rows
     assert normalize_(model) == len(names)
     assert spherenet.optim.SPHERE is SPHERE  # one name for the param-group key
-
-
-def test_old_manifold_name_in_layers_warns_and_is_the_unit_sphere():
-    with pytest.warns(DeprecationWarning, match="spherenet.manifolds.UNIT_SPHERE"):
-        assert spherenet.layers.SPHERE is UNIT_SPHERE
-    with pytest.warns(DeprecationWarning):
-        from spherenet.layers.linear import SPHERE as old
-    assert old is UNIT_SPHERE

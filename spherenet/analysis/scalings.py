@@ -27,7 +27,7 @@ def scaling_factors(model: nn.Module) -> dict[str, Any]:
     - ``s_z``: ``(V,)`` the per-token logit scaling of eq. 3.
 
     A ``"scalar"`` mode gives width-1 rows, a ``"fixed"`` one its constant. At initialization
-    every alpha is ``alpha_init`` (0.05) and every s is 1 (Section 2.6).
+    every alpha is at its init (0.05) and every s is 1 (Section 2.6).
 
     GPT has none of these. Its only per-dimension scalings are the RMSNorm gains, returned
     instead: ``rmsnorm_attn``, ``rmsnorm_mlp`` ``(L, d)`` (before attention / MLP, eq. 4, 5) and

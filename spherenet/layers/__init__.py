@@ -1,5 +1,8 @@
-"""Reusable spherical layers (and the baseline's plain parts) for nGPT-style models."""
+"""Reusable spherical layers (and the baseline's plain parts) for nGPT-style models. The
+element-wise operations they share, and the choice of their implementation, are in
+:mod:`spherenet.layers.ops`."""
 
+from . import ops
 from .attention import GPTAttention, KVCache, NGPTAttention
 from .blocks import GPTBlock, NGPTBlock
 from .linear import SphereEmbedding, SphereLinear
@@ -10,6 +13,7 @@ from .rotary import RotaryEmbedding, apply_rotary
 from .scale import Scale, ScaleSpec
 
 __all__ = [
+    "ops",
     "Scale",
     "ScaleSpec",
     "SphereLinear",
@@ -27,11 +31,3 @@ __all__ = [
     "NGPTBlock",
     "GPTBlock",
 ]
-
-
-def __getattr__(name: str):
-    if name == "SPHERE":  # deprecated: spherenet.manifolds.UNIT_SPHERE (the warning comes from .linear)
-        from . import linear
-
-        return linear.SPHERE
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

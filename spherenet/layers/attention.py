@@ -31,11 +31,10 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ..manifolds import normalize
-from . import fused
+from . import ops
 from .linear import SphereLinear
 from .rotary import RotaryEmbedding
-from .scale import Scale, ScaleSpec, specs_from_flat_keywords
+from .scale import Scale, ScaleSpec
 
 __all__ = ["NGPTAttention", "GPTAttention", "KVCache", "S_QK"]
 
@@ -194,11 +193,8 @@ class NGPTAttention(_Attention):
         causal: bool = True,
         qk_norm: bool = True,
         s_qk: ScaleSpec = S_QK,
-        **deprecated,
     ):
         super().__init__(d_model, n_heads, rope, rope_base, causal)
-        if deprecated:  # s_qk_init=..., s_qk_scale=..., s_qk_mode=... of earlier versions
-            s_qk = specs_from_flat_keywords("NGPTAttention", deprecated, {"s_qk": s_qk}, {"s_qk": ("s_qk",)})["s_qk"]
         self.qk_norm = bool(qk_norm)
         self.softmax_scale = math.sqrt(self.head_dim)
         self.w_q = SphereLinear(d_model, d_model, sphere="in")
@@ -206,11 +202,6 @@ class NGPTAttention(_Attention):
         self.w_v = SphereLinear(d_model, d_model, sphere="in")
         self.w_o = SphereLinear(d_model, d_model, sphere="out")
         self.s_qk = Scale.from_spec(d_model, s_qk, d_model)
-
-    @staticmethod
-    def options_from(config) -> dict:
-        """This attention's own keyword arguments, read from an :class:`NGPTConfig`."""
-        return dict(qk_norm=config.qk_norm, s_qk=config.s_qk)
 
     def _s_qk_per_head(self) -> torch.Tensor:
         """s_qk shaped to broadcast over ``(B, H, T, d_k)``: ``(H, 1, d_k)`` (or ``(1,)``)."""
@@ -221,11 +212,7 @@ class NGPTAttention(_Attention):
 
     def _scale_qk(self, x: torch.Tensor) -> torch.Tensor:
         """eq. 15, 16 for q or k of shape (B, H, T, d_k): ``Norm(x) * s_qk`` per head."""
-        if self.qk_norm and fused.is_enabled():
-            return fused.scaled_normalize(x, self._s_qk_per_head())
-        if self.qk_norm:
-            x = normalize(x)
-        return x * self._s_qk_per_head()
+        return ops.qk_normalize(x, self._s_qk_per_head(), self.qk_norm)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, qk_norm={self.qk_norm}"

@@ -9,14 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..manifolds import normalize
-from . import fused
-from .attention import GPTAttention, KVCache, NGPTAttention
-from .mlp import GPTMLP, NGPTMLP
+from . import ops
+from .attention import S_QK, GPTAttention, KVCache, NGPTAttention
+from .mlp import GPTMLP, NGPTMLP, S_U, S_V
 from .norm import RMSNorm
 from .residual import ALPHA, SphericalResidual
 from .rotary import RotaryEmbedding
-from .scale import ScaleSpec, specs_from_flat_keywords
+from .scale import ScaleSpec
 
 __all__ = ["NGPTBlock", "GPTBlock"]
 
@@ -27,13 +26,10 @@ class NGPTBlock(nn.Module):
         h_A = Norm(ATTN(h));   h <- Norm(h + alpha_A (h_A - h))      (eq. 10)
         h_M = Norm(MLP(h));    h <- Norm(h + alpha_M (h_M - h))      (eq. 11)
 
-    (with ``update="lerp"``; ``"slerp"`` and ``"riemannian"`` swap in eq. 6 or eq. 25, 26). No
+    (with ``update="lerp"``; ``"slerp"`` and ``"riemannian"`` swap in eq. 6 or eq. 24-26). No
     RMSNorm/LayerNorm anywhere. ``rope`` may be shared between blocks (it holds no state that
-    needs saving). ``alpha_attn``, ``alpha_mlp``: the :class:`ScaleSpec` of alpha_A, alpha_M.
-    ``attention``, ``mlp``: keyword arguments of :class:`NGPTAttention` (``qk_norm``, ``s_qk``)
-    and :class:`NGPTMLP` (``s_u``, ``s_v``), passed through. :meth:`from_config` builds the block
-    of an :class:`NGPTConfig`; each part reads its own options there (``options_from``), so a new
-    option of a part touches only that part and the config.
+    needs saving). ``alpha_attn``, ``alpha_mlp``: the :class:`ScaleSpec` of alpha_A, alpha_M;
+    ``qk_norm``, ``s_qk`` go to :class:`NGPTAttention`, ``s_u``, ``s_v`` to :class:`NGPTMLP`.
     """
 
     def __init__(
@@ -48,48 +44,25 @@ class NGPTBlock(nn.Module):
         update: str = "lerp",
         alpha_attn: ScaleSpec = ALPHA,
         alpha_mlp: ScaleSpec = ALPHA,
-        attention: dict | None = None,
-        mlp: dict | None = None,
-        **deprecated,
+        qk_norm: bool = True,
+        s_qk: ScaleSpec = S_QK,
+        s_u: ScaleSpec = S_U,
+        s_v: ScaleSpec = S_V,
     ):
         super().__init__()
         d_mlp = 4 * d_model if d_mlp is None else d_mlp
-        if deprecated:  # the flat keywords of earlier versions: alpha_* here, s_qk_* and s_uv_* to the parts
-            alpha = {k: deprecated.pop(k) for k in list(deprecated) if k.startswith("alpha_")}
-            specs = {"alpha_attn": alpha_attn, "alpha_mlp": alpha_mlp}
-            specs = specs_from_flat_keywords("NGPTBlock", alpha, specs, {"alpha": ("alpha_attn", "alpha_mlp")})
-            alpha_attn, alpha_mlp = specs["alpha_attn"], specs["alpha_mlp"]
-            attention = {**(attention or {}), **{k: v for k, v in deprecated.items() if k.startswith("s_qk_")}}
-            mlp = {**(mlp or {}), **{k: v for k, v in deprecated.items() if not k.startswith("s_qk_")}}
-        self.attn = NGPTAttention(d_model, n_heads, rope=rope, rope_base=rope_base, causal=causal, **(attention or {}))
+        self.attn = NGPTAttention(
+            d_model, n_heads, rope=rope, rope_base=rope_base, causal=causal, qk_norm=qk_norm, s_qk=s_qk
+        )
         self.residual_attn = SphericalResidual(d_model, update, alpha_attn)
-        self.mlp = NGPTMLP(d_model, d_mlp, **(mlp or {}))
+        self.mlp = NGPTMLP(d_model, d_mlp, s_u=s_u, s_v=s_v)
         self.residual_mlp = SphericalResidual(d_model, update, alpha_mlp)
 
-    @classmethod
-    def from_config(cls, config, rope: RotaryEmbedding | None = None) -> NGPTBlock:
-        """One block of the nGPT that ``config`` (an :class:`NGPTConfig`) describes."""
-        c = config
-        return cls(
-            c.d_model,
-            c.n_heads,
-            c.d_mlp,
-            rope=rope,
-            rope_base=c.rope_base,
-            causal=c.causal,
-            update=c.update,
-            alpha_attn=c.alpha_attn,
-            alpha_mlp=c.alpha_mlp,
-            attention=NGPTAttention.options_from(c),
-            mlp=NGPTMLP.options_from(c),
-        )
-
     def forward(self, h: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        norm = fused.normalize if fused.is_enabled() else normalize
-        h_attn = norm(self.attn(h, cache=cache))
-        h = self.residual_attn(h, h_attn)
-        h_mlp = norm(self.mlp(h))
-        h = self.residual_mlp(h, h_mlp)
+        h_attn = ops.normalize(self.attn(h, cache=cache))  # h_A = Norm(ATTN(h))
+        h = self.residual_attn(h, h_attn)  # eq. 10
+        h_mlp = ops.normalize(self.mlp(h))  # h_M = Norm(MLP(h))
+        h = self.residual_mlp(h, h_mlp)  # eq. 11
         return h
 
 

@@ -16,19 +16,14 @@ They follow :mod:`spherenet.manifolds.geodesic` exactly: the same ``eps`` (``‖
 stays in the output's dtype) and the same output dtypes, so bf16 autocast needs no
 ``custom_fwd``: nothing here is an autocast-listed op. They are not twice differentiable.
 
-The layers use them by default; :func:`enabled` switches back to plain autograd (the
-reference, kept for tests and benchmarks)::
-
-    with spherenet.layers.fused.enabled(False):
-        loss = model(x).logsumexp(-1).mean()
+They are the ``"torch"`` implementation of :mod:`spherenet.layers.ops`, the layers' default;
+the layers call them through that module, never directly.
 
 Equation numbers are those of Loshchilov et al., "nGPT: Normalized Transformer with
 Representation Learning on the Hypersphere" (2024).
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -38,47 +33,14 @@ from torch.autograd.function import once_differentiable
 from ..manifolds.geodesic import _TINY, _work_dtype, slerp
 
 __all__ = [
-    "is_enabled",
-    "enabled",
-    "checkpoint",
     "normalize",
     "scaled_normalize",
     "lerp_normalize",
     "riemannian_normalize",
     "slerp_normalize",
     "swiglu",
+    "scaled_linear",
 ]
-
-_ENABLED = True
-
-
-def is_enabled() -> bool:
-    """Whether the layers use the fused functions (the default) rather than plain autograd."""
-    return _ENABLED
-
-
-@contextlib.contextmanager
-def enabled(flag: bool):
-    """Within the ``with`` block, layers use the fused functions (``True``) or plain autograd
-    (``False``); the previous setting is restored on exit."""
-    global _ENABLED
-    previous, _ENABLED = _ENABLED, bool(flag)
-    try:
-        yield
-    finally:
-        _ENABLED = previous
-
-
-def checkpoint(function, *args):
-    """``torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)`` whose
-    recomputation in the backward pass uses the fused setting of the forward pass (a backward
-    run outside the forward's ``with enabled(...)`` block recomputes the same graph). Under
-    ``torch.compile`` the setting is fixed when the graph is traced, forward and backward."""
-    if torch.compiler.is_compiling():
-        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
-    flag = _ENABLED
-    contexts = lambda: (contextlib.nullcontext(), enabled(flag))  # noqa: E731  (forward, recomputation)
-    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=contexts)
 
 
 def _eps(work: torch.dtype, eps: float | None) -> float:
@@ -273,3 +235,14 @@ def swiglu(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     Keeps ``u`` and ``v`` for the backward pass and recomputes ``SiLU(v)``, instead of keeping
     ``u``, ``v`` and ``SiLU(v)``."""
     return _SwiGLU.apply(u, v)
+
+
+def scaled_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``(x W^T) * scale`` (eq. 3, 20, 21). With gradients enabled the scale is folded into the
+    weight's rows, ``x (s W)^T``: one multiply of the weight instead of one of the output, and no
+    output kept for the scale's gradient. Without, the output is scaled (cheaper for a few tokens,
+    as in decoding). The result has the dtype of ``x W^T`` (bf16 under autocast in both cases)."""
+    if torch.is_grad_enabled():
+        return F.linear(x, weight * scale.unsqueeze(-1))
+    y = F.linear(x, weight)
+    return (y * scale).to(y.dtype)

@@ -9,27 +9,15 @@ parameter is re-wrapped by FSDP2 or ``load_state_dict(assign=True)``.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..manifolds import UNIT_SPHERE, declare_sphere
 from ..manifolds.sphere import geoopt
+from . import ops
 
 __all__ = ["SphereLinear", "SphereEmbedding"]
-
-
-def __getattr__(name: str):
-    if name == "SPHERE":  # the manifold's former name here
-        warnings.warn(
-            "spherenet.layers.SPHERE is deprecated; use spherenet.manifolds.UNIT_SPHERE",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return UNIT_SPHERE
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_size(name: str, value) -> None:
@@ -79,23 +67,15 @@ class SphereLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
         """``x W``, or ``(x W) * out_scale`` (one factor per output feature, shape
-        ``(out_features,)`` or ``(1,)``: s_u, s_v, s_z of eq. 20, 21, 3).
-
-        With gradients enabled the scale is folded into the weight's rows, ``x (s W)``: one
-        multiply of the weight instead of one of the output, and no output kept for the scale's
-        gradient. Without, the output is scaled (cheaper for a few tokens, as in decoding). The
-        result has the dtype of ``x W`` (bf16 under autocast in both cases).
-        """
+        ``(out_features,)`` or ``(1,)``: s_u, s_v, s_z of eq. 20, 21, 3), through
+        :func:`spherenet.layers.ops.scaled_linear`."""
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"SphereLinear expected input with last dimension {self.in_features}, got shape {tuple(x.shape)}"
             )
         if out_scale is None:
             return F.linear(x, self.matrix())
-        if torch.is_grad_enabled():
-            return F.linear(x, self.matrix() * out_scale.unsqueeze(-1))
-        y = F.linear(x, self.matrix())
-        return (y * out_scale).to(y.dtype)
+        return ops.scaled_linear(x, self.matrix(), out_scale)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, sphere={self.sphere}"

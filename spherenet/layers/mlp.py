@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
+from . import ops
 from .linear import SphereLinear
-from .scale import Scale, ScaleSpec, specs_from_flat_keywords
+from .scale import Scale, ScaleSpec
 
 __all__ = ["NGPTMLP", "GPTMLP", "S_U", "S_V"]
 
@@ -53,11 +53,8 @@ class NGPTMLP(nn.Module):
     The output is not normalized here: the block applies ``Norm`` (``h_M = Norm(MLP(h))``).
     """
 
-    def __init__(self, d_model: int, d_mlp: int, *, s_u: ScaleSpec = S_U, s_v: ScaleSpec = S_V, **deprecated):
+    def __init__(self, d_model: int, d_mlp: int, *, s_u: ScaleSpec = S_U, s_v: ScaleSpec = S_V):
         super().__init__()
-        if deprecated:  # s_uv_init=..., s_uv_scale=..., s_uv_mode=... of earlier versions
-            specs = specs_from_flat_keywords("NGPTMLP", deprecated, {"s_u": s_u, "s_v": s_v}, {"s_uv": ("s_u", "s_v")})
-            s_u, s_v = specs["s_u"], specs["s_v"]
         self.d_model, self.d_mlp = d_model, d_mlp
         self.w_u = SphereLinear(d_model, d_mlp, sphere="in")
         self.w_v = SphereLinear(d_model, d_mlp, sphere="in")
@@ -65,15 +62,7 @@ class NGPTMLP(nn.Module):
         self.s_u = Scale.from_spec(d_mlp, s_u, d_model)
         self.s_v = Scale.from_spec(d_mlp, s_v, d_model)
 
-    @staticmethod
-    def options_from(config) -> dict:
-        """This MLP's own keyword arguments, read from an :class:`NGPTConfig`."""
-        return dict(s_u=config.s_u, s_v=config.s_v)
-
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        s_u, s_v = self.s_u(), self.s_v() * math.sqrt(self.d_model)
-        if fused.is_enabled():  # the scalings folded into W_u, W_v; SiLU(v) recomputed in backward
-            return self.w_o(fused.swiglu(self.w_u(h, out_scale=s_u), self.w_v(h, out_scale=s_v)))
-        u = self.w_u(h) * s_u  # eq. 20
-        v = self.w_v(h) * s_v  # eq. 21
-        return self.w_o(u * F.silu(v))
+        u = self.w_u(h, out_scale=self.s_u())  # eq. 20
+        v = self.w_v(h, out_scale=self.s_v() * math.sqrt(self.d_model))  # eq. 21
+        return self.w_o(ops.swiglu(u, v))  # eq. 19

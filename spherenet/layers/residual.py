@@ -12,12 +12,14 @@ import torch
 from torch import nn
 
 from ..manifolds import lerp, riemannian_update, slerp
-from . import fused
-from .scale import Scale, ScaleSpec, specs_from_flat_keywords
+from . import ops
+from .scale import Scale, ScaleSpec
 
 __all__ = ["SphericalResidual", "RESIDUAL_UPDATES", "ALPHA"]
 
-#: The update rules, by name. Each maps ``(h, h_block, alpha)`` to the new unit hidden state.
+#: The update rules, by name, as plain functions of :mod:`spherenet.manifolds` (the reference
+#: implementation). Each maps ``(h, h_block, alpha)`` to the new unit hidden state; the layer
+#: calls them through :func:`spherenet.layers.ops.residual_update`.
 RESIDUAL_UPDATES = {
     "lerp": lerp,  # Norm(h + alpha (h_block - h)), eq. 10, 11 (the paper's choice)
     "slerp": slerp,  # geodesic interpolation, eq. 6
@@ -27,13 +29,6 @@ RESIDUAL_UPDATES = {
 #: The paper's alpha_A and alpha_M (Section 2.6, step 3): init 0.05 ("in order of 1/n_layers"),
 #: scale 1/sqrt(d_model), one per dimension, used as |alpha| (Appendix A.2).
 ALPHA = ScaleSpec(init=0.05, absolute=True)
-
-# The same updates as single autograd functions that keep fewer activations (spherenet.layers.fused).
-_FUSED_UPDATES = {
-    "lerp": fused.lerp_normalize,
-    "slerp": fused.slerp_normalize,
-    "riemannian": fused.riemannian_normalize,
-}
 
 
 class SphericalResidual(nn.Module):
@@ -50,11 +45,8 @@ class SphericalResidual(nn.Module):
     ``Norm(ATTN(h))`` or ``Norm(MLP(h))``); the result is unit too.
     """
 
-    def __init__(self, dim: int, update: str = "lerp", alpha: ScaleSpec = ALPHA, **deprecated):
+    def __init__(self, dim: int, update: str = "lerp", alpha: ScaleSpec = ALPHA):
         super().__init__()
-        if deprecated:  # alpha_init=..., alpha_scale=..., alpha_mode=..., alpha_abs=... of earlier versions
-            specs = specs_from_flat_keywords("SphericalResidual", deprecated, {"alpha": alpha}, {"alpha": ("alpha",)})
-            alpha = specs["alpha"]
         if update not in RESIDUAL_UPDATES:
             raise ValueError(f"SphericalResidual update must be one of {tuple(RESIDUAL_UPDATES)}, got {update!r}")
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
@@ -72,8 +64,7 @@ class SphericalResidual(nn.Module):
         return self.alpha()
 
     def forward(self, h: torch.Tensor, h_block: torch.Tensor) -> torch.Tensor:
-        updates = _FUSED_UPDATES if fused.is_enabled() else RESIDUAL_UPDATES
-        return updates[self.update](h, h_block, self.effective_alpha())
+        return ops.residual_update(self.update, h, h_block, self.effective_alpha())
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, update={self.update}, alpha_abs={self.alpha_abs}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-__all__ = ["Scale", "ScaleSpec", "SCALE_MODES", "specs_from_flat_keywords"]
+__all__ = ["Scale", "ScaleSpec", "SCALE_MODES"]
 
 SCALE_MODES = ("vector", "scalar", "fixed")
 
@@ -90,30 +89,6 @@ class ScaleSpec:
         merged = {**defaults, **values}
         _check_spec(merged, where)
         return cls(**merged)
-
-
-def specs_from_flat_keywords(
-    owner: str, flat: Mapping[str, Any], specs: Mapping[str, ScaleSpec], prefixes: Mapping[str, tuple[str, ...]]
-) -> dict[str, ScaleSpec]:
-    """The keywords of earlier versions (``alpha_init=0.1``) applied to this version's specs,
-    with a ``DeprecationWarning`` naming the new spelling; an unknown keyword is a ``TypeError``
-    as for any function.
-
-    ``specs``: the owner's spec arguments by name; ``prefixes``: each old prefix and the spec
-    arguments it set (``{"s_uv": ("s_u", "s_v")}``). Suffixes ``_init``, ``_scale``, ``_mode``
-    map to the fields of the same name, ``_abs`` to ``absolute``."""
-    fields = {"init": "init", "scale": "scale", "mode": "mode", "abs": "absolute"}
-    specs = dict(specs)
-    for key, value in flat.items():
-        prefix, _, suffix = key.rpartition("_")
-        if prefix not in prefixes or suffix not in fields:
-            raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}")
-        targets = prefixes[prefix]
-        new = ", ".join(f"{t}=ScaleSpec({fields[suffix]}=...)" for t in targets)
-        warnings.warn(f"{owner}({key}=...) is deprecated; use {new}", DeprecationWarning, stacklevel=3)
-        for target in targets:
-            specs[target] = dataclasses.replace(specs[target], **{fields[suffix]: value})
-    return specs
 
 
 class Scale(nn.Module):

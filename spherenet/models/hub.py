@@ -88,10 +88,21 @@ class HubMixin:
     config: Any
 
     @classmethod
-    def upgrade_config_dict(cls, values: dict[str, Any]) -> dict[str, Any]:
-        """A saved config dict (config.json, a checkpoint's model.json) in the spelling of
-        ``config_class``: a model whose config fields were renamed maps the old names here."""
-        return dict(values)
+    def config_from_dict(cls, values: dict[str, Any], where: str):
+        """The ``config_class`` of a saved config dict (config.json, a checkpoint's model.json).
+        Raises ``ValueError`` naming ``where`` and every field this version does not know (a file
+        written by another version), or the field that is bad."""
+        known = {f.name for f in dataclasses.fields(cls.config_class)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"{where} has field(s) {', '.join(map(repr, unknown))} that {cls.config_class.__name__} "
+                f"does not know (saved by another spherenet version?); valid fields: {', '.join(sorted(known))}"
+            )
+        try:
+            return cls.config_class(**values)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where} does not build a {cls.config_class.__name__}: {exc}") from None
 
     def sphere_weights(self) -> dict[str, torch.Tensor]:
         """``{name: tensor}`` of the parameters declared on the unit sphere."""
@@ -207,21 +218,11 @@ class HubMixin:
                 f"{config_file} describes model_type {model_type!r}, not {cls.model_type!r}: load it with "
                 f"{_ARCHITECTURE_HINT.get(model_type, 'the class that saved it')}.from_pretrained"
             )
+        fields = {k: v for k, v in values.items() if k not in _METADATA_KEYS}
         try:
-            fields = cls.upgrade_config_dict({k: v for k, v in values.items() if k not in _METADATA_KEYS})
+            return cls.config_from_dict(fields, str(config_file))
         except ValueError as exc:
-            raise PretrainedFileError(f"{config_file}: {exc}") from None
-        known = {f.name for f in dataclasses.fields(cls.config_class)}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise PretrainedFileError(
-                f"{config_file} has field(s) {', '.join(map(repr, unknown))} that {cls.config_class.__name__} "
-                f"does not know (saved by another spherenet version?); valid fields: {', '.join(sorted(known))}"
-            )
-        try:
-            return cls.config_class(**fields)
-        except (TypeError, ValueError) as exc:
-            raise PretrainedFileError(f"{config_file} does not build a {cls.config_class.__name__}: {exc}") from None
+            raise PretrainedFileError(str(exc)) from None
 
 
 _ARCHITECTURE_HINT = {"ngpt": "NGPT", "gpt": "GPT"}

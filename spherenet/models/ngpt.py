@@ -8,11 +8,7 @@ owns it), and the hidden state stays on the unit sphere through every block (Tab
 from __future__ import annotations
 
 import dataclasses
-import functools
-import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +22,7 @@ from ..layers import (
     ScaleSpec,
     SphereEmbedding,
     SphereLinear,
-    fused,
+    ops,
 )
 from ..layers.attention import S_QK
 from ..layers.mlp import S_U, S_V
@@ -34,9 +30,9 @@ from ..layers.residual import ALPHA
 from . import common
 from .hub import HubMixin
 
-__all__ = ["NGPTConfig", "NGPT", "S_Z", "FLAT_SCALING_KEYS", "upgrade_flat_keys"]
+__all__ = ["NGPTConfig", "NGPT", "S_Z"]
 
-#: The paper's s_z (Section 2.6, step 6): init 1, scale 1/sqrt(d_model), one per token.
+#: The paper's s_z (Section 2.6, step 6): init 1, scale 1/sqrt(d_model), one per vocabulary entry.
 S_Z = ScaleSpec(init=1.0)
 
 
@@ -47,9 +43,7 @@ class NGPTConfig:
     Each learnable scaling is one :class:`~spherenet.layers.ScaleSpec` (``init``, ``scale``,
     ``mode``, ``absolute``; Section 2.5), named as in the paper; its default is the constant
     next to the layer that uses it. A field may also be given as a dict of some of the spec's
-    fields (TOML ``alpha_attn = {init = 0.1}``): the others keep their defaults. The flat keys
-    of earlier versions (``alpha_init``, ``s_qk_mode``, ...; :data:`FLAT_SCALING_KEYS`) are still
-    accepted, with a ``DeprecationWarning``.
+    fields (TOML ``alpha_attn = {init = 0.1}``): the others keep their defaults.
     """
 
     vocab_size: int
@@ -91,61 +85,12 @@ def _scaling_fields() -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(NGPTConfig) if isinstance(f.default, ScaleSpec)]
 
 
-#: Flat keys of earlier versions -> (the scalings they set, the ScaleSpec field). ``alpha_*``
-#: set both alpha_A and alpha_M, ``s_uv_*`` both s_u and s_v.
-FLAT_SCALING_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
-    f"{prefix}_{suffix}": (targets, spec_field)
-    for prefix, targets in (
-        ("alpha", ("alpha_attn", "alpha_mlp")),
-        ("s_qk", ("s_qk",)),
-        ("s_uv", ("s_u", "s_v")),
-        ("s_z", ("s_z",)),
-    )
-    for suffix, spec_field in (("init", "init"), ("scale", "scale"), ("mode", "mode"))
-}
-FLAT_SCALING_KEYS["alpha_abs"] = (("alpha_attn", "alpha_mlp"), "absolute")
-
-
-def new_spelling(flat_key: str, prefix: str = "") -> str:
-    """``"alpha_init"`` -> ``"alpha_attn.init, alpha_mlp.init"`` (each name after ``prefix``)."""
-    targets, spec_field = FLAT_SCALING_KEYS[flat_key]
-    return ", ".join(f"{prefix}{target}.{spec_field}" for target in targets)
-
-
-def upgrade_flat_keys(values: Mapping[str, Any], *, warn: bool = False, where: str = "NGPTConfig") -> dict[str, Any]:
-    """``values`` with every flat key of :data:`FLAT_SCALING_KEYS` folded into the scalings it
-    sets, as dicts of ScaleSpec fields (``{"alpha_init": 0.1}`` -> ``{"alpha_attn": {"init":
-    0.1}, "alpha_mlp": {"init": 0.1}}``). ``warn``: a ``DeprecationWarning`` naming the new
-    spelling of each. Raises ``ValueError`` when a scaling is given both ways."""
-    out = {key: value for key, value in values.items() if key not in FLAT_SCALING_KEYS}
-    flat = [key for key in values if key in FLAT_SCALING_KEYS]
-    for key in flat:
-        targets, spec_field = FLAT_SCALING_KEYS[key]
-        for target in targets:
-            if target in values:
-                raise ValueError(f"{where}: {key!r} and {target!r} both set {target}; give only {target!r}")
-            out.setdefault(target, {})[spec_field] = values[key]
-        if warn:
-            warnings.warn(f"{where}: {key!r} is deprecated; set {new_spelling(key)}", DeprecationWarning, stacklevel=3)
-    return out
-
-
-@functools.wraps(NGPTConfig.__init__)
-def _init_accepting_flat_keys(self, *args, **kwargs):
-    _dataclass_init(self, *args, **upgrade_flat_keys(kwargs, warn=True))
-
-
-# The flat keys stay out of the signature, the fields and asdict(): only __init__ reads them.
-_dataclass_init = NGPTConfig.__init__
-NGPTConfig.__init__ = _init_accepting_flat_keys
-
-
 class NGPT(nn.Module, HubMixin):
     """The normalized Transformer.
 
     ``h = E_in[ids]`` (unit rows), then L blocks ``h <- Norm(h + alpha (Norm(block(h)) - h))``
-    (eq. 10, 11), then logits ``z = (E_out h) * s_z`` (eq. 1, 3): cosine similarities scaled
-    per token. No final normalization (h is already unit).
+    (eq. 10, 11), then logits ``z = (E_out h) * s_z`` (eq. 1, 3): cosine similarities, each
+    scaled by its vocabulary entry's s_z. No final normalization (h is already unit).
     """
 
     config_class = NGPTConfig  # save_pretrained / from_pretrained (spherenet.models.hub)
@@ -156,19 +101,27 @@ class NGPT(nn.Module, HubMixin):
         super().__init__()
         self.config = c = config
         self.embed_in = SphereEmbedding(c.vocab_size, c.d_model)  # E_input, unit rows
-        self.rope = RotaryEmbedding(
-            c.head_dim, c.rope_base, initial_length=c.max_seq_len
-        )  # shared by all blocks, stateless
-        self.blocks = nn.ModuleList(NGPTBlock.from_config(c, rope=self.rope) for _ in range(c.n_layers))
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_base, initial_length=c.max_seq_len)  # shared, stateless
+        self.blocks = nn.ModuleList(
+            NGPTBlock(
+                c.d_model,
+                c.n_heads,
+                c.d_mlp,
+                rope=self.rope,
+                causal=c.causal,
+                update=c.update,
+                alpha_attn=c.alpha_attn,
+                alpha_mlp=c.alpha_mlp,
+                qk_norm=c.qk_norm,
+                s_qk=c.s_qk,
+                s_u=c.s_u,
+                s_v=c.s_v,
+            )
+            for _ in range(c.n_layers)
+        )
         self.embed_out = SphereLinear(c.d_model, c.vocab_size, sphere="in")  # E_output, unit rows
         self.s_z = Scale.from_spec(c.vocab_size, c.s_z, c.d_model)
         self.activation_checkpointing = False  # set_activation_checkpointing
-
-    @classmethod
-    def upgrade_config_dict(cls, values: dict[str, Any]) -> dict[str, Any]:
-        """A saved config dict with the flat scaling keys of earlier versions mapped, silently
-        (:func:`upgrade_flat_keys`): the file, not the caller, uses the old spelling."""
-        return upgrade_flat_keys(values)
 
     def init_weights(self) -> None:
         """(Re)initialize every parameter: random unit vectors for the sphere weights, the
@@ -194,14 +147,12 @@ class NGPT(nn.Module, HubMixin):
         h = self.embed_in(input_ids)  # (B, T, d), unit
         for block, cache in zip(self.blocks, caches):
             if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
-                h = fused.checkpoint(block, h)  # keep h only; recompute in backward
+                h = ops.checkpoint(block, h)  # keep h only; recompute in backward
             else:
-                h = block(h, cache=cache)
-        if not fused.is_enabled():
-            return self.embed_out(h) * self.s_z()  # eq. 1, 3
+                h = block(h, cache=cache)  # eq. 10, 11
         s_z = self.s_z()
-        logits = self.embed_out(h, out_scale=s_z)  # eq. 1, 3, s_z folded into E_out's rows
-        return logits.to(torch.promote_types(logits.dtype, s_z.dtype))  # the dtype of (E_out h) s_z
+        logits = self.embed_out(h, out_scale=s_z)  # z = (E_out h) * s_z, eq. 1, 3
+        return logits.to(torch.promote_types(logits.dtype, s_z.dtype))
 
     def set_activation_checkpointing(self, enabled: bool = True) -> None:
         """Activation checkpointing per block: in training forwards (gradients enabled, no KV

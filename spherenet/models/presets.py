@@ -14,7 +14,7 @@ import dataclasses
 from torch import nn
 
 from .gpt import GPT, GPTConfig
-from .ngpt import FLAT_SCALING_KEYS, NGPT, NGPTConfig
+from .ngpt import NGPT, NGPTConfig
 
 __all__ = ["PRESETS", "preset_config", "from_preset", "model_from_config"]
 
@@ -46,8 +46,7 @@ def preset_config(name: str, **overrides) -> NGPTConfig | GPTConfig:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
     config_cls, fields = PRESETS[name]
     valid = [f.name for f in dataclasses.fields(config_cls)]
-    deprecated = FLAT_SCALING_KEYS if config_cls is NGPTConfig else {}  # NGPTConfig maps them, with a warning
-    unknown = [key for key in overrides if key not in valid and key not in deprecated]
+    unknown = [key for key in overrides if key not in valid]
     if unknown:
         raise ValueError(
             f"unknown override(s) {', '.join(map(repr, unknown))} for preset {name!r} "

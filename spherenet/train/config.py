@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -234,16 +233,7 @@ def _set_model(overrides: dict[str, Any], key: str, value: Any) -> None:
     """Record ``[model] key = value``; checked against the model config when the model is built.
 
     A table (``alpha_attn = {init = 0.1}``) is merged key by key into what is set already, like
-    the dotted key ``alpha_attn.init``. The flat scaling keys of earlier versions (``alpha_init``,
-    ...) are recorded in the new spelling, with a ``DeprecationWarning``."""
-    from ..models.ngpt import FLAT_SCALING_KEYS, new_spelling
-
-    if key in FLAT_SCALING_KEYS:
-        warnings.warn(f"model.{key} is deprecated; set {new_spelling(key, 'model.')}", DeprecationWarning, stacklevel=4)
-        targets, spec_field = FLAT_SCALING_KEYS[key]
-        for target in targets:
-            _set_model(overrides, f"{target}.{spec_field}", value)
-        return
+    the dotted key ``alpha_attn.init``."""
     if "." in key:  # model.alpha_attn.init=0.1 (parse_override allows one level)
         key, sub = key.split(".", 1)
         value = {sub: value}
