@@ -3,6 +3,7 @@ tokens per parameter.
 
     nice python benchmarks/budget.py                  # the study on the default corpus (hours: see its estimate)
     python benchmarks/budget.py --estimate-only       # time every arm, write the estimate, train nothing
+    python benchmarks/budget.py --report-only         # rewrite budget.md and the plots from the ledgers
     python benchmarks/budget.py --quick               # a smoke run of the pipeline (minutes)
 
 At each point ``SIZE@CONTEXT`` (default ``tiny@256`` and ``tiny@1024``) every arm trains at each
@@ -413,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 1 point, 2 arms, budgets 10 and 40, 2 seeds")
     p.add_argument("--estimate-only", action="store_true", help="time the arms, write the estimate, train nothing")
+    p.add_argument(
+        "--report-only", action="store_true", help="rewrite the tables and plots from the ledgers, train nothing"
+    )
     p.add_argument("--points", nargs="+", default=POINTS, help="SIZE@CONTEXT, e.g. tiny@256")
     p.add_argument("--arms", nargs="+", default=ARMS, choices=sorted(compare.BUILTIN))
     p.add_argument("--budgets", nargs="+", type=int, default=BUDGETS, help="training steps per run")
@@ -457,9 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     args.params = {str(pt): scaling.parameters(pt) for pt in args.points}
     args.context_size = args.points[0].size  # what scaling's per-budget plots read
     args.size_context = args.points[0].context
-    meta = args.results / "study.json"  # the first start's date stays, so the header does not churn
-    args.date = json.loads(meta.read_text())["started"] if meta.is_file() else datetime.date.today().isoformat()
-    meta.write_text(json.dumps({"started": args.date, "command": args.command}, indent=1) + "\n")
+    meta = args.results / "study.json"  # the first start's date and command stay: the header does not churn
+    if meta.is_file():
+        first = json.loads(meta.read_text())
+        args.date, args.command = first["started"], first["command"]
+    else:
+        args.date = datetime.date.today().isoformat()
+        meta.write_text(json.dumps({"started": args.date, "command": args.command}, indent=1) + "\n")
     probe = scaling.Study(budget_args(args, args.budgets[0], {}), bar=None)
     compare.check_overrides(
         DEFAULT_CONFIG,
@@ -470,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )  # fmt: skip  # one comprehension per line
     print(f"data: {args.corpus_label}; results in {args.results}", flush=True)
+    if args.report_only:
+        write_results(args)
+        print(f"wrote {args.results / 'budget.md'}", flush=True)
+        return 0
     with subprocesses.stop_children_on_signals():
         measure(args)
         write_results(args)

@@ -160,6 +160,16 @@ def test_study_sweeps_each_budget_from_the_last_rate_reports_the_multiplier_and_
     assert budget.main(argv) == 0
     assert calls == []
 
+    # the report alone, with another command line: nothing trains, the first command stays
+    (results / "budget.md").unlink()
+    assert budget.main([*argv, "--report-only", "--jobs", "1"]) == 0
+    assert calls == []
+    table = (results / "budget.md").read_text()
+    assert "2.00 ± 0.00 (2.00, 2.00)" in table and "--report-only" not in table
+    assert json.loads((results / "study.json").read_text())["command"] == "python benchmarks/budget.py " + " ".join(
+        argv
+    )
+
 
 def test_a_single_budget_is_refused(budget, tmp_path):
     with pytest.raises(SystemExit, match="two or more budgets"):
