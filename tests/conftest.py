@@ -12,6 +12,11 @@ settings.register_profile("spherenet", max_examples=60, deadline=None)
 settings.register_profile("ci", parent=settings.get_profile("spherenet"), derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "spherenet")
 
+# Without a GPU the Triton kernels run on CPU tensors under Triton's interpreter, which must be
+# chosen before Triton is first imported (tests/test_triton_ops.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture
 def one_thread():

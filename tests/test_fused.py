@@ -170,7 +170,7 @@ def test_use_switches_and_restores_the_implementation():
             assert ops.active() == "torch"
         assert ops.active() == "reference"
     assert ops.active() == "torch"
-    with pytest.raises(ValueError, match="kernel implementation must be one of reference, torch, got 'cuda'"):
+    with pytest.raises(ValueError, match="kernel implementation must be one of reference, torch, triton, got 'cuda'"):
         with ops.use("cuda"):
             pass
     assert ops.active() == "torch"
@@ -206,7 +206,7 @@ def test_the_environment_chooses_the_implementation_at_import():
     assert out.stdout.strip() == "reference"
     env["SPHERENET_KERNELS"] = "gpu"
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert bad.returncode != 0 and "SPHERENET_KERNELS='gpu' is not one of reference, torch" in bad.stderr
+    assert bad.returncode != 0 and "SPHERENET_KERNELS='gpu' is not one of reference, torch, triton" in bad.stderr
 
 
 # --------------------------------------------------------------------------------- the model

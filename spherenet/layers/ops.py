@@ -9,9 +9,14 @@ values and the same signature:
   tested against.
 - ``"torch"`` (the default): the fused autograd functions of :mod:`spherenet.layers.fused`,
   which keep fewer activations and fold the scalings s_u, s_v, s_z into the weights.
+- ``"triton"``: the Triton kernels of :mod:`spherenet.layers.triton_ops` for Norm, q/k Norm
+  times s_qk, the LERP and Riemannian updates and SwiGLU (the ``"torch"`` functions for SLERP,
+  the scaled projections and float64 tensors). Loaded on first use; on CPU tensors it needs
+  Triton's interpreter (``TRITON_INTERPRET=1``).
 
-An implementation is a row of :data:`IMPLEMENTATIONS`; adding one (a GPU kernel, say) is adding a
-row there, with a test against ``"reference"``. The choice is made here and nowhere else: at
+An implementation is a row of :data:`IMPLEMENTATIONS` (an :class:`Implementation`, or a function
+that builds one on first use); adding one is adding a row there, with a test against
+``"reference"``. The choice is made here and nowhere else: at
 import from the environment variable ``SPHERENET_KERNELS`` (default ``"torch"``), and for a
 block of code with :func:`use`::
 
@@ -77,7 +82,7 @@ def _scaled_linear_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch
     return F.linear(x, weight) * scale
 
 
-IMPLEMENTATIONS: dict[str, Implementation] = {
+IMPLEMENTATIONS: dict[str, Implementation | Callable[[], Implementation]] = {
     "reference": Implementation(
         normalize=manifolds.normalize,
         qk_normalize=_qk_normalize_reference,
@@ -101,6 +106,25 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         scaled_linear=fused.scaled_linear,
     ),
 }
+
+
+def _triton() -> Implementation:
+    from . import triton_ops  # imports Triton: only when this implementation is used
+
+    return Implementation(
+        normalize=triton_ops.normalize,
+        qk_normalize=lambda x, s_qk, qk_norm=True: triton_ops.scaled_normalize(x, s_qk) if qk_norm else x * s_qk,
+        residual_updates={
+            "lerp": triton_ops.lerp_normalize,
+            "slerp": fused.slerp_normalize,
+            "riemannian": triton_ops.riemannian_normalize,
+        },
+        swiglu=triton_ops.swiglu,
+        scaled_linear=fused.scaled_linear,
+    )
+
+
+IMPLEMENTATIONS["triton"] = _triton
 
 
 def _from_environment() -> str:
@@ -134,7 +158,10 @@ def use(name: str):
 
 
 def _impl() -> Implementation:
-    return IMPLEMENTATIONS[_active]
+    impl = IMPLEMENTATIONS[_active]
+    if not isinstance(impl, Implementation):  # built on first use
+        impl = IMPLEMENTATIONS[_active] = impl()
+    return impl
 
 
 def checkpoint(function, *args):

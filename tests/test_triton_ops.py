@@ -1,0 +1,164 @@
+"""The Triton kernels of nGPT's element-wise operations (spherenet.layers.triton_ops), forward
+and backward, against float64 references of the paper's equations; then the whole model with
+them against plain autograd, eagerly and under torch.compile(fullgraph=True). Without a GPU the
+kernels run on CPU tensors under Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET),
+which has no bf16 arithmetic: these tests are float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from spherenet.layers import ops, triton_ops  # noqa: E402
+from spherenet.manifolds import lerp, normalize, riemannian_update  # noqa: E402
+from spherenet.models import preset_config  # noqa: E402
+from spherenet.models.ngpt import NGPT  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP32 = {"rtol": 2e-5, "atol": 2e-6}
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def unit(*shape, seed: int) -> torch.Tensor:
+    return normalize(torch.randn(*shape, generator=_gen(seed), dtype=torch.float64))
+
+
+def check(kernel, reference, inputs: list[torch.Tensor], ref_dtype=torch.float64) -> None:
+    """``kernel`` on float32 copies of ``inputs`` against ``reference`` on float64 ones (or
+    ``ref_dtype``): the output and the gradient of every input, for a random upstream gradient."""
+    ref_in = [t.detach().to(ref_dtype).requires_grad_() for t in inputs]
+    got_in = [t.detach().float().to(DEVICE).requires_grad_() for t in inputs]
+    want = reference(*ref_in)
+    got = kernel(*got_in)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got.to(want.dtype).cpu(), want.detach(), **FP32)
+    upstream = torch.randn(want.shape, generator=_gen(99), dtype=torch.float64)
+    want_grads = torch.autograd.grad(want, ref_in, upstream.to(ref_dtype))
+    got_grads = torch.autograd.grad(got, got_in, upstream.float().to(DEVICE))
+    for g, w in zip(got_grads, want_grads):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g.to(w.dtype).cpu(), w, rtol=1e-4, atol=1e-5 * max(1.0, w.abs().max().item()))
+
+
+# Shapes: a row longer than a power of two (48), short rows as q/k heads (8), row counts that do
+# not fill the last program.
+ROWS = [(3, 5, 48), (37, 8), (2, 130)]
+
+
+@pytest.mark.parametrize("shape", ROWS)
+def test_normalize(shape):
+    x = torch.randn(*shape, generator=_gen(1), dtype=torch.float64) * 3
+    check(triton_ops.normalize, normalize, [x])
+
+
+def test_normalize_of_a_zero_row_is_zero_with_the_references_gradient():
+    """A zero row: the output is 0 and the gradient g / eps, as plain autograd's in float32
+    (eps depends on the dtype, so the float64 reference is not the one to compare with)."""
+    x = torch.randn(4, 16, generator=_gen(2))
+    x[1] = 0.0
+    got_x, ref_x = x.to(DEVICE).requires_grad_(), x.clone().requires_grad_()
+    got, want = triton_ops.normalize(got_x), normalize(ref_x)
+    assert got[1].abs().max().item() == 0.0
+    torch.testing.assert_close(got.cpu(), want, **FP32)
+    upstream = torch.randn(4, 16, generator=_gen(3))
+    (got_grad,), (want_grad,) = (
+        torch.autograd.grad(got, got_x, upstream.to(DEVICE)),
+        torch.autograd.grad(want, ref_x, upstream),
+    )
+    assert torch.isfinite(got_grad).all()
+    torch.testing.assert_close(got_grad.cpu(), want_grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale_shape", [(3, 1, 8), (1,)], ids=["per_head", "scalar"])
+def test_scaled_normalize_is_eq_15_16_per_head(scale_shape):
+    x = torch.randn(2, 3, 5, 8, generator=_gen(3), dtype=torch.float64)
+    s_qk = torch.rand(*scale_shape, generator=_gen(4), dtype=torch.float64) + 0.5
+    check(triton_ops.scaled_normalize, lambda x, s: normalize(x) * s, [x, s_qk])
+
+
+@pytest.mark.parametrize("alpha_shape", [(48,), (1,)], ids=["per_dimension", "scalar"])
+@pytest.mark.parametrize("update", ["lerp", "riemannian"])
+def test_residual_updates_are_eq_10_11_and_24_26(update, alpha_shape):
+    h, b = unit(6, 7, 48, seed=5), unit(6, 7, 48, seed=6)
+    alpha = torch.rand(*alpha_shape, generator=_gen(7), dtype=torch.float64) * 0.4
+    if update == "lerp":
+        kernel, reference = triton_ops.lerp_normalize, lambda h, b, a: normalize(h + a * (b - h))  # eq. 10, 11
+    else:
+        kernel = triton_ops.riemannian_normalize
+        reference = lambda h, b, a: normalize(h - a * (h * (h * b).sum(-1, keepdim=True) - b))  # noqa: E731  eq. 24-26
+    check(kernel, reference, [h, b, alpha])
+    # and the library's own definitions agree with the equations
+    library = lerp if update == "lerp" else riemannian_update
+    torch.testing.assert_close(library(h, b, alpha), reference(h, b, alpha), rtol=1e-12, atol=1e-12)
+
+
+def test_antipodal_inputs_stay_finite():
+    """h_block = -h with alpha 0.5: the LERP step is the zero vector (Norm clamps it to 0), and
+    its gradient is g / eps, as plain autograd's in float32 (eps depends on the dtype)."""
+    h = unit(5, 16, seed=8)
+    alpha = torch.full((16,), 0.5, dtype=torch.float64)
+    check(triton_ops.lerp_normalize, lerp, [h, -h, alpha], ref_dtype=torch.float32)
+    check(triton_ops.riemannian_normalize, riemannian_update, [h, -h, alpha], ref_dtype=torch.float32)
+    assert triton_ops.lerp_normalize(h.float(), -h.float(), alpha.float()).abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("shape", [(4, 33), (3, 4096 + 7)])
+def test_swiglu_is_eq_19(shape):
+    u = torch.randn(*shape, generator=_gen(9), dtype=torch.float64)
+    v = torch.randn(*shape, generator=_gen(10), dtype=torch.float64) * 3
+    check(triton_ops.swiglu, lambda u, v: u * F.silu(v), [u, v])
+
+
+def test_float64_runs_the_torch_functions():
+    x = torch.randn(4, 8, dtype=torch.float64)
+    torch.testing.assert_close(triton_ops.normalize(x), normalize(x), rtol=0, atol=0)
+
+
+def tiny_ngpt(**overrides) -> NGPT:
+    torch.manual_seed(0)
+    config = preset_config("ngpt-tiny", vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=16, **overrides)
+    return NGPT(config).to(DEVICE)
+
+
+def loss_and_grads(model, ids, implementation):
+    with ops.use(implementation):
+        logits = model(ids)
+    loss = F.cross_entropy(logits.flatten(0, 1), ids.roll(-1, 1).flatten())
+    return loss, torch.autograd.grad(loss, list(model.parameters()))
+
+
+@pytest.mark.parametrize("update", ["lerp", "riemannian", "slerp"])
+def test_model_with_triton_kernels_matches_plain_autograd(update):
+    model = tiny_ngpt(update=update, alpha_mlp={"mode": "scalar"})
+    ids = torch.randint(0, 64, (2, 16), generator=_gen(11)).to(DEVICE)
+    loss, grads = loss_and_grads(model, ids, "triton")
+    ref_loss, ref_grads = loss_and_grads(model, ids, "reference")
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_fullgraph_traces_the_kernels():
+    """torch.compile(fullgraph=True) sees each kernel as one custom op and gives the eager values."""
+    model = tiny_ngpt()
+    ids = torch.randint(0, 64, (2, 16), generator=_gen(12)).to(DEVICE)
+    torch._dynamo.reset()
+    with ops.use("triton"):
+        eager = model(ids)
+        compiled = torch.compile(model, fullgraph=True)(ids)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if DEVICE == "cuda":
+        pytest.skip("the check is for CPU tensors")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        triton_ops.normalize(torch.randn(2, 4))
