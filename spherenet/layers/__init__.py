@@ -5,6 +5,7 @@ element-wise operations they share, and the choice of their implementation, are 
 from . import ops
 from .attention import GPTAttention, KVCache, NGPTAttention
 from .blocks import GPTBlock, NGPTBlock
+from .head import SphereClassifier
 from .linear import SphereEmbedding, SphereLinear
 from .mlp import GPTMLP, NGPTMLP
 from .norm import RMSNorm
@@ -30,4 +31,5 @@ __all__ = [
     "RMSNorm",
     "NGPTBlock",
     "GPTBlock",
+    "SphereClassifier",
 ]

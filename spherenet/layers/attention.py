@@ -2,15 +2,22 @@
 
 Shared conventions of both classes:
 
-- ``forward(x, context=None, cache=None, causal=None)``, ``x`` of shape ``(B, T, d_model)``.
+- ``forward(x, context=None, cache=None, causal=None, attn_mask=None)``, ``x`` of shape
+  ``(B, T, d_model)``.
 - Self-attention (``context=None``): queries, keys and values come from ``x``; RoPE is applied
   to q and k at positions ``offset .. offset + T - 1``, where ``offset`` is the number of tokens
   already held in ``cache``. ``causal`` (default: the module's) masks the future.
 - Cross-attention (``context`` of shape ``(B, S, d_model)``): keys and values come from
-  ``context``. **No RoPE and no mask** are applied: the two sequences share no position axis,
-  so a relative position between a query and a context token has no meaning, and every query
-  may see the whole context. The module's ``causal`` setting does not apply to it, and an
-  explicit ``causal=True`` is rejected.
+  ``context``, and every query may see the whole context (unless ``attn_mask`` says
+  otherwise). The module's ``causal`` setting does not apply to it, and an explicit
+  ``causal=True`` is rejected. Positions: by default none (``cross_positions=False``): the two
+  sequences share no position axis, and the context carries its own positions from its
+  encoder. With ``cross_positions=True`` queries are rotated at their positions and context
+  keys at theirs (both from 0), so a score depends on how far apart a query and a context
+  token are: for sequences that run roughly in step (transcription, monotonic alignment).
+- ``attn_mask``: SDPA's convention, a bool tensor (True: may attend) or an additive float
+  tensor, broadcastable to ``(B, H, T, keys)`` (``keys``: the cached ones included), e.g.
+  ``(B, 1, 1, keys)`` for padding. It is combined with the causal mask.
 - ``cache`` (a :class:`KVCache`) makes incremental decoding possible. In self-attention it
   holds the keys (after RoPE, and for nGPT after ``Norm``/``s_qk``) and values of all tokens
   seen so far; new ones are appended. In cross-attention it stores the context's keys and
@@ -83,6 +90,25 @@ def _causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_queries)
 
 
+def _check_mask(owner: str, mask: torch.Tensor, batch: int, heads: int, n_queries: int, n_keys: int) -> None:
+    if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise ValueError(f"{owner}: attn_mask must be a bool or float tensor, got {getattr(mask, 'dtype', type(mask))}")
+    target = (batch, heads, n_queries, n_keys)
+    shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+    if mask.ndim > 4 or any(m not in (1, t) for m, t in zip(shape, target)):
+        raise ValueError(
+            f"{owner}: attn_mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, queries, keys) "
+            f"= {target}"
+        )
+
+
+def _with_causal(mask: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """A user mask and a boolean causal mask as one SDPA mask of the user mask's kind."""
+    if mask.dtype == torch.bool:
+        return mask & causal
+    return mask.masked_fill(~causal, float("-inf"))
+
+
 class _Attention(nn.Module):
     """What both attentions share: heads, RoPE, cache handling, masking, SDPA.
 
@@ -93,7 +119,15 @@ class _Attention(nn.Module):
 
     softmax_scale: float
 
-    def __init__(self, d_model: int, n_heads: int, rope: RotaryEmbedding | None, rope_base: float, causal: bool):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        rope: RotaryEmbedding | None,
+        rope_base: float,
+        causal: bool,
+        cross_positions: bool = False,
+    ):
         super().__init__()
         for name, value in (("d_model", d_model), ("n_heads", n_heads)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -102,6 +136,7 @@ class _Attention(nn.Module):
             raise ValueError(f"{type(self).__name__}: d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.causal = bool(causal)
+        self.cross_positions = bool(cross_positions)
         if rope is None:
             rope = RotaryEmbedding(self.head_dim, rope_base)
         elif rope.head_dim != self.head_dim:
@@ -123,14 +158,18 @@ class _Attention(nn.Module):
         context: torch.Tensor | None = None,
         cache: KVCache | None = None,
         causal: bool | None = None,
+        attn_mask: torch.Tensor | None = None,
+        query_offset: int = 0,
     ) -> torch.Tensor:
+        """``query_offset``: in cross-attention with ``cross_positions``, the position of the first
+        query (the tokens decoded before it); self-attention takes it from ``cache``."""
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"{type(self).__name__} expected x of shape (B, T, {self.d_model}), got {tuple(x.shape)}")
         q = self._split_heads(self.w_q(x))
+        offset = 0 if cache is None or context is not None else cache.length
 
         if context is None:  # self-attention
             causal = self.causal if causal is None else causal
-            offset = 0 if cache is None else cache.length
             k = self._split_heads(self.w_k(x))
             v = self._split_heads(self.w_v(x))
             q = self._scale_qk(self.rope(q, offset))
@@ -140,13 +179,15 @@ class _Attention(nn.Module):
             n_queries, n_keys = q.shape[-2], k.shape[-2]
             if not causal or n_queries == 1:
                 mask, is_causal = None, False  # a single newest query may see every key
-            elif n_queries == n_keys:
+            elif n_queries == n_keys and attn_mask is None:
                 mask, is_causal = None, True  # square: SDPA's own causal mask is right
             else:
                 mask, is_causal = _causal_mask(n_queries, n_keys, x.device), False
         else:  # cross-attention: no RoPE, no mask
             if causal:
                 raise ValueError(f"{type(self).__name__}: cross-attention (context given) cannot be causal")
+            if self.cross_positions:  # queries at their own positions (after any cached ones)
+                q = self.rope(q, query_offset)
             q = self._scale_qk(q)
             if cache is not None and cache.length > 0:
                 k, v = cache.keys, cache.values
@@ -155,11 +196,15 @@ class _Attention(nn.Module):
                     raise ValueError(
                         f"{type(self).__name__} expected context of shape ({x.shape[0]}, S, {self.d_model}), got {tuple(context.shape)}"
                     )
-                k = self._scale_qk(self._split_heads(self.w_k(context)))
+                k = self._split_heads(self.w_k(context))
+                k = self._scale_qk(self.rope(k) if self.cross_positions else k)
                 v = self._split_heads(self.w_v(context))
                 if cache is not None:
                     cache.append(k, v)
             mask, is_causal = None, False
+        if attn_mask is not None:
+            _check_mask(type(self).__name__, attn_mask, q.shape[0], self.n_heads, q.shape[-2], k.shape[-2])
+            mask = attn_mask if mask is None else _with_causal(attn_mask, mask)
 
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.softmax_scale)
         return self.w_o(rearrange(out, "b h t d -> b t (h d)"))
@@ -191,10 +236,11 @@ class NGPTAttention(_Attention):
         rope: RotaryEmbedding | None = None,
         rope_base: float = 10000.0,
         causal: bool = True,
+        cross_positions: bool = False,
         qk_norm: bool = True,
         s_qk: ScaleSpec = S_QK,
     ):
-        super().__init__(d_model, n_heads, rope, rope_base, causal)
+        super().__init__(d_model, n_heads, rope, rope_base, causal, cross_positions)
         self.qk_norm = bool(qk_norm)
         self.softmax_scale = math.sqrt(self.head_dim)
         self.w_q = SphereLinear(d_model, d_model, sphere="in")
@@ -234,8 +280,9 @@ class GPTAttention(_Attention):
         rope: RotaryEmbedding | None = None,
         rope_base: float = 10000.0,
         causal: bool = True,
+        cross_positions: bool = False,
     ):
-        super().__init__(d_model, n_heads, rope, rope_base, causal)
+        super().__init__(d_model, n_heads, rope, rope_base, causal, cross_positions)
         self.softmax_scale = 1 / math.sqrt(self.head_dim)
         self.w_q = nn.Linear(d_model, d_model, bias=False)
         self.w_k = nn.Linear(d_model, d_model, bias=False)
