@@ -38,11 +38,12 @@ def ids(*shape, vocab=32, seed=0):
 
 
 def recompute_generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-    """Generation without a cache: the whole sequence is run again for every new token."""
+    """Generation without a cache: the whole sequence, cropped to its last ``max_seq_len``
+    tokens, is run again for every new token (nanoGPT's loop)."""
     tokens = prompt
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            logits = model(tokens)[:, -1, :]
+            logits = model(tokens[:, -model.config.max_seq_len :])[:, -1, :]
             tokens = torch.cat([tokens, sample_next_token(logits, temperature, top_k, generator)], dim=1)
     return tokens
 
@@ -244,12 +245,41 @@ def test_sampled_generation_with_cache_equals_recompute(kind):
     assert not torch.equal(cached, other_seed)  # the generator is actually used
 
 
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+@pytest.mark.parametrize("prompt_length", [10, 20], ids=["prompt_inside", "prompt_past_the_context"])
+def test_generation_slides_past_the_context_as_cropping_does(kind, prompt_length):
+    """Past max_seq_len (16) each token is predicted from the last 16 alone, as when the
+    sequence is cropped and run again; a prompt longer than the context keeps its last 16."""
+    model = tiny(kind, seed=6)
+    prompt = ids(2, prompt_length, seed=3)
+    cached = model.generate(prompt, 25, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(1))
+    again = recompute_generate(model, prompt, 25, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(1))
+    assert cached.shape == (2, prompt_length + 25)
+    torch.testing.assert_close(cached, again, rtol=0, atol=0)
+
+
+def test_generation_stops_at_end_of_text_and_at_a_stop_condition():
+    model = tiny("ngpt", seed=7)
+    prompt = ids(2, 3, seed=4)
+    free = model.generate(prompt, 12, top_k=1)
+    eos = int(free[0, 5])  # row 0 produces it at its third new token
+    stopped = model.generate(prompt, 12, top_k=1, eos_token_id=eos)
+    row1 = free[1, 3:].tolist()
+    ends = 3 + (row1.index(eos) + 1 if eos in row1 else 12)
+    assert stopped.shape[1] == max(6, ends)  # stops once every row has produced it
+    assert (stopped[0, 6:] == eos).all()  # a finished row goes on with eos
+    assert torch.equal(stopped[:, :6], free[:, :6])
+    seen = []
+    halted = model.generate(prompt, 12, top_k=1, stop=lambda ids: seen.append(ids.shape[1]) or ids.shape[1] >= 7)
+    assert halted.shape == (2, 7) and seen == [4, 5, 6, 7] and torch.equal(halted, free[:, :7])
+
+
 def test_generation_limits():
     model = tiny("ngpt")
-    with pytest.raises(ValueError, match="max_seq_len=16"):
-        model.generate(ids(1, 10), 7)
     assert model.generate(ids(1, 10), 6, top_k=1).shape == (1, 16)
     assert torch.equal(model.generate(ids(1, 4), 0), ids(1, 4))
+    with pytest.raises(ValueError, match="eos_token_id must be in \\[0, vocab_size=32\\), got 32"):
+        model.generate(ids(1, 4), 2, eos_token_id=32)
     with pytest.raises(ValueError, match="temperature"):
         model.generate(ids(1, 4), 2, temperature=-1.0)
     with pytest.raises(ValueError, match="top_k"):

@@ -63,12 +63,37 @@ def test_sample_from_checkpoint(trained_run, capsys):
     "args, needle",
     [
         (["--tokens", "0"], "--tokens"),
-        (["--prompt", "x" * 40], "context is 32"),
+        (["--stop", ""], "--stop must not be empty"),
     ],
 )
 def test_sample_bad_arguments(trained_run, capsys, args, needle):
     assert sample.main([str(trained_run), *args]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_sample_goes_past_the_context_and_stops_at_a_stop_string(trained_run, capsys):
+    """--tokens N gives N new tokens past the 32-token context (or fewer when end-of-text comes
+    first); --stop ends the sample before the stop string."""
+    import torch
+
+    from recipes.checkpoints import load_trained
+
+    trained = load_trained(trained_run)
+    tokenizer, model = trained.tokenizer, trained.model
+    assert model.config.max_seq_len == 32
+    prompt = tokenizer.encode("line 1")
+    out = model.generate(torch.tensor([prompt]), 60, temperature=0, eos_token_id=tokenizer.eos_id)[0].tolist()
+    new = out[len(prompt) :]
+    assert len(new) == 60 or new[-1] == tokenizer.eos_id  # not cut at the context
+    expected = tokenizer.decode(out[:-1] if new[-1] == tokenizer.eos_id else out)
+    assert sample.main([str(trained_run), "--prompt", "line 1", "--tokens", "60", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == expected + "\n"
+
+    continuation = expected[len("line 1") :]
+    stop = continuation[5:8]
+    args = ["--prompt", "line 1", "--tokens", "60", "--temperature", "0", "--stop", stop]
+    assert sample.main([str(trained_run), *args]) == 0
+    assert capsys.readouterr().out == "line 1" + continuation[: continuation.find(stop)] + "\n"
 
 
 def test_sample_without_checkpoint(tmp_path, capsys):

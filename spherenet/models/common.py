@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -165,14 +166,22 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+    stop: Callable[[torch.Tensor], bool] | None = None,
 ) -> torch.Tensor:
-    """Append ``max_new_tokens`` sampled tokens to ``input_ids`` (``(B, T)``); returns
-    ``(B, T + max_new_tokens)``.
+    """Append up to ``max_new_tokens`` sampled tokens to ``input_ids`` (``(B, T)``); returns
+    ``(B, T + n)``, ``n <= max_new_tokens``.
 
-    The prompt is run once and the keys/values of every layer kept in a :class:`KVCache`;
-    each new token then costs one forward pass of length 1. The result is the same as running
-    the whole sequence again at every step (what the tests check). ``model`` is an NGPT or GPT
-    (anything with ``config``, ``blocks`` and ``forward(ids, kv_caches=...)``).
+    The prompt is run once and the keys/values of every layer kept in a :class:`KVCache`; each
+    new token then costs one forward pass of length 1. Past ``max_seq_len`` the window slides:
+    each new token is predicted from the last ``max_seq_len`` tokens alone (at positions 0 ..
+    max_seq_len - 1), the cache rebuilt from them, so the result is that of cropping and
+    running the model again at every step (what the tests check). A prompt longer than the
+    context keeps its last ``max_seq_len`` tokens as context.
+
+    Stops early when every row has produced ``eos_token_id`` (a row that did goes on with
+    ``eos_token_id``), or when ``stop(ids)`` (the ids so far) returns True. ``model`` is an NGPT
+    or GPT (anything with ``config``, ``blocks`` and ``forward(ids, kv_caches=...)``).
     """
     config = model.config
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
@@ -181,25 +190,30 @@ def generate(
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    if eos_token_id is not None and not 0 <= eos_token_id < config.vocab_size:
+        raise ValueError(f"eos_token_id must be in [0, vocab_size={config.vocab_size}), got {eos_token_id!r}")
     if not config.causal:
         raise ValueError("generate needs a causal model; this one was built with causal=False")
-    check_input_ids(input_ids, config.max_seq_len)
-    check_token_ids(input_ids, config.vocab_size)  # the prompt: an error naming the id, on any device
-    total = input_ids.shape[1] + max_new_tokens
-    if total > config.max_seq_len:
+    if input_ids.ndim != 2 or input_ids.shape[1] < 1:
         raise ValueError(
-            f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds "
-            f"max_seq_len={config.max_seq_len}"
+            f"input_ids must be (batch, tokens) with at least one token, got shape {tuple(input_ids.shape)}"
         )
-    if max_new_tokens == 0:
-        return input_ids.clone()
-
-    caches = [KVCache() for _ in model.blocks]
-    logits = model(input_ids, kv_caches=caches)[:, -1, :]  # prefill: the whole prompt at once
-    new_tokens = []
-    for step in range(max_new_tokens):
-        next_ids = sample_next_token(logits, temperature, top_k, generator).to(input_ids.dtype)
-        new_tokens.append(next_ids)
-        if step + 1 < max_new_tokens:
+    window = config.max_seq_len
+    check_token_ids(input_ids, config.vocab_size)  # the prompt: an error naming the id, on any device
+    ids = input_ids.clone()
+    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    caches, logits = None, None
+    for _ in range(max_new_tokens):
+        if caches is None or len(caches[0]) >= window:
+            caches = [KVCache() for _ in model.blocks]  # (re)build from the last `window` tokens
+            logits = model(ids[:, -window:], kv_caches=caches)[:, -1, :]
+        next_ids = sample_next_token(logits, temperature, top_k, generator).to(ids.dtype)
+        if eos_token_id is not None:
+            next_ids = torch.where(finished[:, None], eos_token_id, next_ids)
+            finished |= next_ids[:, 0] == eos_token_id
+        ids = torch.cat([ids, next_ids], dim=1)
+        if (eos_token_id is not None and bool(finished.all())) or (stop is not None and stop(ids)):
+            break
+        if len(caches[0]) < window:
             logits = model(next_ids, kv_caches=caches)[:, -1, :]
-    return torch.cat([input_ids, *new_tokens], dim=1)
+    return ids

@@ -118,7 +118,9 @@ class GPT(nn.Module, HubMixin):
         temperature: float = 1.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        eos_token_id: int | None = None,
+        stop=None,
     ) -> torch.Tensor:
-        """Sample ``max_new_tokens`` tokens after ``input_ids`` with a KV cache; see
-        :func:`spherenet.models.common.generate`."""
-        return common.generate(self, input_ids, max_new_tokens, temperature, top_k, generator)
+        """Sample up to ``max_new_tokens`` tokens after ``input_ids`` with a KV cache, sliding
+        past the context; see :func:`spherenet.models.common.generate`."""
+        return common.generate(self, input_ids, max_new_tokens, temperature, top_k, generator, eos_token_id, stop)
