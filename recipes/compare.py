@@ -18,7 +18,15 @@ the shared overrides plus the variant's own. Built-in variants:
     ngpt-muon             nGPT, SphericalMuon on the blocks' matrices, RiemannianAdam on the rest
 
 and any ``name:key=value,key=value`` for your own (e.g. ``big:model.n_layers=8``). The size
-comes from ``--size`` (tiny, cpu, small, 0.5b, 1b). Writes ``compare.json`` (every curve),
+comes from ``--size`` (tiny, cpu, small, 0.5b, 1b).
+
+A fair comparison by default: each built-in variant trains at its own learning rate, the best
+rate the project's studies found for that variant at that size, at the measured budget nearest
+to ``train.steps`` (:data:`STUDIED_RATES`; the best rate moves with the budget), unless
+``optim.lr=`` is given; a variant with no studied rate keeps the config's, and the tool says
+which rate each variant gets and where it comes from. GPT's warmup (Table 3: 2000 steps) is
+scaled to the run, 5% of ``train.steps`` and at most 2000, unless ``optim.warmup_steps=`` is
+given; a warmup as long as the run is refused before the first run. Writes ``compare.json`` (every curve),
 ``compare.md`` (a table) and ``compare.png`` (validation loss against steps and tokens).
 
 Shared overrides may stand anywhere on the command line (also after ``--seeds 0 1 2``); every
@@ -74,6 +82,75 @@ BUILTIN = {
     "gpt-muon": ["model.preset=gpt-{size}", "optim.method=muon"],
     "ngpt-muon": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=spherical_muon"],
 }
+
+
+# The best learning rate of each arm, by size and budget (steps of 4096 tokens), from the bracketed
+# sweeps (seed 0) of the studies on the default corpus at context 256: the scaling study (100
+# steps; benchmarks/results/scaling/default_corpus/scaling.md, where its "ngpt" rows are
+# ngpt-tangent) and the budget study (100, 400, 1600 steps; benchmarks/results/budget/
+# default_corpus/budget.md). ngpt and ngpt-adam_normalize are one optimizer (equal to float rounding).
+STUDIED_RATES: dict[str, dict[str, dict[int, float]]] = {
+    "gpt": {"tiny": {100: 1e-2, 400: 3e-3, 1600: 3e-3}, "cpu": {100: 1e-2}},
+    "ngpt": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 3e-2}, "cpu": {100: 3e-2}},
+    "ngpt-tangent": {"tiny": {100: 1e-1}, "cpu": {100: 3e-2}},
+    "gpt-muon": {"tiny": {100: 3e-2, 400: 3e-2}, "cpu": {100: 3e-2}},
+    "ngpt-muon": {"tiny": {100: 3e-2}, "cpu": {100: 3e-2}},
+}
+# Variants that take another arm's rates: the same optimizer (the residual update does not move
+# the best rate: the scaling study found one rate for LERP, SLERP and Riemannian at tiny@256).
+RATE_OF = {"ngpt-lerp": "ngpt", "ngpt-adam_normalize": "ngpt", "ngpt-slerp": "ngpt", "ngpt-riemannian": "ngpt"}
+GPT_WARMUP_FRACTION, GPT_WARMUP_MAX = 0.05, 2000
+
+
+def studied_rate(variant: str, size: str, steps: int) -> tuple[float, str] | None:
+    """The studies' best rate for a built-in variant at ``size``, at the measured budget nearest
+    to ``steps`` (in log steps), and a sentence saying where it comes from; None without one."""
+    arm = RATE_OF.get(variant, variant)
+    by_steps = STUDIED_RATES.get(arm, {}).get(size)
+    if not by_steps:
+        return None
+    budget = min(by_steps, key=lambda b: (abs(math.log(b / steps)), b))
+    via = f"{arm}'s, " if arm != variant else ""
+    return by_steps[budget], f"{via}best bracketed rate of the studies at {size}, {budget} steps"
+
+
+def fair_defaults(variants: list[tuple[str, list[str]]], specs: list[str], size: str, shared: list[str], steps: int):
+    """Each built-in variant's overrides with its studied rate and, for GPT, a warmup scaled to
+    ``steps``, unless the shared overrides (or a custom variant's own) set them; and one line per
+    variant saying what it got."""
+    given = {o.split("=", 1)[0] for o in shared}
+    out, notes = [], []
+    for (name, extra), spec in zip(variants, specs):
+        own = {o.split("=", 1)[0] for o in extra}
+        extra = list(extra)
+        builtin = ":" not in spec
+        if "optim.lr" in given | own:
+            notes.append(f"{name}: lr from the command line")
+        elif builtin and (rate := studied_rate(name, size, steps)) is not None:
+            extra.append(f"optim.lr={rate[0]:g}")
+            notes.append(f"{name}: lr {rate[0]:g} ({rate[1]})")
+        else:
+            notes.append(f"{name}: lr of the config (no studied rate for {name} at size {size})")
+        if builtin and name.startswith("gpt") and "optim.warmup_steps" not in given | own:
+            warmup = min(GPT_WARMUP_MAX, max(1, round(GPT_WARMUP_FRACTION * steps)))
+            extra.append(f"optim.warmup_steps={warmup}")
+            notes[-1] += f"; warmup {warmup} steps (5% of {steps}, at most {GPT_WARMUP_MAX})"
+        out.append((name, extra))
+    return out, notes
+
+
+def check_warmups(config: str | Path, variants: list[tuple[str, list[str]]], shared: list[str]) -> None:
+    """A warmup as long as the run is refused before the first run, in the CLI's spelling."""
+    for name, extra in variants:
+        cfg = load_config(config, [*shared, *extra])
+        warmup = cfg.optim.warmup_steps
+        if cfg.optim.method in ("adamw", "muon") and warmup < 0:
+            warmup = GPT_WARMUP_MAX
+        if warmup >= cfg.train.steps:
+            raise SystemExit(
+                f"error: variant {name}: optim.warmup_steps={warmup} must be < train.steps={cfg.train.steps}; "
+                f"pass optim.warmup_steps=N with N < {cfg.train.steps}"
+            )
 
 
 def variant_overrides(spec: str, size: str) -> tuple[str, list[str]]:
@@ -196,7 +273,7 @@ def summarize(results: dict[str, dict[int, dict]], baseline: str | None) -> tupl
     return rows, (statistics.mean(targets.values()) if targets else None)
 
 
-def write_table(rows: list[dict], target: float | None, baseline: str | None, path: Path) -> str:
+def write_table(rows: list[dict], target: float | None, baseline: str | None, path: Path, notes=()) -> str:
     lines = [
         "| variant | seeds | best val loss | final val loss | steps to baseline's best (per seed) | reached | speedup (x) |",
         "|---|---|---|---|---|---|---|",
@@ -214,6 +291,8 @@ def write_table(rows: list[dict], target: float | None, baseline: str | None, pa
             f"\nTarget, per seed: that seed's {baseline} best validation loss (mean over seeds {target:.4f}); "
             f"speedup = {baseline}'s steps to it / the variant's, over the seeds that reach it."
         )
+    if notes:
+        lines.append("\nLearning rates: " + "; ".join(notes) + ".")
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
@@ -300,6 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         raise SystemExit(f"error: duplicate variant names in {names}")
     check_overrides(args.config, *([*args.overrides, *extra] for _, extra in variants))
+    steps = load_config(args.config, args.overrides).train.steps
+    variants, notes = fair_defaults(variants, args.variants, args.size, args.overrides, steps)
+    check_overrides(args.config, *([*args.overrides, *extra] for _, extra in variants))
+    check_warmups(args.config, variants, args.overrides)
+    for note in notes:
+        print(note, flush=True)
     out.mkdir(parents=True, exist_ok=True)
     with subprocesses.stop_children_on_signals():
         results = run_variants(args, variants, out)
@@ -308,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline = args.baseline if args.baseline in results else None
     rows, target = summarize(results, baseline)
     (out / "compare.json").write_text(json.dumps({"rows": rows, "target": target, "curves": results}, indent=1))
-    table = write_table(rows, target, baseline, out / "compare.md")
+    table = write_table(rows, target, baseline, out / "compare.md", notes)
     plot(results, out / "compare.png", f"{', '.join(names)}; seeds {args.seeds}")
     print(table)
     print(f"wrote {out / 'compare.md'}, {out / 'compare.png'}, {out / 'compare.json'}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -290,3 +291,69 @@ def test_checkpoint_without_stored_tokenizer_uses_the_recorded_path(corpus, tmp_
     assert sample.main([str(out)]) == 2
     err = capsys.readouterr().err
     assert "written before checkpoints held their tokenizer" in err and "Traceback" not in err, err
+
+
+# --- a fair compare by default ------------------------------------------------------------
+
+
+def test_each_builtin_variant_gets_its_studied_rate_and_gpt_a_scaled_warmup():
+    specs = ["gpt", "ngpt", "ngpt-slerp", "gpt-muon", "ngpt-row", "mine:model.preset=ngpt-tiny"]
+    variants = [compare.variant_overrides(v, "tiny") for v in specs]
+    fair, notes = compare.fair_defaults(variants, specs, "tiny", [], 400)
+    extra = dict(fair)
+    assert "optim.lr=0.003" in extra["gpt"] and "optim.warmup_steps=20" in extra["gpt"]  # 5% of 400
+    assert "optim.lr=0.03" in extra["ngpt"] and not any("warmup" in o for o in extra["ngpt"])
+    assert "optim.lr=0.03" in extra["ngpt-slerp"] and "ngpt's" in notes[2]  # the same optimizer's rate
+    assert "optim.lr=0.03" in extra["gpt-muon"] and "optim.warmup_steps=20" in extra["gpt-muon"]
+    assert not any(o.startswith("optim.lr") for o in extra["ngpt-row"]) and "no studied rate" in notes[4]
+    assert extra["mine"] == ["model.preset=ngpt-tiny"]  # a custom variant is the user's
+    assert (
+        notes[0]
+        == "gpt: lr 0.003 (best bracketed rate of the studies at tiny, 400 steps); warmup 20 steps (5% of 400, at most 2000)"
+    )
+
+
+def test_the_nearest_measured_budget_gives_the_rate_and_the_command_line_wins():
+    assert compare.studied_rate("gpt", "tiny", 150) == (1e-2, "best bracketed rate of the studies at tiny, 100 steps")
+    assert compare.studied_rate("gpt", "tiny", 300)[0] == 3e-3  # nearer 400 than 100 in log steps
+    assert compare.studied_rate("gpt", "cpu", 5000)[0] == 1e-2  # cpu: only 100 steps measured
+    assert compare.studied_rate("gpt", "0.5b", 100) is None
+    variants = [compare.variant_overrides(v, "tiny") for v in ("gpt", "ngpt")]
+    fair, notes = compare.fair_defaults(
+        variants, ["gpt", "ngpt"], "tiny", ["optim.lr=0.001", "optim.warmup_steps=3"], 100
+    )
+    assert fair == variants and notes == ["gpt: lr from the command line", "ngpt: lr from the command line"]
+    _, long = compare.fair_defaults(variants[:1], ["gpt"], "tiny", [], 100_000)
+    assert "warmup 2000 steps" in long[0]
+
+
+def test_a_warmup_as_long_as_the_run_is_refused_before_the_first_run(capsys, monkeypatch):
+    monkeypatch.setattr(compare, "run_variants", lambda *a: pytest.fail("no run may start"))
+    with pytest.raises(
+        SystemExit, match=r"variant gpt: optim.warmup_steps=50 must be < train.steps=50; pass optim.warmup_steps=N"
+    ):
+        compare.main(["--variants", "gpt", "ngpt", "--size", "tiny", "train.steps=50", "optim.warmup_steps=50"])
+
+
+def test_the_readme_compare_command_runs_as_written(monkeypatch, tmp_path, capsys):
+    """The README's command line, parsed and checked as written; the trainings are replaced by
+    fake curves (the real ones are test_compare_two_variants')."""
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("python -m recipes.compare", 1)[1].split("```", 1)[0]
+    argv = shlex.split(block.replace("\\\n", " "))
+    argv = [a for a in argv if not a.startswith("data.source=")] + ["data.source=stdlib"]
+    argv[argv.index("--out") + 1] = str(tmp_path / "compare")
+    seen = {}
+
+    def fake_runs(args, variants, out):
+        seen.update(variants)
+        curve = {"steps": [1, 2], "val_loss": [2.0, 1.5], "tokens": [10, 20], "train": [], "sphere_norm_error": None}
+        return {name: {seed: curve for seed in args.seeds} for name, _ in variants}
+
+    monkeypatch.setattr(compare, "run_variants", fake_runs)
+    assert compare.main(argv) == 0
+    assert set(seen) == {"gpt", "ngpt", "ngpt-slerp", "ngpt-riemannian", "ngpt-adam_normalize"}
+    assert all(any(o.startswith("optim.lr=") for o in extra) for extra in seen.values())
+    assert "Learning rates: gpt: lr" in (tmp_path / "compare" / "compare.md").read_text()
