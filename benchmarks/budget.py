@@ -4,6 +4,7 @@ tokens per parameter.
     nice python benchmarks/budget.py                  # the study on the default corpus (hours: see its estimate)
     python benchmarks/budget.py --estimate-only       # time every arm, write the estimate, train nothing
     python benchmarks/budget.py --report-only         # rewrite budget.md and the plots from the ledgers
+    python benchmarks/budget.py --gpu-plan            # the GPU version's command and its cost (6 N D), no training
     python benchmarks/budget.py --quick               # a smoke run of the pipeline (minutes)
 
 At each point ``SIZE@CONTEXT`` (default ``tiny@256`` and ``tiny@1024``) every arm trains at each
@@ -406,6 +407,55 @@ def measure(args: argparse.Namespace, steps: int = 40) -> None:
     path.write_text(json.dumps(est, indent=1) + "\n")
 
 
+# ---------------------------------------------------------------- the GPU plan
+
+GPU_POINTS = ["base@1024", "base@4096"]
+GPU_TOKENS_PER_STEP = 512 * 1024  # the paper's global batch: 512 sequences of 1k tokens (App. A.5)
+GPU_BUDGETS = [750, 3000, 12000]  # 2.4, 9.7 and 39 tokens per parameter at base: the CPU study's range
+GPU_PEAK_FLOPS = 790e12  # H200 dense bf16, per GPU
+GPU_MFU = 0.4  # the fraction of peak a training step sustains: an assumption, to be measured
+
+
+def gpu_plan() -> str:
+    """The command of the budget study at GPT-2 small's shape on a GPU, and its cost: training
+    FLOPs by ``6 N D`` per run (N: parameters, D: tokens), with attention's ``6 L T d`` per token
+    beside it, in GPU-hours at :data:`GPU_MFU` of :data:`GPU_PEAK_FLOPS`."""
+    from spherenet.models import preset_config
+
+    runs = (RUNS_PER_SWEEP + 3 - 1) * len(ARMS)  # per budget: each arm's sweep and two more seeds
+    lines = [
+        "| point | params N | budget (steps) | tokens D | tokens / param | runs | 6 N D per run | "
+        "with attention | GPU-hours |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    total_hours = 0.0
+    for pt in [scaling.Point.parse(t) for t in GPU_POINTS]:
+        n = scaling.parameters(pt)
+        c = preset_config(f"ngpt-{pt.size}", max_seq_len=pt.context)
+        attention = 6 * c.n_layers * pt.context * c.d_model  # per token, forward and backward
+        for budget in GPU_BUDGETS:
+            tokens = budget * GPU_TOKENS_PER_STEP
+            flops, with_attention = 6 * n * tokens, (6 * n + attention) * tokens
+            hours = runs * with_attention / (GPU_PEAK_FLOPS * GPU_MFU) / 3600
+            total_hours += hours
+            lines.append(
+                f"| {pt} | {n / 1e6:.1f}M | {budget} | {tokens / 1e9:.2f}B | {tokens / n:.1f} | {runs} | "
+                f"{flops:.2e} | {with_attention:.2e} | {hours:.0f} |"
+            )
+    command = (
+        f"python benchmarks/budget.py --points {' '.join(GPU_POINTS)} --budgets {' '.join(map(str, GPU_BUDGETS))} "
+        f"--tokens-per-step {GPU_TOKENS_PER_STEP} --evals 10 --jobs 1 --data openwebtext data.tokenizer=bpe:32000 "
+        "train.micro_batch_size=16"
+    )
+    return (
+        f"Command (one GPU, the runs one after another):\n\n    {command}\n\n"
+        + "\n".join(lines)
+        + f"\n\nIn all about {total_hours:,.0f} GPU-hours at {GPU_MFU:.0%} of {GPU_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
+        f"(an H200's dense bf16 peak; the fraction is an assumption until measured), {RUNS_PER_SWEEP} sweep runs "
+        "and 2 more seeds per arm and budget.\n"
+    )
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -417,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--report-only", action="store_true", help="rewrite the tables and plots from the ledgers, train nothing"
     )
+    p.add_argument("--gpu-plan", action="store_true", help="print the GPU version's command and cost, train nothing")
     p.add_argument("--points", nargs="+", default=POINTS, help="SIZE@CONTEXT, e.g. tiny@256")
     p.add_argument("--arms", nargs="+", default=ARMS, choices=sorted(compare.BUILTIN))
     p.add_argument("--budgets", nargs="+", type=int, default=BUDGETS, help="training steps per run")
@@ -440,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(points=["tiny@32"], arms=["gpt", "ngpt"], budgets=[10, 40], tokens_per_step=256,
                        evals=5, eval_batches=1, seeds=[0, 1], max_extend=1)  # fmt: skip  # the smoke settings
     args = compare.parse_args_with_overrides(p, argv)
+    if args.gpu_plan:
+        print(gpu_plan(), end="")
+        return 0
     args.command = "python benchmarks/budget.py" + ("" if not argv else " " + shlex.join(argv))
     args.points = [scaling.Point.parse(t) for t in args.points]
     args.budgets = sorted(set(args.budgets))

@@ -18,7 +18,7 @@ the shared overrides plus the variant's own. Built-in variants:
     ngpt-muon             nGPT, SphericalMuon on the blocks' matrices, RiemannianAdam on the rest
 
 and any ``name:key=value,key=value`` for your own (e.g. ``big:model.n_layers=8``). The size
-comes from ``--size`` (tiny, cpu, small, 0.5b, 1b).
+comes from ``--size`` (tiny, cpu, small, base, 0.5b, 1b).
 
 A fair comparison by default: each built-in variant trains at its own learning rate, the best
 rate the project's studies found for that variant at that size, at the measured budget nearest
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m recipes.compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", default=["gpt", "ngpt"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
-    p.add_argument("--size", default="cpu", help="preset size for built-in variants (tiny, cpu, small, 0.5b, 1b)")
+    p.add_argument("--size", default="cpu", help="preset size for built-in variants (tiny, cpu, small, base, 0.5b, 1b)")
     p.add_argument("--config", default=str(DEFAULT_CONFIG))
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--baseline", default="gpt", help="variant whose best val loss is the target (default gpt)")

@@ -174,3 +174,16 @@ def test_study_sweeps_each_budget_from_the_last_rate_reports_the_multiplier_and_
 def test_a_single_budget_is_refused(budget, tmp_path):
     with pytest.raises(SystemExit, match="two or more budgets"):
         budget.main(["--budgets", "100", "--out", str(tmp_path), "--results", str(tmp_path)])
+
+
+def test_gpu_plan_costs_each_run_by_6_n_d(budget, capsys):
+    assert budget.main(["--gpu-plan"]) == 0
+    text = capsys.readouterr().out
+    assert "--points base@1024 base@4096 --budgets 750 3000 12000 --tokens-per-step 524288" in text
+    n = budget.scaling.parameters(budget.scaling.Point.parse("base@1024"))
+    tokens = 12000 * 524288
+    row = next(line for line in text.splitlines() if line.startswith("| base@1024 | ") and "| 12000 |" in line)
+    assert f"| {6 * n * tokens:.2e} |" in row and f"| {tokens / n:.1f} |" in row
+    attention = 6 * 12 * 1024 * 768 * tokens
+    hours = 18 * (6 * n * tokens + attention) / (790e12 * 0.4) / 3600
+    assert row.endswith(f"| {hours:.0f} |")

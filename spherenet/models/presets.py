@@ -27,6 +27,9 @@ _SIZES = {
     # the README's main job: a few minutes of training on a laptop CPU
     "cpu": dict(vocab_size=256, n_layers=4, d_model=128, n_heads=4, max_seq_len=128),
     "small": dict(vocab_size=256, n_layers=4, d_model=256, n_heads=4, max_seq_len=256),
+    # GPT-2 small's shape (12 layers, d 768, 12 heads) with the paper's 32k vocabulary: the GPU plan of
+    # the budget study (benchmarks/budget.py --gpu-plan)
+    "base": dict(vocab_size=32000, n_layers=12, d_model=768, n_heads=12, max_seq_len=4096),
 }
 
 #: ``{name: (config class, fields)}``
