@@ -383,10 +383,14 @@ def test_sequence_longer_than_context(preset):
 
 
 @pytest.mark.parametrize("preset", MODELS)
-def test_generation_past_context(preset):
+def test_generation_past_context_slides_and_bad_prompts_are_named(preset):
     model = from_preset(preset, max_seq_len=32)
-    with pytest.raises(ValueError, match=r"prompt length 30 \+ max_new_tokens 10 = 40 exceeds max_seq_len=32") as e:
-        model.generate(torch.zeros(1, 30, dtype=torch.long), 10)
+    assert model.generate(torch.zeros(1, 30, dtype=torch.long), 10).shape == (1, 40)
+    with pytest.raises(TypeError, match="input_ids must be an integer tensor") as e:
+        model.generate(torch.zeros(1, 30), 10)
+    assert raised_in_spherenet(e)
+    with pytest.raises(ValueError, match=r"input_ids must have shape \(batch, seq_len\), got 1 dims") as e:
+        model.generate(torch.zeros(30, dtype=torch.long), 10)
     assert raised_in_spherenet(e)
 
 

@@ -194,10 +194,7 @@ def generate(
         raise ValueError(f"eos_token_id must be in [0, vocab_size={config.vocab_size}), got {eos_token_id!r}")
     if not config.causal:
         raise ValueError("generate needs a causal model; this one was built with causal=False")
-    if input_ids.ndim != 2 or input_ids.shape[1] < 1:
-        raise ValueError(
-            f"input_ids must be (batch, tokens) with at least one token, got shape {tuple(input_ids.shape)}"
-        )
+    check_input_ids(input_ids, math.inf)  # type and shape; any length (the window slides)
     window = config.max_seq_len
     check_token_ids(input_ids, config.vocab_size)  # the prompt: an error naming the id, on any device
     ids = input_ids.clone()
