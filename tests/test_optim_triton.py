@@ -1,0 +1,111 @@
+"""The Triton sphere-Adam kernel (spherenet.optim.triton_kernel) against a float64 reference of
+the step written out here, over many steps in every mode, and against the native CPU kernel of
+the same signature. Without a GPU it runs under Triton's interpreter (tests/conftest.py), in
+float32: the interpreter has no bf16 arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from spherenet.optim import triton_kernel  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MODES = [(row_v, euclidean) for row_v in (False, True) for euclidean in (True, False)]
+IDS = ["element-euclidean", "element-riemannian", "row-euclidean", "row-riemannian"]
+LR, BETAS, EPS, TINY = 1e-2, (0.9, 0.95), 1e-8, 1e-30
+
+
+def reference_step(x, g, m, v, t, row_v, euclidean):
+    """One step in float64, as docs/paper.md states it (in place)."""
+    b1, b2 = BETAS
+    u = g if euclidean else g - (x * g).sum(-1, keepdim=True) * x  # tangent projection
+    m.mul_(b1).add_((1 - b1) * u)
+    if row_v:
+        v.mul_(b2).add_((1 - b2) * (u * u).sum(-1))
+        denom = (v.sqrt() / math.sqrt(1 - b2**t) + EPS)[..., None]
+    else:
+        v.mul_(b2).add_((1 - b2) * u * u)
+        denom = v.sqrt() / math.sqrt(1 - b2**t) + EPS
+    y = x - (LR / (1 - b1**t)) * m / denom
+    x.copy_(y / y.norm(dim=-1, keepdim=True))
+    if row_v and not euclidean:
+        m.sub_((x * m).sum(-1, keepdim=True) * x)  # transport by projection
+
+
+def kernel_step(x, g, m, v, t, row_v, euclidean, kernel=triton_kernel.sphere_adam_):
+    b1, b2 = BETAS
+    kernel([x], [g], [m], [v], [LR / (1 - b1**t)], [math.sqrt(1 - b2**t)], b1, b2, EPS, TINY, row_v, euclidean)
+
+
+def start(rows: int, d: int, row_v: bool, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, d, generator=gen, dtype=torch.float64)
+    x /= x.norm(dim=-1, keepdim=True)
+    m = torch.zeros_like(x)
+    v = torch.zeros(rows, dtype=torch.float64) if row_v else torch.zeros_like(x)
+    return x, m, v, gen
+
+
+@pytest.mark.parametrize("row_v, euclidean", MODES, ids=IDS)
+@pytest.mark.parametrize("rows, d", [(37, 48), (5, 130)])
+def test_many_steps_match_the_float64_reference(row_v, euclidean, rows, d):
+    ref = start(rows, d, row_v)
+    x, m, v, gen = ref
+    got = [t.float().to(DEVICE) for t in (x, m, v)]
+    for t in range(1, 31):
+        # gradients with a radial part, rows that go quiet and wake (tiny v, then large u)
+        g = torch.randn(rows, d, generator=gen, dtype=torch.float64) + 0.5 * x
+        g[: rows // 3] *= 1e-3 if t % 10 < 5 else 1.0
+        reference_step(x, g, m, v, t, row_v, euclidean)
+        kernel_step(*got[:1], g.float().to(DEVICE), *got[1:], t, row_v, euclidean)
+    torch.testing.assert_close(got[0].double().cpu(), x, rtol=0, atol=2e-5)
+    torch.testing.assert_close(got[1].double().cpu(), m, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(got[2].double().cpu(), v, rtol=1e-4, atol=1e-10)
+    assert (got[0].norm(dim=-1) - 1).abs().max().item() < 1e-6  # on the sphere to fp32 rounding
+
+
+@pytest.mark.parametrize("row_v, euclidean", MODES, ids=IDS)
+def test_matches_the_native_cpu_kernel(row_v, euclidean):
+    from spherenet.optim import _native
+
+    op = _native.sphere_adam_op()
+    if op is None or DEVICE != "cpu":
+        pytest.skip("the native CPU kernel is not available here")
+    x, m, v, gen = start(9, 64, row_v, seed=1)
+    ours = [t.float() for t in (x, m, v)]
+    native = [t.float() for t in (x, m, v)]
+    for t in range(1, 11):
+        g = torch.randn(9, 64, generator=gen).float()
+        kernel_step(ours[0], g, ours[1], ours[2], t, row_v, euclidean)
+        kernel_step(native[0], g, native[1], native[2], t, row_v, euclidean, kernel=op)
+    for a, b in zip(ours, native):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("row_v, euclidean", MODES, ids=IDS)
+def test_largest_one_step_move_is_bounded_like_adams(row_v, euclidean):
+    """No element moves more than 3 lr in one step (element v: Adam's bound plus the row's
+    rescaling by Norm), no row more than 3 lr in norm (row v: the bound is on rows), even when
+    quiet rows wake."""
+    x, m, v, gen = (t.float().to(DEVICE) if torch.is_tensor(t) else t for t in start(16, 32, row_v, seed=2))
+    for t in range(1, 41):
+        g = torch.randn(16, 32, generator=gen).float().to(DEVICE)
+        if t < 30:
+            g[:4] *= 1e-6  # quiet rows, then a burst
+        before = x.clone()
+        kernel_step(x, g, m, v, t, row_v, euclidean)
+        step = x - before
+        move = step.norm(dim=-1).max().item() if row_v else step.abs().max().item()
+        assert move <= 3 * LR, (t, move)
+
+
+def test_non_contiguous_state_is_refused():
+    x, m, v, _ = start(4, 16, False)
+    x, m, v = x.float(), m.float(), v.float().t().contiguous().t()
+    with pytest.raises(ValueError, match=r"the exp_avg_sq of shape \(4, 16\) is not contiguous"):
+        kernel_step(x, torch.zeros_like(x), m, v, 1, False, True)
