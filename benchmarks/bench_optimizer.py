@@ -2,10 +2,10 @@
 (+ the paper's renormalization) and geoopt's RiemannianAdam.
 
 RiemannianAdam runs with each of its sphere kernels: on CPU the native kernel (one fused pass
-per row, built on first use; skipped when it cannot be built or ``SPHERENET_NATIVE=0``), the
-``torch.compile``'d kernel (compiled during the warmup steps; one fused C++ kernel on CPU, a
-Triton kernel on CUDA) and the ``_foreach`` kernels; on CUDA the compiled and ``_foreach``
-kernels, and the baseline is ``torch.optim.Adam(fused=True)``'s CUDA kernel. Only
+per row, built on first use; skipped when it cannot be built or ``SPHERENET_NATIVE=0``) and the
+``_foreach`` kernels; on CUDA the Triton kernel (one fused pass per block of rows; skipped
+without Triton) and the ``_foreach`` kernels, and the baseline is
+``torch.optim.Adam(fused=True)``'s CUDA kernel. Only
 ``optimizer.step()`` is timed (plus the renormalization for "Adam + normalize"): the gradients
 are fixed random tensors set once, so every contender does the same work on the same tensors.
 Contenders run interleaved in a fresh random order in every round; each timed sample is
@@ -49,6 +49,7 @@ from _machine import (  # benchmarks/ is on sys.path when a script runs
 from spherenet.manifolds.sphere import geoopt
 from spherenet.models import from_preset
 from spherenet.optim import Riemannian, RiemannianAdam, _native, normalize_, param_groups, sphere_parameters
+from spherenet.optim.kernel_choice import triton_status
 
 BASELINE = "torch Adam fused"
 GEOOPT = "geoopt RiemannianAdam"
@@ -165,10 +166,13 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message=".*projecting sphere parameters onto the sphere")
 
     model = build_model(args, device)
-    kernels, notes = ["compiled", "foreach"], []
-    if args.quick and device.type == "cpu":
-        kernels.remove("compiled")
-        notes.append("compiled kernel not run in --quick (compiling it takes 30-90 s on a CPU)")
+    kernels, notes = ["foreach"], []
+    if device.type == "cuda":  # the Triton kernel (on CPU it runs only in Triton's interpreter)
+        available, reason = triton_status()
+        if available:
+            kernels.insert(0, "triton")
+        else:
+            notes.append(f"Triton kernel not run: {reason}")
     if device.type == "cpu":  # the native kernel is CPU-only
         available, reason = _native.native_status()
         if available:

@@ -101,8 +101,7 @@ def test_bench_optimizer_quick_markdown(tmp_path):
     assert names[0] == "torch Adam fused" and "geoopt RiemannianAdam" in names
     assert "spherenet RiemannianAdam, element, foreach" in names and "spherenet RiemannianAdam, row, foreach" in names
     assert "spherenet RiemannianAdam, element, foreach, wave_bytes unlimited" in names
-    assert not any("native" in name or "compiled" in name for name in names)
-    assert "compiled kernel not run in --quick" in text
+    assert not any("native" in name or "triton" in name for name in names)  # Triton: CUDA only
     for name, ms, vs_adam, vs_geoopt in rows:
         assert re.fullmatch(TIMING, ms) and re.fullmatch(NUMBER, vs_adam) and re.fullmatch(NUMBER, vs_geoopt), name
     assert rows[0][2] == "1.00"

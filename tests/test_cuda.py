@@ -118,14 +118,14 @@ def test_cuda_forward_makes_no_host_sync(family):
 
 @pytest.mark.parametrize("second_moment", ["element", "row"])
 @pytest.mark.parametrize("gradient", ["riemannian", "euclidean"])
-def test_cuda_compiled_sphere_kernel_matches_foreach(second_moment, gradient):
-    """The compiled (Triton) sphere step, the default on CUDA, equals the foreach path."""
+def test_cuda_triton_sphere_kernel_matches_foreach(second_moment, gradient):
+    """The Triton sphere step, the default on CUDA, equals the foreach path."""
     torch.manual_seed(0)
     models = [from_preset("ngpt-tiny").cuda() for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
     opts = [
         RiemannianAdam(m, lr=1e-2, second_moment=second_moment, gradient=gradient, sphere_kernel=kernel)
-        for m, kernel in zip(models, ("compiled", "foreach"))
+        for m, kernel in zip(models, ("triton", "foreach"))
     ]
     for step in range(10):
         x, y = _batch(models[0].config.vocab_size, "cuda", seed=step)
@@ -135,5 +135,5 @@ def test_cuda_compiled_sphere_kernel_matches_foreach(second_moment, gradient):
             opt.step()
     for (name, a), (_, b) in zip(models[0].named_parameters(), models[1].named_parameters()):
         err = (a.detach() - b.detach()).abs().max().item()
-        assert err < 1e-5, f"{name}: compiled and foreach differ by {err:.3g}"
+        assert err < 1e-5, f"{name}: triton and foreach differ by {err:.3g}"
     assert _max_row_error(models[0]) < 1e-6

@@ -52,7 +52,7 @@ def random_state(rows, d, dtype, row_v, seed=0):
 
 
 def run_op(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean=False):
-    OP([x], [g], [m], [v], [lr / (1 - b1**t)], [math.sqrt(1 - b2**t)], b1, b2, eps, 1e-30, row_v, euclidean)
+    OP([x], [g], [m], [v], [lr / (1 - b1**t)], [math.sqrt(1 - b2**t)], b1, b2, eps, 1e-30, row_v, not euclidean)
 
 
 @given(
@@ -158,9 +158,9 @@ def test_kernel_mixed_dtypes_in_one_call():
     together = [random_state(9, 33, dtype, False, seed=7 + i) for i, dtype in enumerate(dtypes)]
     apart = [[a.clone() for a in state] for state in together]
     n = len(dtypes)
-    OP(*([s[k] for s in together] for k in range(4)), [1e-2] * n, [0.5] * n, 0.9, 0.95, 1e-8, 1e-30, False)
+    OP(*([s[k] for s in together] for k in range(4)), [1e-2] * n, [0.5] * n, 0.9, 0.95, 1e-8, 1e-30, False, True)
     for state in apart:
-        OP(*([a] for a in state), [1e-2], [0.5], 0.9, 0.95, 1e-8, 1e-30, False)
+        OP(*([a] for a in state), [1e-2], [0.5], 0.9, 0.95, 1e-8, 1e-30, False, True)
     for state_together, state_apart in zip(together, apart):
         assert all(torch.equal(a, b) for a, b in zip(state_together, state_apart))
 
@@ -168,19 +168,19 @@ def test_kernel_mixed_dtypes_in_one_call():
 def test_kernel_refuses_bad_lists():
     x, g, m, v = random_state(4, 8, torch.float32, False)
     with pytest.raises(RuntimeError, match="different lengths"):
-        OP([x], [g, g], [m], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+        OP([x], [g, g], [m], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False, True)
     with pytest.raises(RuntimeError, match=r"vs\[0\] has 32 elements, expected 4"):
-        OP([x], [g], [m], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, True)  # row mode, element v
+        OP([x], [g], [m], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, True, True)  # row mode, element v
     with pytest.raises(RuntimeError, match=r"gs\[0\] has dtype Double"):
-        OP([x], [g.double()], [m], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+        OP([x], [g.double()], [m], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False, True)
     with pytest.raises(RuntimeError, match=r"ms\[0\] is not contiguous"):
         mt = torch.zeros(8, 4).t()
-        OP([x], [g], [mt], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+        OP([x], [g], [mt], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False, True)
     with pytest.raises(RuntimeError, match="unsupported operation"):  # x and m share memory
-        OP([x], [g], [x], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+        OP([x], [g], [x], [v], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False, True)
     with pytest.raises(RuntimeError, match="must have size >= 2"):
         one = torch.ones(4, 1)
-        OP([one], [one], [one], [one], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False)
+        OP([one], [one], [one], [one], [1e-3], [1.0], 0.9, 0.95, 1e-8, 1e-30, False, True)
 
 
 # ---- RiemannianAdam with the native kernel ---------------------------------------------------
@@ -263,7 +263,7 @@ def test_non_contiguous_sphere_tensor_takes_the_foreach_path():
         set_grads([model, twin], step, torch.float64)
         opt.step()
         ref.step()
-    assert opt._native_mask(*_lists(opt)) == [True, False]
+    assert opt._kernel_mask("native", *_lists(opt)) == [True, False]
     for a, b in zip(model.parameters(), twin.parameters()):
         assert float((a - b).detach().abs().max()) <= 1e-12
 
@@ -284,7 +284,7 @@ def test_build_optimizer_passes_the_kernel_choice():
 
 
 def test_sphere_kernel_option_is_checked():
-    assert SPHERE_KERNELS == ("auto", "native", "foreach", "compiled")
+    assert SPHERE_KERNELS == ("auto", "native", "triton", "foreach")
     with pytest.raises(ValueError, match="sphere_kernel must be one of"):
         RiemannianAdam(ngpt(torch.float32), sphere_kernel="cuda")
 
@@ -333,7 +333,7 @@ for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6), (torch.bfloat1
         for d in (7, 8, 33, 64):  # shorter and longer than a vector, with and without a tail
             x, g, m, v = random_state(11, d, dtype, row_v, seed=d)
             want_x, want_m, _ = reference_step(x, g, m, v, 0.05, 0.9, 0.95, 1e-8, 3, row_v)
-            op([x], [g], [m], [v], [0.05 / (1 - 0.9**3)], [math.sqrt(1 - 0.95**3)], 0.9, 0.95, 1e-8, 1e-30, row_v)
+            op([x], [g], [m], [v], [0.05 / (1 - 0.9**3)], [math.sqrt(1 - 0.95**3)], 0.9, 0.95, 1e-8, 1e-30, row_v, True)
             err = float((x.double() - want_x).abs().max())
             assert err <= tol, (dtype, row_v, d, err)
 print("ok")

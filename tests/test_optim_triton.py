@@ -39,7 +39,7 @@ def reference_step(x, g, m, v, t, row_v, euclidean):
 
 def kernel_step(x, g, m, v, t, row_v, euclidean, kernel=triton_kernel.sphere_adam_):
     b1, b2 = BETAS
-    kernel([x], [g], [m], [v], [LR / (1 - b1**t)], [math.sqrt(1 - b2**t)], b1, b2, EPS, TINY, row_v, euclidean)
+    kernel([x], [g], [m], [v], [LR / (1 - b1**t)], [math.sqrt(1 - b2**t)], b1, b2, EPS, TINY, row_v, not euclidean)
 
 
 def start(rows: int, d: int, row_v: bool, seed: int = 0):
@@ -109,3 +109,55 @@ def test_non_contiguous_state_is_refused():
     x, m, v = x.float(), m.float(), v.float().t().contiguous().t()
     with pytest.raises(ValueError, match=r"the exp_avg_sq of shape \(4, 16\) is not contiguous"):
         kernel_step(x, torch.zeros_like(x), m, v, 1, False, True)
+
+
+# --------------------------------------------------------------------------------- through the optimizer
+
+
+def _trained(kernel: str, second_moment: str, gradient: str, steps: int = 8):
+    from spherenet.models import preset_config
+    from spherenet.models.ngpt import NGPT
+    from spherenet.optim import RiemannianAdam
+
+    torch.manual_seed(0)
+    model = NGPT(preset_config("ngpt-tiny", vocab_size=64, n_layers=1, max_seq_len=16)).to(DEVICE)
+    opt = RiemannianAdam(model, lr=1e-2, second_moment=second_moment, gradient=gradient, sphere_kernel=kernel)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        ids = torch.randint(0, 64, (4, 16), generator=gen).to(DEVICE)
+        loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.roll(-1, 1).flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model, opt
+
+
+@pytest.mark.parametrize("second_moment, gradient", [("element", "euclidean"), ("element", "riemannian"), ("row", "riemannian")])  # fmt: skip  # one case per mode
+def test_riemannian_adam_with_the_triton_kernel_matches_foreach(second_moment, gradient):
+    triton_model, triton_opt = _trained("triton", second_moment, gradient)
+    foreach_model, foreach_opt = _trained("foreach", second_moment, gradient)
+    for (name, a), b in zip(triton_model.named_parameters(), foreach_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5, msg=name)
+    steps = {float(s["step"]) for s in triton_opt.state.values()}
+    assert steps == {8.0}  # the counter moved once per step, as foreach's
+    assert steps == {float(s["step"]) for s in foreach_opt.state.values()}
+
+
+def test_spherenet_kernels_triton_makes_auto_pick_the_triton_kernel():
+    import subprocess
+    import sys
+
+    code = (
+        "from spherenet.optim.kernel_choice import resolve_sphere_kernel as r; "
+        "print(r('auto', 'cpu'), r('auto', 'cuda'), r('native', 'cpu'))"
+    )
+    import os
+
+    for setting, want in (
+        ("triton", "triton triton native"),
+        ("torch", "native foreach native"),
+        ("", "native triton native"),
+    ):
+        env = dict(os.environ, SPHERENET_KERNELS=setting)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == want.split(), setting

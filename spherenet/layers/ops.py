@@ -128,7 +128,7 @@ IMPLEMENTATIONS["triton"] = _triton
 
 
 def _from_environment() -> str:
-    name = os.environ.get("SPHERENET_KERNELS", "torch")
+    name = os.environ.get("SPHERENET_KERNELS", "").strip().lower() or "torch"
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"SPHERENET_KERNELS={name!r} is not one of {', '.join(IMPLEMENTATIONS)}")
     return name

@@ -15,6 +15,7 @@ one cache directory shared by different machines never loads code built for anot
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -84,7 +85,10 @@ def _build():
 
         capability = _cpu_capability()
         flags = ["-O3", "-fopenmp", "-fno-math-errno", *_isa_flags(capability)]
-        name = f"spherenet_sphere_adam_{capability.lower()}"
+        # The source's hash in the name: checkouts of different versions (and the ISA flags) build
+        # into their own folders of torch's extension cache, never over each other's library.
+        digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+        name = f"spherenet_sphere_adam_{capability.lower()}_{digest}"
         log.info("spherenet: building the native sphere-Adam kernel %s (once per machine)", name)
         path = os.environ.get("PATH", "")
         if ninja_folder:  # torch runs `ninja` from PATH: extend it for the build only

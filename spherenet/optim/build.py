@@ -119,7 +119,7 @@ def build_optimizer(
     transfer from ``"adam_normalize"``; ``"row"``: geoopt's semantics, ``lr`` is then an angle
     per step per row). ``gradient`` too: ``"euclidean"`` (Adam on the raw gradient; with
     ``"element"`` the paper's method) or ``"riemannian"`` (Adam on its tangent projection).
-    ``sphere_kernel`` too (``"auto"``, ``"native"``, ``"foreach"``, ``"compiled"``: see
+    ``sphere_kernel`` too (``"auto"``, ``"native"``, ``"triton"``, ``"foreach"``: see
     :class:`RiemannianAdam`).
 
     ``muon_lr`` (``None``: ``lr``) and ``muon_momentum`` apply to the Muon methods only: the

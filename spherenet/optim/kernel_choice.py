@@ -1,15 +1,34 @@
 """Which kernel runs a step: torch's fused Adam or the foreach one for each tensor, and which sphere
-kernel (native C++, compiled, foreach) a ``sphere_kernel`` choice means on a device."""
+kernel (native C++, Triton, foreach) a ``sphere_kernel`` choice means on a device.
+
+All sphere kernels take the same arguments (``sphere_adam_(xs, gs, ms, vs, step_sizes,
+bias2_sqrts, beta1, beta2, eps, tiny, row_v, project)``, the step counter already moved) and
+compute the same step, up to float rounding. The choice is made here and nowhere else: the
+``sphere_kernel`` argument, and for ``"auto"`` the environment variable ``SPHERENET_KERNELS``
+(``triton``: the Triton kernel on every device, CPU tensors under ``TRITON_INTERPRET=1``;
+``torch``: never the Triton kernel), read once at import.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import torch
 
-__all__ = ["SPHERE_KERNELS", "resolve_sphere_kernel", "split_fused"]
+__all__ = ["SPHERE_KERNELS", "resolve_sphere_kernel", "split_fused", "triton_status"]
 
-SPHERE_KERNELS = ("auto", "native", "foreach", "compiled")
+SPHERE_KERNELS = ("auto", "native", "triton", "foreach")
 _FUSED_DEVICES = ("cpu", "cuda", "xpu")
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_ENVIRONMENT = os.environ.get("SPHERENET_KERNELS", "").strip().lower()
+
+
+def triton_status() -> tuple[bool, str | None]:
+    """Whether the Triton kernel can run (Triton installed), and why not."""
+    if importlib.util.find_spec("triton") is None:
+        return False, "triton is not installed (pip install 'spherenet[triton]')"
+    return True, None
 
 
 def _fusable(t: torch.Tensor) -> bool:
@@ -18,10 +37,15 @@ def _fusable(t: torch.Tensor) -> bool:
 
 def resolve_sphere_kernel(choice: str, device_type: str) -> str:
     """The kernel a ``sphere_kernel`` choice asks for, for a tensor on ``device_type``, before
-    availability and layout are checked: ``"auto"`` is ``"native"`` on CPU, ``"compiled"`` on
-    CUDA, ``"foreach"`` elsewhere; ``"native"`` is CPU only (``"foreach"`` elsewhere)."""
+    availability and layout are checked: ``"auto"`` is ``"native"`` on CPU, ``"triton"`` on
+    CUDA, ``"foreach"`` elsewhere (``SPHERENET_KERNELS=triton``: ``"triton"`` everywhere;
+    ``=torch``: no ``"triton"``); ``"native"`` is CPU only (``"foreach"`` elsewhere)."""
     if choice == "auto":
-        return {"cpu": "native", "cuda": "compiled"}.get(device_type, "foreach")
+        if _ENVIRONMENT == "triton":
+            return "triton"
+        if _ENVIRONMENT == "torch" and device_type == "cuda":
+            return "foreach"
+        return {"cpu": "native", "cuda": "triton"}.get(device_type, "foreach")
     if choice == "native" and device_type != "cpu":
         return "foreach"
     return choice
@@ -29,9 +53,8 @@ def resolve_sphere_kernel(choice: str, device_type: str) -> str:
 
 def split_fused(option, tensors: list[torch.Tensor]) -> list[bool]:
     """Per tensor: take the fused kernel? ``option=True/False`` forces it; ``None`` picks it
-    wherever torch has one (CPU/CUDA/XPU, float dtypes), small CPU tensors included: on 40
-    tensors of 8 to 32768 elements, torch 2.13, 2 cores, it took 0.18-1.2 ms against the foreach
-    kernel's 0.5-4.9 ms, and 0.18-1.6 ms against 0.5-12.5 ms with the cores oversubscribed."""
+    wherever torch has one (CPU/CUDA/XPU, float dtypes), small CPU tensors included (faster
+    than the foreach kernel there; BENCHMARKS.md)."""
     if option is not None:
         return [bool(option)] * len(tensors)
     return [_fusable(t) for t in tensors]

@@ -60,7 +60,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
-from . import _native, _row_kernels, compiled_kernel
+from . import _native, _row_kernels
 from ._checks import (
     ModelWatch,
     check_betas,
@@ -70,7 +70,7 @@ from ._checks import (
 )
 from ._row_kernels import TINY, RowOps, check_sphere_layout, local, waves
 from .groups import EUCLIDEAN, MANIFOLDS, SPHERE, _names_of, check_groups, describe, param_groups
-from .kernel_choice import SPHERE_KERNELS, resolve_sphere_kernel, split_fused
+from .kernel_choice import SPHERE_KERNELS, resolve_sphere_kernel, split_fused, triton_status
 
 __all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS", "resolve_sphere_kernel"]
 
@@ -111,16 +111,16 @@ class RiemannianAdam(Optimizer):
         check_model: at every step, check that the model's declared sphere parameters are
             still the ones this optimizer holds (a ``RuntimeError`` otherwise; see
             :class:`spherenet.optim._checks.ModelWatch` for what a step confirms).
-        sphere_kernel: how sphere tensors are updated. ``"native"``: one fused C++ pass per row
-            for contiguous CPU tensors (built on first use, see :mod:`spherenet.optim._native`;
-            other tensors take the foreach path), a ``RuntimeError`` if it cannot be built; ``"foreach"``: ``torch._foreach_*`` passes
-            over cache-sized blocks of rows (any device); ``"auto"`` (default): native for CPU
-            tensors when it builds (else foreach, with one warning), compiled for CUDA tensors
-            (else foreach, with one warning), foreach elsewhere. ``"compiled"``: the whole step
-            of one tensor as one ``torch.compile``'d function (a fused Triton kernel on CUDA, a
-            fused C++ kernel on CPU; see :mod:`spherenet.optim.compiled_kernel`) for contiguous
-            tensors, a ``RuntimeError`` if torch.compile is unavailable or fails at the first
-            step. All compute the same step; they differ by float rounding only.
+        sphere_kernel: how sphere tensors are updated (all compute the same step, to float
+            rounding; :mod:`spherenet.optim.kernel_choice`). ``"native"``: one fused C++ pass
+            per row for contiguous CPU tensors (built on first use, see
+            :mod:`spherenet.optim._native`; other tensors take the foreach path), a
+            ``RuntimeError`` if it cannot be built. ``"triton"``: one Triton kernel per tensor
+            (:mod:`spherenet.optim.triton_kernel`; CPU tensors only under ``TRITON_INTERPRET=1``).
+            ``"foreach"``: ``torch._foreach_*`` passes over cache-sized blocks of rows (any
+            device), the readable reference. ``"auto"`` (default): native for CPU tensors when
+            it builds, Triton for CUDA tensors when Triton is installed (else foreach, with one
+            warning), foreach elsewhere.
 
     Refusals (``ValueError`` unless said): a geoopt ``ManifoldParameter`` on a sphere in a
     Euclidean group; a declared sphere parameter of ``model`` in no sphere group; weight decay
@@ -167,10 +167,10 @@ class RiemannianAdam(Optimizer):
                 raise RuntimeError(
                     f"RiemannianAdam(sphere_kernel='native'): the native kernel is unavailable: {reason}"
                 )
-        if sphere_kernel == "compiled":
-            available, reason = compiled_kernel.compiled_status()
+        if sphere_kernel == "triton":
+            available, reason = triton_status()
             if not available:
-                raise RuntimeError(f"RiemannianAdam(sphere_kernel='compiled'): torch.compile is unavailable: {reason}")
+                raise RuntimeError(f"RiemannianAdam(sphere_kernel='triton'): {reason}")
         if isinstance(params, nn.Module):
             if model is not None and model is not params:
                 raise ValueError("RiemannianAdam: got a module as params and a different model=")
@@ -178,8 +178,7 @@ class RiemannianAdam(Optimizer):
             params = param_groups(model, weight_decay)
         self.off_sphere = off_sphere
         self.sphere_kernel = sphere_kernel
-        self._warned_native = False
-        self._compiled_failure: str | None = None  # why "auto" stopped using the compiled kernel
+        self._warned = set()  # the kernels "auto" could not use, each warned about once
         self._rows = RowOps()
         self.wave_bytes = _row_kernels.WAVE_BYTES  # row-block size of the sphere step (a tuning knob)
         self._watch = ModelWatch(model if check_model else None)
@@ -324,7 +323,6 @@ class RiemannianAdam(Optimizer):
     def _sphere_step(self, group: dict) -> None:
         row_v = group["second_moment"] == "row"
         project = group["gradient"] == "riemannian"
-        transport = row_v and project  # never with a per-element v (module docstring)
         params, xs, gs, ms, vs, steps, new = self._gather(group, row_v)
         if not xs:
             return
@@ -336,134 +334,79 @@ class RiemannianAdam(Optimizer):
             ensure_on_sphere(
                 rows, [params[i] for i in new], [xs[i] for i in new], names, self.off_sphere, "RiemannianAdam"
             )
-        if row_v:
-            torch._foreach_add_(steps, 1)
-        all_steps = steps
-        native = self._native_mask(xs, gs, ms, vs)
-        if any(native):
-            self._native_step(group, *self._pick(native, True, xs, gs, ms, vs, steps), row_v, project)
-            xs, gs, ms, vs, steps = self._pick(native, False, xs, gs, ms, vs, steps)
-        compiled = self._compiled_mask(xs, gs, ms, vs)
-        if any(compiled):
-            done = self._compiled_step(group, *self._pick(compiled, True, xs, gs, ms, vs, steps), row_v, project)
-            stepped = set([i for i, c in enumerate(compiled) if c][:done])
-            mask = [i in stepped for i in range(len(xs))]
-            xs, gs, ms, vs, steps = self._pick(mask, False, xs, gs, ms, vs, steps)
-        if row_v:
-            b1, b2 = (float(b) for b in group["betas"])
-            t = [float(s) for s in steps]
-            bc1, bc2 = [1 - b1**k for k in t], [1 - b2**k for k in t]
-        else:
+        torch._foreach_add_(steps, 1)  # the step counter moves here, before any kernel, in every mode
+        b1, b2 = (float(b) for b in group["betas"])
+        same_device = len({s.device for s in steps}) == 1
+        t = torch.stack(steps).tolist() if same_device else [float(s) for s in steps]  # one sync, not one per tensor
+        step_sizes = [float(group["lr"]) / (1 - b1**k) for k in t]
+        bias2_sqrts = [math.sqrt(1 - b2**k) for k in t]
+        scalars = (b1, b2, float(group["eps"]), TINY[torch.float32], row_v, project)
+        for kernel in ("native", "triton"):  # the fused kernels, each on the tensors it takes
+            mask = self._kernel_mask(kernel, xs, gs, ms, vs)
+            if any(mask):
+                run = _native.sphere_adam_op() if kernel == "native" else _triton_kernel()
+                run(*self._pick(mask, True, xs, gs, ms, vs, step_sizes, bias2_sqrts), *scalars)
+                xs, gs, ms, vs, steps, step_sizes, bias2_sqrts = self._pick(
+                    mask, False, xs, gs, ms, vs, steps, step_sizes, bias2_sqrts
+                )
+        if xs:
+            self._foreach_sphere_step(group, xs, gs, ms, vs, steps, row_v, project)
+
+    def _foreach_sphere_step(self, group, xs, gs, ms, vs, steps, row_v: bool, project: bool) -> None:
+        """Steps 1-5 of the module docstring with ``torch._foreach_*`` passes, the readable
+        reference kernel: the manifold's ``proju`` (step 1), Adam's moments and step (2-3), its
+        ``retr`` (4) and ``transp`` by projection (5), one cache-sized block of rows at a time
+        (see ``_row_kernels.waves``). ``steps`` have moved already."""
+        rows = self._rows
+        transport = row_v and project  # never with a per-element v (module docstring)
+        if not row_v:
             fused = split_fused(group["fused"], xs)  # decided per parameter, not per chunk
-        # All passes on one cache-sized block of rows, then the next (see _row_kernels.waves).
         for idx, (wx, wg, wm, wv) in waves([xs, gs, ms, vs], self.wave_bytes):
             if project:
                 wg = rows.copies(wg)  # p.grad is left as it is
-                rows.project_(wx, wg)  # 1. u = g - <x, g> x
+                rows.project_(wx, wg)  # 1. proju: u = g - <x, g> x
             if row_v:
-                self._row_moments_and_step(group, wx, wg, wm, wv, [bc1[i] for i in idx], [bc2[i] for i in idx])
+                t = [float(steps[i]) for i in idx]
+                b1, b2 = (float(b) for b in group["betas"])
+                self._row_moments_and_step(group, wx, wg, wm, wv, [1 - b1**k for k in t], [1 - b2**k for k in t])
             else:
-                # 2.-3. and x <- x - lr d, by torch's Adam kernel; each chunk gets its own copy of
-                # the step counter (the kernel increments what it is given), the counters move once.
-                self._adam(group, wx, wg, wm, wv, [steps[i].clone() for i in idx], 0.0, [fused[i] for i in idx])
-            rows.retract_(wx)  # 4. x <- Norm(x - lr d)
+                # 2.-3. and x <- x - lr d, by torch's Adam kernel, which moves the counter it is
+                # given before using it: it gets a copy of each counter set one step back.
+                before = torch._foreach_sub([steps[i] for i in idx], 1)
+                self._adam(group, wx, wg, wm, wv, before, 0.0, [fused[i] for i in idx])
+            rows.retract_(wx)  # 4. retr: x <- Norm(x - lr d)
             if transport:
-                rows.project_(wx, wm)  # 5. transport m to the tangent space at the new x
-        if not row_v:
-            torch._foreach_add_(all_steps, 1)
+                rows.project_(wx, wm)  # 5. transp: m projected to the tangent space at the new x
 
     @staticmethod
     def _pick(mask, keep: bool, *lists):
         return tuple([item for item, m in zip(lst, mask) if m == keep] for lst in lists)
 
-    def _native_mask(self, xs, gs, ms, vs) -> list[bool]:
-        """Per tensor: does the native kernel update it? (CPU, a supported dtype, contiguous.)"""
+    def _kernel_mask(self, kernel: str, xs, gs, ms, vs) -> list[bool]:
+        """Per tensor: does ``kernel`` ("native" or "triton") update it? (Chosen for its device,
+        a supported dtype, every tensor contiguous and of the parameter's dtype.) Under
+        ``"auto"`` a kernel that cannot run is warned about once and left to foreach."""
+        dtypes = _native.NATIVE_DTYPES if kernel == "native" else _TRITON_DTYPES
         eligible = [
-            resolve_sphere_kernel(self.sphere_kernel, x.device.type) == "native"
-            and x.dtype in _native.NATIVE_DTYPES
+            resolve_sphere_kernel(self.sphere_kernel, x.device.type) == kernel
+            and x.dtype in dtypes
             and all(t.is_contiguous() and t.dtype == x.dtype for t in (x, g, m, v))
             for x, g, m, v in zip(xs, gs, ms, vs)
         ]
-        if not any(eligible) or _native.sphere_adam_op() is not None:
+        if not any(eligible) or self.sphere_kernel == kernel:
+            return eligible  # an explicit choice was checked when the optimizer was built
+        available, reason = _native.native_status() if kernel == "native" else triton_status()
+        if available:
             return eligible
-        if not self._warned_native:  # "auto" (a "native" optimizer checked this when built)
-            self._warned_native = True
+        if kernel not in self._warned:
+            self._warned.add(kernel)
             warnings.warn(
-                f"RiemannianAdam: the native sphere kernel is unavailable ({_native.native_status()[1]}); "
-                "using the foreach kernels (same step, slower on CPU)",
+                f"RiemannianAdam: the {kernel} sphere kernel is unavailable ({reason}); "
+                "using the foreach kernels (same step, slower)",
                 RuntimeWarning,
                 stacklevel=6,  # the caller of optimizer.step()
             )
         return [False] * len(xs)
-
-    def _compiled_mask(self, xs, gs, ms, vs) -> list[bool]:
-        """Per tensor: does the compiled kernel update it? (Asked for, contiguous, one dtype.)"""
-        if self._compiled_failure is not None:
-            return [False] * len(xs)
-        eligible = [
-            resolve_sphere_kernel(self.sphere_kernel, x.device.type) == "compiled"
-            and x.dtype in compiled_kernel.COMPILED_DTYPES
-            and all(t.is_contiguous() and t.dtype == x.dtype and t.device == x.device for t in (x, g, m, v))
-            for x, g, m, v in zip(xs, gs, ms, vs)
-        ]
-        if not any(eligible) or self.sphere_kernel == "compiled":
-            return eligible  # an explicit "compiled" was checked when the optimizer was built
-        available, reason = compiled_kernel.compiled_status()
-        if not available:
-            self._give_up_compiled(reason)
-            return [False] * len(xs)
-        return eligible
-
-    def _give_up_compiled(self, reason: str) -> None:
-        self._compiled_failure = reason
-        warnings.warn(
-            f"RiemannianAdam: the compiled sphere kernel is unavailable ({reason}); "
-            "using the foreach kernels (same step, slower)",
-            RuntimeWarning,
-            stacklevel=7,  # the caller of optimizer.step()
-        )
-
-    def _compiled_step(self, group, xs, gs, ms, vs, steps, row_v: bool, project: bool) -> int:
-        """Steps 1-5 of the module docstring, one compiled function call per tensor. Returns how
-        many tensors (from the first) it updated: fewer than all when ``"auto"`` gives up on a
-        compile failure (raised before the failing tensor is written; the rest go foreach)."""
-        b1, b2 = (float(b) for b in group["betas"])
-        eps = float(group["eps"])
-        step_sizes, inv_bias2_sqrts = compiled_kernel.step_scalars(steps, float(group["lr"]), b1, b2, row_v)
-        for i, (x, g, m, v, step_size, inv_b2) in enumerate(zip(xs, gs, ms, vs, step_sizes, inv_bias2_sqrts)):
-            try:
-                compiled_kernel.sphere_adam_(x, g, m, v, step_size, inv_b2, b1, b2, eps, row_v, project)
-            except Exception as exc:  # a compile failure: raised before anything is written
-                lines = str(exc).strip().splitlines()
-                reason = f"torch.compile failed: {type(exc).__name__}: {lines[0] if lines else ''}"
-                if self.sphere_kernel == "compiled":
-                    raise RuntimeError(f"RiemannianAdam(sphere_kernel='compiled'): {reason}") from exc
-                self._give_up_compiled(reason)
-                return i
-        return len(xs)
-
-    def _native_step(self, group, xs, gs, ms, vs, steps, row_v: bool, project: bool) -> None:
-        """Steps 1-5 of the module docstring for CPU tensors, one fused pass per row.
-        ``steps`` hold the step count before this step in element mode, after it in row mode."""
-        b1, b2 = (float(b) for b in group["betas"])
-        lr = float(group["lr"])
-        t = [float(s) + (0.0 if row_v else 1.0) for s in steps]
-        step_sizes = [lr / (1 - b1**k) for k in t]
-        bias2_sqrts = [math.sqrt(1 - b2**k) for k in t]
-        _native.sphere_adam_op()(
-            xs,
-            gs,
-            ms,
-            vs,
-            step_sizes,
-            bias2_sqrts,
-            b1,
-            b2,
-            float(group["eps"]),
-            TINY[torch.float32],
-            row_v,
-            not project,
-        )
 
     def _row_moments_and_step(self, group, xs, gs, ms, vs, bc1, bc2) -> None:
         """Steps 2-3 with one second moment per row, in geoopt's order of operations (except
@@ -484,3 +427,12 @@ class RiemannianAdam(Optimizer):
         torch._foreach_reciprocal_(coef)
         torch._foreach_mul_(coef, -lr)
         torch._foreach_addcmul_(xs, ms, coef)
+
+
+_TRITON_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _triton_kernel():
+    from .triton_kernel import sphere_adam_  # imports Triton: only when the kernel is used
+
+    return sphere_adam_

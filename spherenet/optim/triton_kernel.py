@@ -14,7 +14,7 @@ stores in each tensor's own dtype (float32 or bf16/fp16 parameters and states). 
     m = m - <x, m> x                       ``transp`` by projection: row v and riemannian gradient only
 
 the algorithm of :mod:`spherenet.optim.riemannian_adam` (whose native CPU kernel has the same
-signature as :func:`sphere_adam_`). One launch per tensor. On CPU tensors it runs only under
+signature as :func:`sphere_adam_`; ``project``: the riemannian gradient). One launch per tensor. On CPU tensors it runs only under
 Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported), which is how the tests
 run it; its float64 parameters are stepped in float32.
 """
@@ -67,7 +67,7 @@ def _sphere_adam_rows(
 
 def sphere_adam_(
     xs, gs, ms, vs, step_sizes, bias2_sqrts, beta1: float, beta2: float, eps: float, tiny: float,
-    row_v: bool, euclidean_gradient: bool = False,
+    row_v: bool, project: bool,
 ) -> None:  # fmt: skip  # the native kernel's signature, argument for argument
     """Step every sphere tensor of ``xs`` in place (``gs`` read; ``ms``, ``vs`` updated): the
     arguments of the native CPU kernel ``torch.ops.spherenet.sphere_adam_``. ``vs[i]`` holds one
@@ -84,5 +84,5 @@ def sphere_adam_(
         rows = max(1, min(64, ELEMENTS_PER_PROGRAM // block_d))
         _sphere_adam_rows[(triton.cdiv(n_rows, rows),)](
             x, g, m, v, n_rows, d, step_size, 1.0 / bias2_sqrt, beta1, beta2, eps, tiny,
-            ROW_V=row_v, PROJECT=not euclidean_gradient, BLOCK_D=block_d, ROWS=rows,
+            ROW_V=row_v, PROJECT=project, BLOCK_D=block_d, ROWS=rows,
         )  # fmt: skip  # one launch

@@ -73,7 +73,7 @@ class OptimSection:
     eps: float = 1e-8
     second_moment: str = "element"  # riemannian_adam: element | row
     gradient: str = "riemannian"  # riemannian_adam: riemannian (tangent-projected moments) | euclidean (the paper's)
-    sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | foreach | compiled (torch.compile)
+    sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | triton | foreach
     grad_clip: float = 0.0  # 0 = off
     reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift
     muon_lr: float = -1.0  # spherical_muon | muon: lr of the Muon part; < 0: optim.lr (RMS-matched step)
@@ -115,7 +115,7 @@ _CHOICES = {
     ("optim", "method"): ("riemannian_adam", "adam_normalize", "adamw", "spherical_muon", "muon"),
     ("optim", "second_moment"): ("element", "row"),
     ("optim", "gradient"): ("riemannian", "euclidean"),
-    ("optim", "sphere_kernel"): ("auto", "native", "foreach", "compiled"),
+    ("optim", "sphere_kernel"): ("auto", "native", "triton", "foreach"),
     ("train", "parallel"): ("none", "ddp", "fsdp"),
     ("train", "autocast"): ("auto", "bf16", "off"),
     ("train", "nonfinite"): ("skip", "stop"),

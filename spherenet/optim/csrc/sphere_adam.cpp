@@ -207,7 +207,7 @@ void sphere_adam_(
     double eps,
     double tiny,
     bool row_v,
-    bool euclidean_gradient) {
+    bool project) {
   const size_t n = xs.size();
   TORCH_CHECK(gs.size() == n && ms.size() == n && vs.size() == n && step_sizes.size() == n &&
                   bias2_sqrts.size() == n,
@@ -236,7 +236,7 @@ void sphere_adam_(
     const int64_t rows = x.numel() / d;
     if (rows == 0) continue;
     operands.push_back({x.data_ptr(), ms[i].data_ptr(), vs[i].data_ptr(), gs[i].data_ptr(), d, x.scalar_type(),
-                        Hyper{step_sizes[i], 1.0 / bias2_sqrts[i], beta1, beta2, eps, tiny, !euclidean_gradient}});
+                        Hyper{step_sizes[i], 1.0 / bias2_sqrts[i], beta1, beta2, eps, tiny, project}});
     const int64_t rows_per_block = std::max<int64_t>(1, kBlock / d);
     for (int64_t r = 0; r < rows; r += rows_per_block)
       blocks.push_back({int64_t(operands.size()) - 1, r, std::min(rows, r + rows_per_block)});
@@ -259,7 +259,7 @@ TORCH_LIBRARY(spherenet, lib) {
   lib.def(
       "sphere_adam_(Tensor(a!)[] xs, Tensor[] gs, Tensor(b!)[] ms, Tensor(c!)[] vs, "
       "float[] step_sizes, float[] bias2_sqrts, float beta1, float beta2, float eps, float tiny, "
-      "bool row_v, bool euclidean_gradient=False) -> ()");
+      "bool row_v, bool project) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spherenet, CPU, lib) {
