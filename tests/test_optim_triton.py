@@ -161,3 +161,13 @@ def test_spherenet_kernels_triton_makes_auto_pick_the_triton_kernel():
         env = dict(os.environ, SPHERENET_KERNELS=setting)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.split() == want.split(), setting
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
+    if DEVICE == "cuda":
+        pytest.skip("the check is for CPU tensors")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x, m, v, _ = start(4, 16, False)
+    x, m, v = x.float(), m.float(), v.float()
+    with pytest.raises(RuntimeError, match="CPU tensors need TRITON_INTERPRET=1"):
+        kernel_step(x, torch.zeros_like(x), m, v, 1, False, True)

@@ -21,6 +21,8 @@ run it; its float64 parameters are stepped in float32.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -77,6 +79,11 @@ def sphere_adam_(
         n_rows = x.numel() // d if d else 0
         if n_rows == 0:
             continue
+        if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "sphere_adam_ (Triton): CPU tensors need TRITON_INTERPRET=1 (set before Triton is imported); "
+                "use sphere_kernel='native' or 'foreach' on CPU"
+            )
         for name, t in (("gradient", g), ("exp_avg", m), ("exp_avg_sq", v), ("parameter", x)):
             if not t.is_contiguous():
                 raise ValueError(f"sphere_adam_ (Triton): the {name} of shape {tuple(t.shape)} is not contiguous")
