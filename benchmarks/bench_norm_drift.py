@@ -61,6 +61,7 @@ class SphereMatrix(nn.Module):
 
 
 def norm_error(w: torch.Tensor) -> float:
+    # in float64, not Sphere.norm_error's float32: the drift measured here is of float32's size
     return float((w.detach().double().norm(dim=-1) - 1).abs().max())
 
 

@@ -26,34 +26,32 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from recipes.checkpoints import checkpoint_files, model_class_name, saved_model_config
+from recipes.checkpoints import checkpoint_files, model_class_name
 from recipes.progress import progress_bar
+from recipes.resume import check_resumable, extend_schedule, plan_resume, restore_position
+from spherenet.analysis import eigen_learning_rates, sphere_norm_error
 from spherenet.checkpoint import (
     CheckpointError,
     CheckpointManager,
     NonFiniteStateError,
-    VerifiedCheckpoint,
 )
 from spherenet.data import DataError, prepare_dataset
-from spherenet.manifolds import Sphere, named_sphere_parameters
+from spherenet.manifolds import named_sphere_parameters
 from spherenet.models import from_preset
-from spherenet.models.presets import preset_config
 from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config
 from spherenet.train.distributed import (
     all_reduce_max,
-    all_reduce_mean,
     barrier,
     init_distributed,
     shutdown,
     wrap_model,
 )
 from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
-from spherenet.train.tracking import check_available, flatten_config, open_trackers
+from spherenet.train.tracking import check_available, open_trackers
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
 
@@ -65,9 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallel", choices=["none", "ddp", "fsdp"], help="shortcut for train.parallel")
     p.add_argument("--compile", action="store_true", help="shortcut for train.compile=true")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
-    p.add_argument(
-        "--no-progress", action="store_true", help="shortcut for train.progress=false (no bar, no log lines)"
-    )
+    p.add_argument("--no-progress", action="store_true", help="shortcut for train.progress=false")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     return p.parse_args(argv)
 
@@ -129,171 +125,6 @@ def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.
         raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
     model.set_activation_checkpointing(cfg.train.activation_checkpointing)
     return model.to(device)
-
-
-# Settings that may differ between the invocations of one run (--resume, torchrun restarts).
-# Any other difference would be silently overridden by the checkpoint (learning rates live in
-# the optimizer/scheduler state, the model's options in nothing that load checks) or would make
-# it another run: refused, before any work. Special cases, checked in plan_resume:
-#   train.steps             the schedule is recomputed over the new total (not below the checkpoint's step)
-#   train.micro_batch_size  the data position counts global batches, so only accumulation changes
-#   train.parallel / world  an FSDP (DCP) checkpoint loads into any layout (DCP reshards); an
-#                           unsharded one (single process / DDP) into anything but FSDP
-RESUMABLE_CHANGES = {
-    "train": {"eval_every", "eval_batches", "log_every", "checkpoint_every", "keep_last", "out_dir", "compile",
-              "autocast", "progress", "sample_tokens", "halt_after", "nonfinite", "max_nonfinite", "parallel",
-              "micro_batch_size", "steps", "loggers", "wandb_project", "activation_checkpointing"},
-    "optim": {"grad_clip", "reproject_every", "sphere_kernel"},
-    "data": {"source", "cache_dir", "num_proc"},
-}  # fmt: skip  # key names packed by section
-# Keys added after checkpoints were already being written: a checkpoint without one ran with
-# this value (so resuming it with the same value is no change).
-ADDED_KEYS = {"optim": {"gradient": "riemannian", "muon_lr": -1.0, "muon_momentum": 0.95}}
-
-
-@dataclasses.dataclass
-class ResumePlan:
-    """What ``--resume`` continues from, found and checked before the data or model is built."""
-
-    checkpoint: VerifiedCheckpoint
-    data_position: dict[str, Any]  # the train windows' saved state
-    steps_changed: bool  # train.steps differs: the LR schedule is recomputed over the new total
-    notes: list[str]  # accepted changes, printed and logged
-
-
-def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[str, Any]]:
-    overrides = dict(cfg.model.overrides)
-    overrides.setdefault("vocab_size", vocab_size)
-    try:
-        config = preset_config(cfg.model.preset, **overrides)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
-    return ("NGPT" if type(config).__name__ == "NGPTConfig" else "GPT"), dataclasses.asdict(config)
-
-
-def _saved_model_config(class_name: str, config: dict) -> dict:
-    """A checkpoint's model config in today's spelling (earlier versions wrote flat scaling
-    keys), each scaling complete, so that it compares field by field with ``asdict(config)``."""
-    try:
-        return dataclasses.asdict(saved_model_config(class_name, config))
-    except (KeyError, TypeError, ValueError):  # not a config this version builds: compare what is there
-        return config
-
-
-def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config: dict, path: Path) -> None:
-    """ConfigError naming every setting that differs from the run that wrote the checkpoint
-    (``saved``: its plain values), except those in :data:`RESUMABLE_CHANGES`. The model is
-    compared by its effective config (preset plus overrides), the rest by the config's values."""
-    unset = "(unset)"
-    diffs = []
-
-    def compare(where: str, old: dict, new: dict, free=()) -> None:
-        for key in sorted(set(old) | set(new)):
-            if key not in free and old.get(key, unset) != new.get(key, unset):
-                diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
-
-    if isinstance(saved.get("model_config"), dict):
-        saved_class = model_class_name(str(saved.get("model_class")))
-        compare("model ", {"class": saved_class}, {"class": model_class})
-        compare(
-            "model.",
-            flatten_config(_saved_model_config(saved_class, saved["model_config"])),
-            flatten_config(model_config),
-        )
-    old_cfg, new_cfg = saved.get("config"), cfg.to_dict()
-    if isinstance(old_cfg, dict):
-        for section in ("data", "optim", "train"):
-            old = {**ADDED_KEYS.get(section, {}), **(old_cfg.get(section) or {})}
-            compare(f"{section}.", old, new_cfg[section], RESUMABLE_CHANGES[section])
-    if diffs:
-        raise ConfigError(
-            f"checkpoint {path} was written by a run with other settings; resume with the same values "
-            "(or start a new run in another train.out_dir):\n  " + "\n  ".join(diffs)
-        )
-
-
-def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> ResumePlan:
-    """Check, from the verified checkpoint alone, that this invocation can continue it: the
-    settings (:func:`check_resumable`), ``train.steps``, the global batch and the parallel
-    layout. Raises ConfigError naming the key; nothing has been built or written yet."""
-    t = cfg.train
-    try:
-        state = ckpt.read_state()
-    except Exception as exc:  # noqa: BLE001 - verified, yet not readable as a training state
-        raise CheckpointError(f"checkpoint {ckpt.path} holds no training state this recipe can read: {exc}") from None
-    saved = state["values"]
-    position = state["stateful"].get("train_windows")
-    if not isinstance(position, dict) or "step" not in position:
-        raise CheckpointError(f"checkpoint {ckpt.path} holds no data position (train_windows)")
-    vocab = (saved.get("model_config") or {}).get("vocab_size", 0)
-    check_resumable(saved, cfg, *_effective_model_config(cfg, vocab), ckpt.path)
-
-    notes = []
-    old_train = (saved.get("config") or {}).get("train") or {}
-    old_steps = int(old_train.get("steps", t.steps))
-    if t.steps < ckpt.step:
-        raise ConfigError(
-            f"train.steps {t.steps} is below the step of checkpoint {ckpt.path} ({ckpt.step}); "
-            f"resume with train.steps >= {ckpt.step}"
-        )
-    if t.steps != old_steps:
-        notes.append(
-            f"train.steps {old_steps} -> {t.steps}: the learning-rate schedule (warmup + cosine to 0) "
-            f"is recomputed over {t.steps} steps from step {ckpt.step}"
-        )
-
-    backend, old_world = ckpt.manifest.get("backend"), int(ckpt.manifest.get("world_size", 1))
-    old_parallel = old_train.get("parallel", "none")
-    sharded_now = t.parallel == "fsdp" and world_size > 1
-    if backend == "torch" and sharded_now:
-        raise ConfigError(
-            f"train.parallel: checkpoint {ckpt.path} was written unsharded (train.parallel={old_parallel!r}, "
-            f"{old_world} process(es)); resuming it under FSDP (train.parallel='fsdp', {world_size} processes) is "
-            "not supported: resume with train.parallel=ddp (or none)"
-        )
-    if (old_parallel, old_world) != (t.parallel, world_size):
-        notes.append(
-            f"train.parallel {old_parallel} x {old_world} process(es) -> {t.parallel} x {world_size} process(es)"
-        )
-
-    # The data position counts global batches of train.batch_size windows (see main): the same
-    # in any layout. Checkpoints written before counted micro-batches of (micro x world).
-    saved_global = int(position.get("batch_size", 0)) * old_world
-    if saved_global != t.batch_size:
-        notes.append(
-            f"the checkpoint counts its data position in batches of {saved_global} windows, not global batches of "
-            f"{t.batch_size} (written by an older spherenet with gradient accumulation): the data order from here "
-            "on differs from that of the uninterrupted run"
-        )
-    old_micro = old_train.get("micro_batch_size", 0)
-    if old_micro != t.micro_batch_size:
-        notes.append(
-            f"train.micro_batch_size {old_micro or 'unset'} -> {t.micro_batch_size or 'unset'}: "
-            "gradient accumulation changes, the global batch and the data order do not"
-        )
-    return ResumePlan(ckpt, dict(position), t.steps != old_steps, notes)
-
-
-def restore_position(train_windows, plan: ResumePlan, step: int) -> None:
-    """Set the data position from the checkpoint; the seed, block size and token count must
-    match (the windows' own check), the per-rank batch may differ (another world size)."""
-    saved = dict(plan.data_position)
-    if int(saved.get("batch_size", 0)) * int(plan.checkpoint.manifest.get("world_size", 1)) != (
-        train_windows.batch_size * train_windows.world_size
-    ):
-        saved["step"] = step  # older layout (see plan_resume): one global batch per step from here on
-    saved["batch_size"] = train_windows.batch_size
-    train_windows.load_state_dict(saved)
-
-
-def extend_schedule(scheduler, saved_state: dict) -> None:
-    """Restore a scheduler saved with another ``train.steps``: its position and base LRs from
-    the checkpoint, its LR function (warmup + cosine over the new total) from this run; the
-    optimizer's LRs are set to the new schedule's value at the current step."""
-    saved_state = dict(saved_state, lr_lambdas=[None] * len(scheduler.lr_lambdas))  # keep the new function
-    scheduler.load_state_dict(saved_state)
-    scheduler.last_epoch -= 1
-    scheduler.step()  # recomputes every group's lr at last_epoch with the new function
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded = ckpt.load(plan.checkpoint, {k: v for k, v in state.items() if k not in skip})
         check_resumable(loaded.extra, cfg, model_class_name(model), dataclasses.asdict(model.config), loaded.path)
         start = loaded.step
-        restore_position(train_windows, plan, start)
+        restore_position(train_windows, plan)
         if plan.steps_changed:
             extend_schedule(scheduler, loaded.extra["scheduler"])
         if info.is_main:
@@ -531,55 +362,21 @@ def main(argv: list[str] | None = None) -> int:
             sphere_norm_error=norm_err,
         )
     if t.sample_tokens > 0 and last_step == t.steps:
-        sample = generate_sample(model, tokenizer, val_windows, t.sample_tokens, info.device)
+        prompt, continuation = generate_sample(model, tokenizer, val_windows, t.sample_tokens, info.device)
         if info.is_main:
-            print("--- sample ---\n" + sample + "\n--------------", flush=True)
+            print(f"--- sample: prompt ---\n{prompt}\n--- sample: the model's continuation ---\n{continuation}\n---")
     return 0
 
 
-def sphere_norm_error(model: torch.nn.Module, device: torch.device) -> float:
-    """max |‖row‖ - 1| over every declared sphere weight, across ranks (FSDP: local shards hold
-    whole rows). 0.0 for a model without sphere weights. Reduced on ``device`` (NCCL needs CUDA)."""
-    worst = torch.zeros((), dtype=torch.float64, device=device)
-    for _, p in named_sphere_parameters(model):
-        p = p.detach()
-        p = p.to_local() if hasattr(p, "to_local") else p
-        worst = torch.maximum(worst, Sphere.norm_error(p).to(worst))
-    return float(all_reduce_max(worst))
-
-
-def eigen_learning_rates(model: torch.nn.Module, device: torch.device) -> dict[str, list[float]]:
-    """Per layer, the mean |alpha_A| and |alpha_M|: the eigen learning rates of the attention and
-    MLP updates (eq. 10, 11) as the forward pass applies them. ``{}`` for a model without them
-    (GPT). Every rank takes part: FSDP shards the vectors, so sums and counts are reduced."""
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or not all(hasattr(b, "residual_attn") and hasattr(b, "residual_mlp") for b in blocks):
-        return {}
-    parts = []
-    with torch.no_grad():
-        for block in blocks:
-            for residual in (block.residual_attn, block.residual_mlp):
-                alpha = residual.effective_alpha().detach()
-                alpha = alpha.to_local() if hasattr(alpha, "to_local") else alpha
-                total = alpha.abs().sum(dtype=torch.float64)
-                parts.append(torch.stack([total, total.new_tensor(float(alpha.numel()))]).to(device))
-    # Means of sums and counts over ranks: their ratio is the mean over every element.
-    sums, counts = all_reduce_mean(torch.stack(parts)).cpu().unbind(1)
-    means = (sums / counts.clamp(min=1)).view(len(blocks), 2).tolist()
-    return {"alpha_A_mean_abs": [m[0] for m in means], "alpha_M_mean_abs": [m[1] for m in means]}
-
-
-def generate_sample(model, tokenizer, val_windows, n_tokens: int, device: torch.device) -> str:
-    """Continue the first 32 tokens of the validation split (every rank runs it: under FSDP the
-    forward pass is collective; the seeded generator makes all ranks agree)."""
-    prompt_len = min(32, model.config.max_seq_len // 2)
-    n_tokens = min(n_tokens, model.config.max_seq_len - prompt_len)
-    prompt = torch.as_tensor(val_windows.tokens[:prompt_len].astype("int64"), device=device)[None]
-    gen = torch.Generator(device=device).manual_seed(0)
+def generate_sample(model, tokenizer, val_windows, n_tokens: int, device: torch.device) -> tuple[str, str]:
+    """The first 32 tokens of the validation split and the model's continuation of them (every
+    rank runs it: under FSDP the forward pass is collective; the seeded generator makes all agree)."""
+    ids = val_windows.tokens[: min(32, model.config.max_seq_len // 2)].astype("int64").tolist()
     model.eval()
     with torch.no_grad():
-        out = model.generate(prompt, n_tokens, temperature=0.8, top_k=50, generator=gen)
-    return tokenizer.decode(out[0].tolist())
+        gen = torch.Generator(device=device).manual_seed(0)
+        out = model.generate(torch.tensor([ids], device=device), n_tokens, temperature=0.8, top_k=50, generator=gen)
+    return tokenizer.decode(ids), tokenizer.decode(out[0, len(ids) :].tolist())
 
 
 def cli(argv: list[str] | None = None) -> int:

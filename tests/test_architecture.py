@@ -168,28 +168,22 @@ def test_bare_fmt_skip_is_found(tmp_path, monkeypatch):
     assert bare_fmt_skips([src]) == ["m.py:1", "m.py:6"]
 
 
-# old module -> (new module, names it must give back)
-RENAMED_MODULES = {
-    "spherenet.optim.radam": (
-        "spherenet.optim.riemannian_adam",
-        ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS", "resolve_sphere_kernel", "split_fused"],
-    ),
-    "spherenet.optim.recipes": (
-        "spherenet.optim.build",
-        ["METHODS", "MUON_METHODS", "RECIPES", "build_optimizer", "WarmupCosine"],
-    ),
-}
+def test_renamed_modules_are_gone_not_shimmed():
+    """No compatibility layer: a renamed module is renamed everywhere at once (CHANGELOG.md)."""
+    for old in ("spherenet.optim.radam", "spherenet.optim.recipes"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
 
 
-@pytest.mark.parametrize("old", sorted(RENAMED_MODULES))
-def test_renamed_module_warns_and_gives_the_same_objects(old, monkeypatch):
-    new, names = RENAMED_MODULES[old]
-    monkeypatch.delitem(sys.modules, old, raising=False)  # the warning fires on first import only
-    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
-        shim = importlib.import_module(old)
-    target = importlib.import_module(new)
-    for name in names:
-        assert getattr(shim, name) is getattr(target, name), f"{old}.{name} is not {new}.{name}"
+def test_nothing_in_the_library_or_recipes_warns_about_deprecation():
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in repository_python_files()
+        if path.parts[len(ROOT.parts)] in ("spherenet", "recipes")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "DeprecationWarning" in line and "torch.jit.script" not in line
+    ]
+    assert not hits, hits
 
 
 # every public name the rest of the repository imports from a package that was split into modules

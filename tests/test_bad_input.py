@@ -155,7 +155,7 @@ CONFIG_CASES = {
     "unknown_method": ("optim.method=sgd", "optim.method = 'sgd' is not one of riemannian_adam"),
     "unknown_sphere_kernel": (
         "optim.sphere_kernel=cuda",
-        "optim.sphere_kernel = 'cuda' is not one of auto, native, foreach, compiled",
+        "optim.sphere_kernel = 'cuda' is not one of auto, native, triton, foreach",
     ),
 }
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from recipes.train import check_resumable
+from recipes.resume import check_resumable
 from spherenet.models import from_preset
 from spherenet.optim import (
     GRADIENTS,
@@ -100,14 +100,14 @@ def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
 def test_euclidean_gradient_is_the_papers_adam_then_normalize(kernel):
     """gradient="euclidean" steps exactly as torch's Adam followed by Norm (Section 2.6 step 2,
     Table 3; build_optimizer's "adam_normalize"): 50 float64 steps with the schedule, every
-    parameter (sphere and Euclidean) within 1e-12. The default gradient="riemannian" does not."""
+    parameter (sphere and Euclidean) within 1e-12 (it is the default). gradient="riemannian" does not."""
     ours, paper, riemannian = ngpt(torch.float64), ngpt(torch.float64), ngpt(torch.float64)
     start = copy.deepcopy(paper)
     common = dict(lr=1e-3, total_steps=50, sphere_kernel=kernel)
     runs = [
-        (ours, *build_optimizer(ours, "riemannian_adam", gradient="euclidean", **common)),
+        (ours, *build_optimizer(ours, "riemannian_adam", **common)),
         (paper, *build_optimizer(paper, "adam_normalize", lr=1e-3, total_steps=50)),
-        (riemannian, *build_optimizer(riemannian, "riemannian_adam", **common)),
+        (riemannian, *build_optimizer(riemannian, "riemannian_adam", gradient="riemannian", **common)),
     ]
     for step in range(50):
         ids, targets = text_batch(step)
@@ -170,29 +170,29 @@ def test_gradient_option_is_checked_everywhere():
 
 
 def test_gradient_per_group_and_through_state_dict():
-    """A group's "gradient" key decides for its parameters; state_dict keeps it, and a state
-    saved before the option existed loads as "riemannian" (what it ran)."""
+    """A group's "gradient" key decides for its parameters, and state_dict keeps it; a state
+    whose sphere groups lack the key (written by an older spherenet) is refused by name."""
     a, b = ngpt(torch.float64), ngpt(torch.float64)
     groups = param_groups(a)
     for group in groups:
         if group["manifold"] == "sphere":
-            group["gradient"] = "euclidean"
+            group["gradient"] = "riemannian"
     opt_a = RiemannianAdam(groups, lr=1e-2, model=a)
-    opt_b = RiemannianAdam(b, lr=1e-2, gradient="euclidean")
+    opt_b = RiemannianAdam(b, lr=1e-2, gradient="riemannian")
     for step in range(3):
         lm_step(a, opt_a, *text_batch(step))
         lm_step(b, opt_b, *text_batch(step))
     assert max_diff(a, b) == 0.0
     saved = opt_a.state_dict()
-    assert {g["gradient"] for g in saved["param_groups"] if g["manifold"] == "sphere"} == {"euclidean"}
+    assert {g["gradient"] for g in saved["param_groups"] if g["manifold"] == "sphere"} == {"riemannian"}
     restored = RiemannianAdam(copy.deepcopy(a), lr=1e-2)
     restored.load_state_dict(saved)
-    assert {g["gradient"] for g in restored.param_groups if g["manifold"] == "sphere"} == {"euclidean"}
+    assert {g["gradient"] for g in restored.param_groups if g["manifold"] == "sphere"} == {"riemannian"}
     for group in saved["param_groups"]:
         del group["gradient"]
-    older = RiemannianAdam(copy.deepcopy(a), lr=1e-2, gradient="euclidean")
-    older.load_state_dict(saved)
-    assert {g["gradient"] for g in older.param_groups} == {"riemannian"}
+    older = RiemannianAdam(copy.deepcopy(a), lr=1e-2)
+    with pytest.raises(ValueError, match="param group 0 of the saved state has no 'gradient'"):
+        older.load_state_dict(saved)
 
 
 def test_row_second_moment_with_the_euclidean_gradient_is_supported():
@@ -213,26 +213,25 @@ def test_row_second_moment_with_the_euclidean_gradient_is_supported():
 
 
 def test_config_key_optim_gradient():
-    assert load_config(None, []).optim.gradient == "riemannian"
+    assert load_config(None, []).optim.gradient == "euclidean"  # the paper's optimizer
     assert load_config(None, ["optim.gradient=euclidean"]).optim.gradient == "euclidean"
     with pytest.raises(ConfigError, match=r"optim\.gradient = 'paper' is not one of riemannian, euclidean"):
         load_config(None, ["optim.gradient=paper"])
 
 
-def test_resume_refuses_another_gradient_and_accepts_older_checkpoints():
+def test_resume_refuses_another_gradient_and_older_checkpoints():
     path = Path("ckpt-000010.pt")
-    euclidean = load_config(None, ["optim.gradient=euclidean"])
-    riemannian = load_config(None, [])
+    euclidean = load_config(None, [])
+    riemannian = load_config(None, ["optim.gradient=riemannian"])
 
     def check(saved_config, cfg):
         check_resumable({"config": saved_config}, cfg, "NGPT", {}, path)
 
-    check(euclidean.to_dict(), euclidean)
-    with pytest.raises(ConfigError, match="optim.gradient: 'euclidean' in the checkpoint, 'riemannian' now"):
-        check(euclidean.to_dict(), riemannian)
-    older = riemannian.to_dict()
+    check(riemannian.to_dict(), riemannian)
+    with pytest.raises(ConfigError, match="optim.gradient: 'riemannian' in the checkpoint, 'euclidean' now"):
+        check(riemannian.to_dict(), euclidean)
+    older = euclidean.to_dict()
     for key in ("gradient", "muon_lr", "muon_momentum"):  # written before these keys existed
         del older["optim"][key]
-    check(older, riemannian)  # it ran the riemannian moments, and no Muon
-    with pytest.raises(ConfigError, match="optim.gradient: 'riemannian' in the checkpoint, 'euclidean' now"):
+    with pytest.raises(ConfigError, match="optim.gradient: '\\(unset\\)' in the checkpoint, 'euclidean' now"):
         check(older, euclidean)

@@ -87,7 +87,11 @@ def test_main_job_on_default_corpus(tmp_path, cache, capsys):
     assert any("val_loss" in r for r in steps)
     assert log[-1]["event"] == "done" and log[-1]["sphere_norm_error"] < 1e-5
     assert (tmp_path / "run" / "checkpoints" / "step_00000004" / "MANIFEST.json").is_file()
-    assert "--- sample ---" in out and "ngpt-tiny" in out
+    assert (
+        "--- sample: prompt ---\n" in out
+        and "\n--- sample: the model's continuation ---\n" in out
+        and "ngpt-tiny" in out
+    )
 
 
 def test_gpt_on_local_text_file(tmp_path, cache, text_file, capsys):
@@ -380,7 +384,8 @@ def test_refused_resume_does_no_work_and_leaves_checkpoints(
 def test_unsharded_checkpoint_is_refused_under_fsdp(finished_run, cache, text_file):
     """DCP reshards an FSDP checkpoint into any layout; a single-process / DDP checkpoint (one
     torch.save file) is not loaded into FSDP-sharded parameters: refused from the manifest."""
-    from recipes.train import build_config, parse_args, plan_resume
+    from recipes.resume import plan_resume
+    from recipes.train import build_config, parse_args
     from spherenet.checkpoint import CheckpointManager
     from spherenet.train.config import ConfigError
 

@@ -13,12 +13,15 @@ arrays and Python floats, ready for JSON or for the ``plot_*`` functions.
   (eq. 10, 11) and the scalings s_qk (eq. 15, 16), s_u, s_v (eq. 20, 21), and s_z (eq. 3).
 - :func:`length_extrapolation` (Appendix A.7, Fig. 13): validation loss at 1x, 2x, 4x the
   training context, on the same scored tokens.
+- :func:`sphere_norm_error`, :func:`eigen_learning_rates`: what training logs while it runs
+  (every rank calls them).
 
 The ``plot_*`` functions draw several models on one figure (e.g. nGPT against GPT, as the
 paper's figures do) into a small PNG (matplotlib's Agg backend, 80 dpi). Nothing here trains or
 modifies the model it is given.
 """
 
+from .diagnostics import eigen_learning_rates, sphere_norm_error
 from .embeddings import embedding_stats
 from .extrapolation import length_extrapolation, with_max_seq_len
 from .plots import plot_condition_numbers, plot_embeddings, plot_extrapolation, plot_scalings
@@ -37,4 +40,6 @@ __all__ = [
     "plot_scalings",
     "plot_extrapolation",
     "CONDITION_KEYS",
+    "sphere_norm_error",
+    "eigen_learning_rates",
 ]

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..manifolds import named_sphere_parameters, point_tolerance
+from ..manifolds import Sphere, named_sphere_parameters, point_tolerance
 
 __all__ = ["CONFIG_NAME", "INSTALL_HINT", "WEIGHTS_NAME", "HubMixin", "PretrainedFileError", "load_pretrained"]
 
@@ -55,15 +55,11 @@ def _require(module: str) -> ModuleType:
         ) from None
 
 
-def _max_row_norm_error(tensor: torch.Tensor) -> float:
-    return float((tensor.detach().float().norm(dim=-1) - 1).abs().max())
-
-
 def _check_unit_rows(named_tensors: dict[str, torch.Tensor], where: str) -> None:
     """Refuse sphere weights whose rows are not unit vectors (within the dtype's tolerance)."""
     bad = []
     for name, tensor in named_tensors.items():
-        error, tolerance = _max_row_norm_error(tensor), point_tolerance(tensor.dtype)
+        error, tolerance = float(Sphere.norm_error(tensor)), point_tolerance(tensor.dtype)
         if not error <= tolerance:  # also catches NaN
             bad.append(f"{name!r} (|row norm - 1| up to {error:.3g}, tolerance {tolerance:g} for {tensor.dtype})")
     if bad:

@@ -14,7 +14,7 @@
   the Muon recipes ``"spherical_muon"`` (nGPT) and ``"muon"`` (GPT).
 """
 
-from .build import METHODS, MUON_METHODS, RECIPES, WarmupCosine, build_optimizer
+from .build import METHOD_DEFAULTS, METHODS, MUON_METHODS, WarmupCosine, build_optimizer
 from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
 from .muon import SphericalMuon, is_hidden_matrix, zeropower_via_newton_schulz
@@ -46,5 +46,5 @@ __all__ = [
     "WarmupCosine",
     "METHODS",
     "MUON_METHODS",
-    "RECIPES",
+    "METHOD_DEFAULTS",
 ]

@@ -83,7 +83,7 @@ def ensure_on_sphere(
         UserWarning,
         stacklevel=stacklevel,  # the user's optimizer.step() call, through torch's step wrappers
     )
-    rows.retract_([x for _, x, _ in bad])
+    rows.retr_([x for _, x, _ in bad])
 
 
 class ModelWatch:

@@ -212,17 +212,19 @@ class RowOps:
                 out.append(torch.linalg.vector_norm(x, dim=-1, keepdim=True))
         return out
 
-    # ---- the three sphere operations, each over a whole list -------------------------------
+    # ---- the unit sphere's operations (geoopt's names), each over a whole list ------------------
 
-    def project_(self, xs: list[torch.Tensor], us: list[torch.Tensor]) -> None:
-        """``u <- u - <x, u> x`` in place: project each ``u`` onto the tangent space at ``x``
-        (the Riemannian gradient of the sphere, eq. 24 in the paper's Appendix A.3)."""
+    def proju_(self, xs: list[torch.Tensor], us: list[torch.Tensor]) -> None:
+        """The sphere's ``proju``: ``u <- u - <x, u> x`` in place, each ``u`` projected onto the
+        tangent space at ``x`` (the Riemannian gradient, eq. 24 in the paper's Appendix A.3;
+        applied to a moment at the new point it is the transport ``transp``)."""
         if not xs:
             return
         torch._foreach_addcmul_(us, xs, self.dots(xs, us), value=-1)
 
-    def retract_(self, xs: list[torch.Tensor]) -> None:
-        """``x <- x / ||x||`` in place, row by row (the retraction ``Norm``, Section 2.2.2)."""
+    def retr_(self, xs: list[torch.Tensor]) -> None:
+        """The sphere's ``retr``: ``x <- x / ||x||`` in place, row by row (``Norm``, Section 2.2.2),
+        applied to ``x - lr d`` after the step."""
         if not xs:
             return
         half = [x for x in xs if x.dtype in (torch.float16, torch.bfloat16)]

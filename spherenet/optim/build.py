@@ -46,13 +46,13 @@ from .muon import SphericalMuon, is_hidden_matrix
 from .normalize import add_normalize_hook, normalize_
 from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
 
-__all__ = ["METHODS", "MUON_METHODS", "RECIPES", "build_optimizer", "WarmupCosine"]
+__all__ = ["METHODS", "MUON_METHODS", "METHOD_DEFAULTS", "build_optimizer", "WarmupCosine"]
 
 METHODS = ("riemannian_adam", "adam_normalize", "adamw", "spherical_muon", "muon")
 MUON_METHODS = ("spherical_muon", "muon")
 
 #: Table 3 defaults per method: weight decay and warmup steps.
-RECIPES = {
+METHOD_DEFAULTS = {
     "riemannian_adam": {"weight_decay": 0.0, "warmup_steps": 0},
     "adam_normalize": {"weight_decay": 0.0, "warmup_steps": 0},
     "adamw": {"weight_decay": 0.1, "warmup_steps": 2000},
@@ -100,7 +100,7 @@ def build_optimizer(
     betas: tuple[float, float] = (0.9, 0.95),
     eps: float = 1e-8,
     second_moment: str = "element",
-    gradient: str = "riemannian",
+    gradient: str = "euclidean",
     off_sphere: str = "project",
     fused: bool | None = None,
     sphere_kernel: str = "auto",
@@ -112,8 +112,8 @@ def build_optimizer(
     ``weight_decay`` / ``warmup_steps`` of ``None`` take the recipe's value (nGPT: 0 and 0;
     GPT: 0.1 on ``ndim >= 2`` tensors and 2000). Weight decay is decoupled (AdamW) and never
     applies to sphere weights. The schedule is :class:`WarmupCosine` in a ``LambdaLR``: call
-    ``scheduler.step()`` after each ``optimizer.step()``. The paper does not list Adam's betas;
-    the default ``(0.9, 0.95)`` is the usual language-model setting.
+    ``scheduler.step()`` after each ``optimizer.step()``. The betas default to the official
+    code's ``(0.9, 0.95)`` (docs/paper.md).
 
     ``second_moment`` applies to ``"riemannian_adam"`` only (``"element"``: learning rates
     transfer from ``"adam_normalize"``; ``"row"``: geoopt's semantics, ``lr`` is then an angle
@@ -141,7 +141,7 @@ def build_optimizer(
     check_positive_float("eps", eps, allow_zero=True)
     check_betas(betas)
     _check_int("total_steps", total_steps, 1)
-    recipe = RECIPES[method]
+    recipe = METHOD_DEFAULTS[method]
     weight_decay = recipe["weight_decay"] if weight_decay is None else weight_decay
     default_warmup = warmup_steps is None
     warmup_steps = recipe["warmup_steps"] if default_warmup else warmup_steps

@@ -297,7 +297,7 @@ class SphericalMuon(Optimizer):
         for p in params:
             x, m = local(p), local(self.state[p]["momentum_buffer"])
             u = local(p.grad).clone()
-            rows.project_([x], [u])  # 1. U = P_X(G); p.grad is left as it is
+            rows.proju_([x], [u])  # 1. U = P_X(G); p.grad is left as it is
             m.lerp_(u, 1 - mu)  # 2. M <- mu M + (1 - mu) U
             n = u.lerp_(m, mu) if group["nesterov"] else m
             whole = _gather_rows(n, p) if is_dtensor(p) else n
@@ -308,10 +308,10 @@ class SphericalMuon(Optimizer):
                 o = _own_rows(o, p)
             o = o.to(x.dtype)
             if group["project_update"]:
-                rows.project_([x], [o])  # 4. O <- P_X(O)
+                rows.proju_([x], [o])  # 4. O <- P_X(O)
             x.add_(o, alpha=-(lr * update_scale(p.shape, group["adjust_lr"])))
-            rows.retract_([x])  # 5. X <- Norm(X - lr s O)
-            rows.project_([x], [m])  # 6. M <- P_X(M) at the new point
+            rows.retr_([x])  # 5. X <- Norm(X - lr s O)
+            rows.proju_([x], [m])  # 6. M <- P_X(M) at the new point
 
 
 def _gather_rows(local_rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ def normalize_(model: nn.Module) -> int:
         check_sphere_layout(p, name)
         xs.append(local(p))
     with torch.no_grad():
-        _ROWS.retract_(xs)
+        _ROWS.retr_(xs)
     return len(xs)
 
 

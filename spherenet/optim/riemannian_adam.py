@@ -3,16 +3,17 @@
 Equation numbers are those of Loshchilov et al., "nGPT" (2024). For a sphere parameter ``x``
 (unit rows, the sphere dimension last) with Euclidean gradient ``g``, one step is
 
-1. the gradient the moments see: ``gradient="riemannian"`` (default): ``u = g - <x, g> x``, the
-   projection onto the tangent space at ``x`` (the construction of Appendix A.3, eq. 24,
-   applied to the weights); ``gradient="euclidean"``: ``u = g``;
+1. the gradient the moments see: ``gradient="euclidean"`` (default): ``u = g``;
+   ``gradient="riemannian"``: ``u = g - <x, g> x``, the manifold's ``proju``, the projection
+   onto the tangent space at ``x`` (the construction of Appendix A.3, eq. 24, applied to the
+   weights);
 2. Adam moments on ``u`` (eq. 22): ``m <- b1 m + (1-b1) u``, and either
    ``second_moment="element"``: ``v <- b2 v + (1-b2) u*u`` (one value per element, as
    ``torch.optim.Adam``), or ``second_moment="row"``: ``v <- b2 v + (1-b2) ||u||^2`` (one value
    per row, geoopt's ``RiemannianAdam`` on its ``Sphere``);
 3. direction ``d = m_hat / (sqrt(v_hat) + eps)`` with bias corrections ``1 - b^t``;
-4. retraction ``x <- Norm(x - lr d)`` (Section 2.2.2 and eq. 25/26: ``Norm`` is the retraction);
-5. with ``"row"`` and ``"riemannian"`` only: transport of ``m`` to the new point by projection,
+4. the manifold's retraction ``retr``: ``x <- Norm(x - lr d)`` (Section 2.2.2 and eq. 25/26);
+5. with ``"row"`` and ``"riemannian"`` only: ``transp`` of ``m`` to the new point by projection,
    ``m <- m - <x, m> x`` (geoopt's; see below for why not with ``"element"``).
 
 **The paper's optimizer** (Section 2.6 step 2 and Table 3: Adam, then renormalize every sphere
@@ -23,13 +24,10 @@ to float rounding (tested: 50 float64 steps of ngpt-tiny, every parameter within
 **How ``gradient="riemannian"`` departs from it.** The moments see only the tangent part of each
 gradient: the radial part ``<x, g> x``, which ``Norm`` would remove from the step, neither
 enters ``m`` nor inflates ``v``. With a per-element ``v`` that changes which elements take a
-full step (at the first step ``d = sign(u)`` instead of ``sign(g)``). Measured on ngpt-tiny
-(float64, lr 1e-3, betas (0.9, 0.95), LM loss on tinyshakespeare bytes), as the distance
-between the two runs' sphere weights over the distance the paper's run moved them: 0.33 after
-1 step, 0.10 after 20. ``second_moment="row"`` departs further (0.90 after 1 step, 0.87 after
-20, with either gradient): it scales whole rows, so learning rates do not transfer: with
-``"element"`` each row turns by about ``lr * sqrt(d)`` radians per step, with ``"row"`` by about
-``lr``.
+full step (at the first step ``d = sign(u)`` instead of ``sign(g)``); docs/paper.md gives the
+measured distance between the two. ``second_moment="row"`` departs further: it scales whole
+rows, so learning rates do not transfer: with ``"element"`` each row turns by about
+``lr * sqrt(d)`` radians per step, with ``"row"`` by about ``lr``.
 
 **Why every step is bounded, and why ``m`` is not transported with a per-element ``v``.**
 Adam's step is bounded element by element because ``m_i = (1-b1) sum_k b1^(t-k) u_k,i`` and
@@ -40,7 +38,7 @@ limit for betas (0.9, 0.999); at most 1.17 for (0.9, 0.95)). A map applied to ``
 bound only if it never makes ``|m_i|`` larger relative to that coordinate's own ``sqrt(v_i)``.
 Projection transport adds ``-<x, m> x_i`` to every coordinate, unrelated to ``v_i``, so an
 element whose past gradients were tiny (in an embedding row used now and then) took single
-steps of 61 to 100 lr on ngpt-tiny at lr 1e-3. So with a per-element ``v``, ``m`` is left as it
+steps of many lr (docs/paper.md gives the figures). So with a per-element ``v``, ``m`` is left as it
 is: a sum of tangent vectors at recent points, whose normal part at the new point is of order
 lr, and the retraction removes the normal part of the step (``Norm(x - lr d) = x - lr (d -
 <x, d> x) + O(lr^2)``). With a per-row ``v`` the bound is on norms (``||m_hat|| / sqrt(v_hat) <=
@@ -94,9 +92,9 @@ class RiemannianAdam(Optimizer):
             sphere group gets ``weight_decay=0`` and a sphere group that sets anything else is
             rejected with ``ValueError``.
         second_moment: ``"element"`` (default) or ``"row"`` (geoopt's semantics); per group too.
-        gradient: what the moments of a sphere parameter see; per group too. ``"riemannian"``
-            (default): the tangent projection ``g - <x, g> x``. ``"euclidean"``: the raw
-            gradient ``g``; with ``second_moment="element"`` this is exactly the paper's
+        gradient: what the moments of a sphere parameter see; per group too. ``"euclidean"``
+            (default): the raw gradient ``g``; ``"riemannian"``: the tangent projection
+            ``g - <x, g> x``. With ``second_moment="element"`` ``"euclidean"`` is exactly the paper's
             optimizer, ``torch.optim.Adam`` then ``Norm`` (equal to ``method="adam_normalize"``
             of :func:`spherenet.optim.build_optimizer` to float rounding). See the module
             docstring for both and for how they differ.
@@ -141,7 +139,7 @@ class RiemannianAdam(Optimizer):
         weight_decay: float = 0.0,
         *,
         second_moment: str = "element",
-        gradient: str = "riemannian",
+        gradient: str = "euclidean",
         model: nn.Module | None = None,
         off_sphere: str = "project",
         fused: bool | None = None,
@@ -226,10 +224,17 @@ class RiemannianAdam(Optimizer):
             for p in group["params"]:
                 check_sphere_layout(p, names.get(id(p), f"of shape {tuple(p.shape)}"))
 
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        for group in self.param_groups:  # a state saved before the option existed: its behaviour
-            group.setdefault("gradient", "riemannian")
+    def load_state_dict(self, state_dict: dict) -> None:
+        """``Optimizer.load_state_dict``, refusing a state whose groups lack an option this
+        optimizer reads (written by an older spherenet) instead of stepping without it."""
+        for i, group in enumerate(state_dict.get("param_groups", [])):
+            missing = [key for key in ("manifold", "second_moment", "gradient") if key not in group]
+            if missing:
+                raise ValueError(
+                    f"RiemannianAdam: param group {i} of the saved state has no {', '.join(map(repr, missing))} "
+                    "(written by an older spherenet?); start the optimizer afresh"
+                )
+        super().load_state_dict(state_dict)
 
     # -- step -------------------------------------------------------------------------------
 
@@ -364,7 +369,7 @@ class RiemannianAdam(Optimizer):
         for idx, (wx, wg, wm, wv) in waves([xs, gs, ms, vs], self.wave_bytes):
             if project:
                 wg = rows.copies(wg)  # p.grad is left as it is
-                rows.project_(wx, wg)  # 1. proju: u = g - <x, g> x
+                rows.proju_(wx, wg)  # 1. proju: u = g - <x, g> x
             if row_v:
                 t = [float(steps[i]) for i in idx]
                 b1, b2 = (float(b) for b in group["betas"])
@@ -374,9 +379,9 @@ class RiemannianAdam(Optimizer):
                 # given before using it: it gets a copy of each counter set one step back.
                 before = torch._foreach_sub([steps[i] for i in idx], 1)
                 self._adam(group, wx, wg, wm, wv, before, 0.0, [fused[i] for i in idx])
-            rows.retract_(wx)  # 4. retr: x <- Norm(x - lr d)
+            rows.retr_(wx)  # 4. retr: x <- Norm(x - lr d)
             if transport:
-                rows.project_(wx, wm)  # 5. transp: m projected to the tangent space at the new x
+                rows.proju_(wx, wm)  # 5. transp: m projected to the tangent space at the new x
 
     @staticmethod
     def _pick(mask, keep: bool, *lists):

@@ -237,7 +237,7 @@ class Riemannian(Optimizer):
         ps, xs = self._sphere()
         keep = [(x, local(p.grad)) for p, x in zip(ps, xs) if p.grad is not None]
         with torch.no_grad():
-            self._rows.project_([x for x, _ in keep], [g for _, g in keep])
+            self._rows.proju_([x for x, _ in keep], [g for _, g in keep])
 
     @torch.compiler.disable
     def step(self, closure=None):
@@ -311,11 +311,11 @@ class Riemannian(Optimizer):
         with_vec = [i for i, v in enumerate(vectors) if v]
         bare = [xs[i] for i, v in enumerate(vectors) if not v]
         for _, (wx, wt) in waves([[xs[i] for i in with_vec], [vectors[i][0] for i in with_vec]], self.wave_bytes):
-            rows.retract_(wx)
-            rows.project_(wx, wt)
+            rows.retr_(wx)
+            rows.proju_(wx, wt)
         for _, (wx,) in waves([bare], self.wave_bytes):
-            rows.retract_(wx)
+            rows.retr_(wx)
         extra = [(xs[i], t) for i in with_vec for t in vectors[i][1:]]
         if extra:
-            rows.project_([x for x, _ in extra], [t for _, t in extra])
-        rows.retract_(points)
+            rows.proju_([x for x, _ in extra], [t for _, t in extra])
+        rows.retr_(points)

@@ -72,7 +72,7 @@ class OptimSection:
     beta2: float = 0.95
     eps: float = 1e-8
     second_moment: str = "element"  # riemannian_adam: element | row
-    gradient: str = "riemannian"  # riemannian_adam: riemannian (tangent-projected moments) | euclidean (the paper's)
+    gradient: str = "euclidean"  # riemannian_adam: euclidean (the paper's: Adam, then Norm) | riemannian (tangent-projected moments)
     sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | triton | foreach
     grad_clip: float = 0.0  # 0 = off
     reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift

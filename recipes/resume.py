@@ -1,0 +1,175 @@
+"""The resume policy of ``recipes.train``: what ``--resume`` (or a torchrun restart) continues
+from, which changed settings it accepts, reports or refuses, and how the data position and the
+learning-rate schedule are carried over. Everything here runs before the data or the model is
+built, so a refused resume costs nothing and changes nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from recipes.checkpoints import model_class_name, saved_model_config
+from spherenet.checkpoint import CheckpointError, VerifiedCheckpoint
+from spherenet.models.presets import preset_config
+from spherenet.train.config import ConfigError, RunConfig
+from spherenet.train.tracking import flatten_config
+
+__all__ = ["RESUMABLE_CHANGES", "ResumePlan", "check_resumable", "plan_resume", "restore_position", "extend_schedule"]
+
+
+# Settings that may differ between the invocations of one run (--resume, torchrun restarts).
+# Any other difference would be silently overridden by the checkpoint (learning rates live in
+# the optimizer/scheduler state, the model's options in nothing that load checks) or would make
+# it another run: refused, before any work. Special cases, checked in plan_resume:
+#   train.steps             the schedule is recomputed over the new total (not below the checkpoint's step)
+#   train.micro_batch_size  the data position counts global batches, so only accumulation changes
+#   train.parallel / world  an FSDP (DCP) checkpoint loads into any layout (DCP reshards); an
+#                           unsharded one (single process / DDP) into anything but FSDP
+RESUMABLE_CHANGES = {
+    "train": {"eval_every", "eval_batches", "log_every", "checkpoint_every", "keep_last", "out_dir", "compile",
+              "autocast", "progress", "sample_tokens", "halt_after", "nonfinite", "max_nonfinite", "parallel",
+              "micro_batch_size", "steps", "loggers", "wandb_project", "activation_checkpointing"},
+    "optim": {"grad_clip", "reproject_every", "sphere_kernel"},
+    "data": {"source", "cache_dir", "num_proc"},
+}  # fmt: skip  # key names packed by section
+
+
+@dataclasses.dataclass
+class ResumePlan:
+    """What ``--resume`` continues from, found and checked before the data or model is built."""
+
+    checkpoint: VerifiedCheckpoint
+    data_position: dict[str, Any]  # the train windows' saved state
+    steps_changed: bool  # train.steps differs: the LR schedule is recomputed over the new total
+    notes: list[str]  # accepted changes, printed and logged
+
+
+def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[str, Any]]:
+    overrides = dict(cfg.model.overrides)
+    overrides.setdefault("vocab_size", vocab_size)
+    try:
+        config = preset_config(cfg.model.preset, **overrides)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
+    return ("NGPT" if type(config).__name__ == "NGPTConfig" else "GPT"), dataclasses.asdict(config)
+
+
+def _saved_model_config(class_name: str, config: dict) -> dict:
+    """A checkpoint's model config with each scaling complete, so that it compares field by field
+    with ``asdict(config)``; as saved when this version cannot build it (its fields then show in
+    the differences)."""
+    try:
+        return dataclasses.asdict(saved_model_config(class_name, config))
+    except (KeyError, TypeError, ValueError):
+        return config
+
+
+def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config: dict, path: Path) -> None:
+    """ConfigError naming every setting that differs from the run that wrote the checkpoint
+    (``saved``: its plain values), except those in :data:`RESUMABLE_CHANGES`. The model is
+    compared by its effective config (preset plus overrides), the rest by the config's values."""
+    unset = "(unset)"
+    diffs = []
+
+    def compare(where: str, old: dict, new: dict, free=()) -> None:
+        for key in sorted(set(old) | set(new)):
+            if key not in free and old.get(key, unset) != new.get(key, unset):
+                diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
+
+    if isinstance(saved.get("model_config"), dict):
+        saved_class = model_class_name(str(saved.get("model_class")))
+        compare("model ", {"class": saved_class}, {"class": model_class})
+        compare(
+            "model.",
+            flatten_config(_saved_model_config(saved_class, saved["model_config"])),
+            flatten_config(model_config),
+        )
+    old_cfg, new_cfg = saved.get("config"), cfg.to_dict()
+    if isinstance(old_cfg, dict):
+        for section in ("data", "optim", "train"):
+            compare(f"{section}.", old_cfg.get(section) or {}, new_cfg[section], RESUMABLE_CHANGES[section])
+    if diffs:
+        raise ConfigError(
+            f"checkpoint {path} was written by a run with other settings; resume with the same values "
+            "(or start a new run in another train.out_dir):\n  " + "\n  ".join(diffs)
+        )
+
+
+def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> ResumePlan:
+    """Check, from the verified checkpoint alone, that this invocation can continue it: the
+    settings (:func:`check_resumable`), ``train.steps``, the global batch and the parallel
+    layout. Raises ConfigError naming the key; nothing has been built or written yet."""
+    t = cfg.train
+    try:
+        state = ckpt.read_state()
+    except Exception as exc:  # noqa: BLE001 - verified, yet not readable as a training state
+        raise CheckpointError(f"checkpoint {ckpt.path} holds no training state this recipe can read: {exc}") from None
+    saved = state["values"]
+    position = state["stateful"].get("train_windows")
+    if not isinstance(position, dict) or "step" not in position:
+        raise CheckpointError(f"checkpoint {ckpt.path} holds no data position (train_windows)")
+    vocab = (saved.get("model_config") or {}).get("vocab_size", 0)
+    check_resumable(saved, cfg, *_effective_model_config(cfg, vocab), ckpt.path)
+
+    notes = []
+    old_train = (saved.get("config") or {}).get("train") or {}
+    old_steps = int(old_train.get("steps", t.steps))
+    if t.steps < ckpt.step:
+        raise ConfigError(
+            f"train.steps {t.steps} is below the step of checkpoint {ckpt.path} ({ckpt.step}); "
+            f"resume with train.steps >= {ckpt.step}"
+        )
+    if t.steps != old_steps:
+        notes.append(
+            f"train.steps {old_steps} -> {t.steps}: the learning-rate schedule (warmup + cosine to 0) "
+            f"is recomputed over {t.steps} steps from step {ckpt.step}"
+        )
+
+    backend, old_world = ckpt.manifest.get("backend"), int(ckpt.manifest.get("world_size", 1))
+    old_parallel = old_train.get("parallel", "none")
+    sharded_now = t.parallel == "fsdp" and world_size > 1
+    if backend == "torch" and sharded_now:
+        raise ConfigError(
+            f"train.parallel: checkpoint {ckpt.path} was written unsharded (train.parallel={old_parallel!r}, "
+            f"{old_world} process(es)); resuming it under FSDP (train.parallel='fsdp', {world_size} processes) is "
+            "not supported: resume with train.parallel=ddp (or none)"
+        )
+    if (old_parallel, old_world) != (t.parallel, world_size):
+        notes.append(
+            f"train.parallel {old_parallel} x {old_world} process(es) -> {t.parallel} x {world_size} process(es)"
+        )
+
+    # The data position counts global batches of train.batch_size windows (see main): the same
+    # in any layout (train.batch_size itself is no resumable change).
+    saved_global = int(position.get("batch_size", 0)) * old_world
+    if saved_global != t.batch_size:
+        raise CheckpointError(
+            f"checkpoint {ckpt.path} counts its data position in batches of {saved_global} windows, not global "
+            f"batches of {t.batch_size}: it was written by an older spherenet; start a new run"
+        )
+    old_micro = old_train.get("micro_batch_size", 0)
+    if old_micro != t.micro_batch_size:
+        notes.append(
+            f"train.micro_batch_size {old_micro or 'unset'} -> {t.micro_batch_size or 'unset'}: "
+            "gradient accumulation changes, the global batch and the data order do not"
+        )
+    return ResumePlan(ckpt, dict(position), t.steps != old_steps, notes)
+
+
+def restore_position(train_windows, plan: ResumePlan) -> None:
+    """Set the data position from the checkpoint; the seed, block size and token count must
+    match (the windows' own check), the per-rank batch may differ (another world size)."""
+    saved = dict(plan.data_position)
+    saved["batch_size"] = train_windows.batch_size
+    train_windows.load_state_dict(saved)
+
+
+def extend_schedule(scheduler, saved_state: dict) -> None:
+    """Restore a scheduler saved with another ``train.steps``: its position and base LRs from
+    the checkpoint, its LR function (warmup + cosine over the new total) from this run; the
+    optimizer's LRs are set to the new schedule's value at the current step."""
+    saved_state = dict(saved_state, lr_lambdas=[None] * len(scheduler.lr_lambdas))  # keep the new function
+    scheduler.load_state_dict(saved_state)
+    scheduler.last_epoch -= 1
+    scheduler.step()  # recomputes every group's lr at last_epoch with the new function

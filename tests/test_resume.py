@@ -1,0 +1,122 @@
+"""recipes.resume: the resume policy on its own, without a training (the end-to-end resumes are
+in test_recipe_train.py and test_faults.py). A checkpoint is stood in for by the few things the
+policy reads from it: its path, step, manifest and saved state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from recipes.resume import (
+    RESUMABLE_CHANGES,
+    _effective_model_config,
+    check_resumable,
+    extend_schedule,
+    plan_resume,
+    restore_position,
+)
+from spherenet.checkpoint import CheckpointError
+from spherenet.optim import build_optimizer
+from spherenet.train.config import ConfigError, load_config
+
+TINY = ["model.preset=ngpt-tiny", "train.batch_size=8", "train.steps=20"]
+
+
+def checkpoint(cfg, step=10, world=1, backend="torch", batch=8, parallel="none"):
+    saved_cfg = cfg.to_dict()
+    saved_cfg["train"] = dict(saved_cfg["train"], parallel=parallel)
+    model_class, model_config = _effective_model_config(cfg, 256)  # the byte vocabulary
+    values = {"config": saved_cfg, "model_class": model_class, "model_config": model_config}
+    state = {"values": values, "stateful": {"train_windows": {"step": step, "batch_size": batch // world}}}
+    return SimpleNamespace(
+        path=Path("run/checkpoints/step_00000010"),
+        step=step,
+        manifest={"backend": backend, "world_size": world},
+        read_state=lambda: state,
+    )
+
+
+def test_same_settings_resume_with_nothing_to_report():
+    cfg = load_config(None, TINY)
+    plan = plan_resume(checkpoint(cfg), cfg, world_size=1)
+    assert plan.notes == [] and not plan.steps_changed and plan.data_position["step"] == 10
+
+
+def test_an_accepted_change_passes_and_a_refused_one_is_named():
+    cfg = load_config(None, TINY)
+    assert "eval_every" in RESUMABLE_CHANGES["train"]
+    check_resumable({"config": cfg.to_dict()}, load_config(None, [*TINY, "train.eval_every=7"]), "NGPT", {}, Path("x"))
+    with pytest.raises(ConfigError) as info:
+        check_resumable({"config": cfg.to_dict()}, load_config(None, [*TINY, "optim.lr=0.5"]), "NGPT", {}, Path("x"))
+    assert "optim.lr: 0.003 in the checkpoint, 0.5 now" in str(info.value)
+    assert "start a new run in another train.out_dir" in str(info.value)
+
+
+def test_a_model_change_is_named_field_by_field():
+    cfg = load_config(None, TINY)
+    saved = {"config": cfg.to_dict(), "model_class": "NGPT", "model_config": {"vocab_size": 256, "n_layers": 2}}
+    with pytest.raises(ConfigError, match="model.n_layers: 2 in the checkpoint, 3 now"):
+        check_resumable(saved, cfg, "NGPT", {"vocab_size": 256, "n_layers": 3}, Path("x"))
+    with pytest.raises(ConfigError, match="model class: 'NGPT' in the checkpoint, 'GPT' now"):
+        check_resumable(saved, cfg, "GPT", {"vocab_size": 256, "n_layers": 2}, Path("x"))
+
+
+def test_more_steps_recompute_the_schedule_and_fewer_than_done_are_refused():
+    cfg = load_config(None, TINY)
+    longer = load_config(None, [*TINY, "train.steps=40"])
+    plan = plan_resume(checkpoint(cfg), longer, world_size=1)
+    assert plan.steps_changed and "train.steps 20 -> 40" in plan.notes[0]
+    with pytest.raises(ConfigError, match="train.steps 5 is below the step of checkpoint"):
+        plan_resume(checkpoint(cfg), load_config(None, [*TINY, "train.steps=5"]), world_size=1)
+
+
+def test_layouts_an_unsharded_checkpoint_goes_anywhere_but_fsdp():
+    cfg = load_config(None, [*TINY, "train.parallel=ddp"])
+    plan = plan_resume(checkpoint(cfg, parallel="none"), cfg, world_size=2)
+    assert "train.parallel none x 1 process(es) -> ddp x 2 process(es)" in plan.notes
+    fsdp = load_config(None, [*TINY, "train.parallel=fsdp"])
+    with pytest.raises(ConfigError, match="resuming it under FSDP .* is not supported"):
+        plan_resume(checkpoint(cfg), fsdp, world_size=2)
+    assert plan_resume(checkpoint(fsdp, backend="dcp", world=2, parallel="fsdp"), cfg, world_size=1).notes
+
+
+def test_a_data_position_in_other_batches_is_refused():
+    cfg = load_config(None, TINY)
+    with pytest.raises(
+        CheckpointError, match="counts its data position in batches of 4 windows, not global batches of 8"
+    ):
+        plan_resume(checkpoint(cfg, batch=4), cfg, world_size=1)
+
+
+def test_a_checkpoint_without_a_data_position_is_refused():
+    cfg = load_config(None, TINY)
+    ckpt = checkpoint(cfg)
+    del ckpt.read_state()["stateful"]["train_windows"]
+    with pytest.raises(CheckpointError, match="holds no data position"):
+        plan_resume(ckpt, cfg, world_size=1)
+
+
+def test_restore_position_takes_the_saved_step_and_this_runs_batch():
+    cfg = load_config(None, TINY)
+    plan = plan_resume(checkpoint(cfg), cfg, world_size=1)
+    seen = {}
+    windows = SimpleNamespace(batch_size=4, world_size=2, load_state_dict=seen.update)
+    restore_position(windows, plan)
+    assert seen == {"step": 10, "batch_size": 4}
+
+
+def test_extend_schedule_recomputes_the_rate_over_the_new_total():
+    model = torch.nn.Linear(4, 4)
+    opt, old = build_optimizer(model, "adamw", lr=1.0, total_steps=20, warmup_steps=0)
+    for _ in range(10):
+        opt.step()
+        old.step()
+    saved = old.state_dict()
+    opt2, new = build_optimizer(model, "adamw", lr=1.0, total_steps=40, warmup_steps=0)
+    extend_schedule(new, saved)
+    assert new.last_epoch == 10
+    assert opt2.param_groups[0]["lr"] == pytest.approx(new.lr_lambdas[0](10))  # cosine over 40, at step 10
+    assert opt2.param_groups[0]["lr"] > 0.5  # not the old schedule's 0.5 at its midpoint
