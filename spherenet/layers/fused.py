@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch.autograd.function import once_differentiable
 
-from ..manifolds.geodesic import _TINY, _work_dtype, slerp
+from ..manifolds.geodesic import TINY, _work_dtype, slerp
 
 __all__ = [
     "normalize",
@@ -44,7 +44,7 @@ __all__ = [
 
 
 def _eps(work: torch.dtype, eps: float | None) -> float:
-    return _TINY[work] if eps is None else float(eps)
+    return TINY[work] if eps is None else float(eps)
 
 
 def _norm_forward(xw: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

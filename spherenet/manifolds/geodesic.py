@@ -17,9 +17,11 @@ import math
 
 import torch
 
-__all__ = ["normalize", "tangent", "angle", "lerp", "slerp", "riemannian_update"]
+__all__ = ["normalize", "tangent", "angle", "lerp", "slerp", "riemannian_update", "TINY"]
 
-_TINY = {torch.float64: 1e-300, torch.float32: 1e-30}
+#: The smallest norm divided by, per dtype (below it ``Norm`` divides by this instead): for the
+#: computations here, in float32 or float64, and for the optimizers' rows in every dtype.
+TINY = {torch.float64: 1e-300, torch.float32: 1e-30, torch.float16: 1e-7, torch.bfloat16: 1e-30}
 # Below this sin(theta) we treat a and b as antipodal: the geodesic from a to b is not unique.
 _ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
 
@@ -45,7 +47,7 @@ def normalize(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     """
     work = _work_dtype(x)
     xw = x.to(work)
-    eps = _TINY[work] if eps is None else eps
+    eps = TINY[work] if eps is None else eps
     return (xw / xw.norm(dim=-1, keepdim=True).clamp_min(eps)).to(x.dtype)
 
 
@@ -102,7 +104,7 @@ def _fallback_direction(a: torch.Tensor) -> torch.Tensor:
     axis = a.detach().abs().argmin(dim=-1, keepdim=True)
     e = torch.zeros_like(a).scatter_(-1, axis, 1.0)
     w = e - _dot(a, e) * a
-    return w / w.norm(dim=-1, keepdim=True).clamp_min(_TINY[a.dtype])
+    return w / w.norm(dim=-1, keepdim=True).clamp_min(TINY[a.dtype])
 
 
 def slerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:

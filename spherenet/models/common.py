@@ -23,7 +23,8 @@ def check_positive_int(config, name: str) -> None:
         raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
 
 
-def check_positive_float(config, name: str, allow_none: bool = False) -> None:
+def check_positive_field(config, name: str, allow_none: bool = False) -> None:
+    """``config.<name>`` is a finite number > 0 (or None with ``allow_none``); the error names the field."""
     value = getattr(config, name)
     if value is None and allow_none:
         return
@@ -67,7 +68,7 @@ def check_transformer_shape(config) -> None:
             f"{name}: head dim d_model/n_heads = {config.d_model}/{config.n_heads} = {head_dim} is odd; "
             "RoPE rotates pairs of coordinates and needs an even head dim"
         )
-    check_positive_float(config, "rope_base")
+    check_positive_field(config, "rope_base")
     check_bool(config, "causal")
 
 

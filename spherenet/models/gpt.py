@@ -38,8 +38,8 @@ class GPTConfig:
 
     def __post_init__(self):
         common.check_transformer_shape(self)
-        common.check_positive_float(self, "init_std")
-        common.check_positive_float(self, "norm_eps")
+        common.check_positive_field(self, "init_std")
+        common.check_positive_field(self, "norm_eps")
 
     @property
     def head_dim(self) -> int:

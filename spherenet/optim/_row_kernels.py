@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from ..manifolds.geodesic import TINY
+
 try:  # torch >= 2.4 public path
     from torch.distributed.tensor import DTensor, Partial, Shard
 except ImportError:  # pragma: no cover - torch.distributed missing or too old
@@ -35,7 +37,6 @@ __all__ = [
 
 # Norms are clamped here before dividing, so that an (impossible in practice) zero row maps to
 # zero rather than to NaN; the first-step check refuses zero rows explicitly.
-TINY = {torch.float64: 1e-300, torch.float32: 1e-30, torch.float16: 1e-7, torch.bfloat16: 1e-30}
 
 # Largest scratch buffer for row reductions, in elements (4 MiB in float32).
 _SCRATCH_NUMEL = 1 << 20
