@@ -93,7 +93,7 @@ STUDIED_RATES: dict[str, dict[str, dict[int, float]]] = {
     "gpt": {"tiny": {100: 1e-2, 400: 3e-3, 1600: 3e-3}, "cpu": {100: 1e-2}},
     "ngpt": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 3e-2}, "cpu": {100: 3e-2}},
     "ngpt-tangent": {"tiny": {100: 1e-1}, "cpu": {100: 3e-2}},
-    "gpt-muon": {"tiny": {100: 3e-2, 400: 3e-2}, "cpu": {100: 3e-2}},
+    "gpt-muon": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 1e-2}, "cpu": {100: 3e-2}},
     "ngpt-muon": {"tiny": {100: 3e-2}, "cpu": {100: 3e-2}},
 }
 # Variants that take another arm's rates: the same optimizer (the residual update does not move

@@ -1,11 +1,12 @@
-"""The resume policy of ``recipes.train``: what ``--resume`` (or a torchrun restart) continues
-from, which changed settings it accepts, reports or refuses, and how the data position and the
+"""The resume policy of ``recipes.train``: whose run directory it is (one writer at a time, no
+fresh start over a run), what ``--resume`` (or a torchrun restart) continues from, which changed settings it accepts, reports or refuses, and how the data position and the
 learning-rate schedule are carried over. Everything here runs before the data or the model is
 built, so a refused resume costs nothing and changes nothing."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,15 @@ from spherenet.models.presets import preset_config
 from spherenet.train.config import ConfigError, RunConfig
 from spherenet.train.tracking import flatten_config
 
-__all__ = ["RESUMABLE_CHANGES", "ResumePlan", "check_resumable", "plan_resume", "restore_position", "extend_schedule"]
+__all__ = [
+    "RESUMABLE_CHANGES",
+    "ResumePlan",
+    "check_resumable",
+    "plan_resume",
+    "restore_position",
+    "extend_schedule",
+    "claim_run_directory",
+]
 
 
 # Settings that may differ between the invocations of one run (--resume, torchrun restarts).
@@ -173,3 +182,65 @@ def extend_schedule(scheduler, saved_state: dict) -> None:
     scheduler.load_state_dict(saved_state)
     scheduler.last_epoch -= 1
     scheduler.step()  # recomputes every group's lr at last_epoch with the new function
+
+
+# ---------------------------------------------------------------- one run, one directory
+
+LOCK_FILE = "train.lock"
+
+
+def run_in_directory(out_dir: Path) -> str | None:
+    """What shows that ``out_dir`` holds a run already (its metrics or a checkpoint), or None."""
+    checkpoints = (
+        sorted(p.name for p in (out_dir / "checkpoints").glob("step_*")) if (out_dir / "checkpoints").is_dir() else []
+    )
+    if checkpoints:
+        return f"checkpoints up to {checkpoints[-1]}"
+    return "metrics.jsonl" if (out_dir / "metrics.jsonl").is_file() else None
+
+
+def claim_run_directory(out_dir: Path, resume: bool, overwrite: bool, is_main: bool = True):
+    """Make this process the one writer of ``out_dir`` and return the open lock file, held until
+    it is closed or the process ends (the OS releases it even on ``kill -9``). Under torchrun
+    rank 0 holds it for the job (``is_main``); the other ranks get None.
+
+    Refused with ConfigError, before any work: a directory locked by another trainer (its PID
+    and host named), and a fresh start (no ``--resume``) into a directory that holds a run.
+    ``overwrite`` moves that run aside into ``out_dir/previous-<time>/`` instead; nothing is
+    deleted."""
+    import fcntl
+    import socket
+    import time
+
+    if not is_main:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(out_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held open for the life of the process
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "a process that wrote no name"
+        lock.close()
+        raise ConfigError(
+            f"train.out_dir {out_dir} is in use by another trainer ({holder}); wait for it to end, "
+            "or train into another train.out_dir"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    lock.flush()
+    existing = None if resume else run_in_directory(out_dir)
+    if existing and not overwrite:
+        lock.close()
+        raise ConfigError(
+            f"train.out_dir {out_dir} holds a run ({existing}): continue it with --resume, start afresh with "
+            "--overwrite (moves the old run aside into it, nothing is deleted), or train into another train.out_dir"
+        )
+    if existing:
+        aside = out_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for entry in out_dir.iterdir():
+            if entry.name != LOCK_FILE and entry != aside and not entry.name.startswith("previous-"):
+                entry.rename(aside / entry.name)
+    return lock

@@ -31,7 +31,7 @@ import torch
 
 from recipes.checkpoints import checkpoint_files, model_class_name
 from recipes.progress import progress_bar
-from recipes.resume import check_resumable, extend_schedule, plan_resume, restore_position
+from recipes.resume import check_resumable, claim_run_directory, extend_schedule, plan_resume, restore_position
 from spherenet.analysis import eigen_learning_rates, sphere_norm_error
 from spherenet.checkpoint import (
     CheckpointError,
@@ -64,19 +64,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="shortcut for train.compile=true")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     p.add_argument("--no-progress", action="store_true", help="shortcut for train.progress=false")
+    p.add_argument(
+        "--overwrite", action="store_true", help="start afresh in a train.out_dir holding a run: moved aside"
+    )
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     return p.parse_args(argv)
 
 
 def build_config(args: argparse.Namespace) -> RunConfig:
-    overrides = list(args.overrides)
-    if args.parallel:
-        overrides.append(f"train.parallel={args.parallel}")
-    if args.compile:
-        overrides.append("train.compile=true")
-    if args.no_progress:
-        overrides.append("train.progress=false")
-    return load_config(args.config or DEFAULT_CONFIG, overrides)
+    shortcuts = {f"train.parallel={args.parallel}": args.parallel, "train.compile=true": args.compile,
+                 "train.progress=false": args.no_progress}  # fmt: skip  # each override beside its flag
+    return load_config(args.config or DEFAULT_CONFIG, [*args.overrides, *(o for o, on in shortcuts.items() if on)])
 
 
 def batch_geometry(cfg: RunConfig, world_size: int) -> tuple[int, int]:
@@ -140,12 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = CheckpointManager(out_dir / "checkpoints", keep_last=t.keep_last)
     # torchrun --max-restarts: a restarted worker group continues from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    _lock = claim_run_directory(out_dir, args.resume or restarted, args.overwrite, info.is_main)  # held to the end
     plan = None
-    if args.resume or restarted:  # checked before any work: a refusal costs nothing
+    if args.resume or restarted:  # a refusal costs nothing
         found = ckpt.latest_verified()
         plan = plan_resume(found, cfg, info.world_size) if found is not None else None
-    if info.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
 
     data = prepare_data(cfg, info.is_main)
     tokenizer = data.tokenizer()

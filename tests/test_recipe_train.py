@@ -432,3 +432,16 @@ def test_fsdp_run_resumed_as_ddp_then_single_process(tmp_path, cache, text_file)
     assert sorted(moved) == list(range(1, 13))
     for step in range(1, 13):
         assert moved[step] == pytest.approx(one[step], abs=1e-5), (step, one[step], moved[step])
+
+
+def test_a_fresh_start_over_a_run_is_refused_and_overwrite_moves_it_aside(tmp_path, cache, text_file, capsys):
+    out, common = tmp_path / "run", [f"data.source={text_file}", "train.steps=2"]
+    assert run(out, cache, *common) == 0
+    capsys.readouterr()
+    assert run(out, cache, *common) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: train.out_dir {out} holds a run (checkpoints up to step_00000002)")
+    assert "--resume" in err and "--overwrite" in err
+    assert run(out, cache, *common, "--overwrite") == 0
+    (aside,) = out.glob("previous-*")
+    assert (aside / "checkpoints" / "step_00000002").is_dir() and (out / "checkpoints" / "step_00000002").is_dir()

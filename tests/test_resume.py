@@ -120,3 +120,51 @@ def test_extend_schedule_recomputes_the_rate_over_the_new_total():
     assert new.last_epoch == 10
     assert opt2.param_groups[0]["lr"] == pytest.approx(new.lr_lambdas[0](10))  # cosine over 40, at step 10
     assert opt2.param_groups[0]["lr"] > 0.5  # not the old schedule's 0.5 at its midpoint
+
+
+# ---------------------------------------------------------------- one run, one directory
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_frees_the_directory(tmp_path):
+    """A real second process holds the lock; this one is refused with its PID. kill -9 the holder
+    and the directory is free again (the OS releases the lock)."""
+    import signal
+    import subprocess
+    import sys
+
+    from recipes.resume import claim_run_directory
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from recipes.resume import "
+         f"claim_run_directory as c; lock = c(Path({str(tmp_path)!r}), False, False); print('held', flush=True); "
+         "time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip  # one command line
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"in use by another trainer \(pid {holder.pid} on "):
+            claim_run_directory(tmp_path, False, False)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    lock = claim_run_directory(tmp_path, True, False)
+    assert lock is not None and f"pid {__import__('os').getpid()}" in (tmp_path / "train.lock").read_text()
+    lock.close()
+    assert claim_run_directory(tmp_path, True, False, is_main=False) is None  # other ranks take no lock
+
+
+def test_a_fresh_start_over_a_run_is_refused_and_overwrite_moves_it_aside(tmp_path):
+    from recipes.resume import claim_run_directory
+
+    (tmp_path / "checkpoints" / "step_00000004").mkdir(parents=True)
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(
+        ConfigError, match=r"holds a run \(checkpoints up to step_00000004\): continue it with --resume"
+    ):
+        claim_run_directory(tmp_path, False, False)
+    claim_run_directory(tmp_path, True, False).close()  # --resume: continue it
+    claim_run_directory(tmp_path, False, True).close()  # --overwrite: moved aside, nothing deleted
+    (aside,) = tmp_path.glob("previous-*")
+    assert (aside / "metrics.jsonl").is_file() and (aside / "checkpoints" / "step_00000004").is_dir()
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "checkpoints").exists()
+    claim_run_directory(tmp_path, False, False).close()  # now free for a fresh start
