@@ -134,7 +134,7 @@ def train_one(args: argparse.Namespace, spec: str, seed: int, say) -> tuple[str,
     cmd = [
         "nice", "-n", str(args.nice), sys.executable, "-m", "recipes.train", "--config", str(DEFAULT_CONFIG),
         *shared_overrides(args), *extra, f"train.seed={seed}", f"train.out_dir={run_dir}",
-        "train.sample_tokens=0", "train.progress=false",
+        "train.sample_tokens=0", "train.progress=false", "--overwrite",  # a rerun starts afresh (the old moves aside)
     ]  # fmt: skip  # options beside their values
     env = compare.train_env(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     with (run_dir / "train.log").open("w") as log:

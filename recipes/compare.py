@@ -338,7 +338,7 @@ def run_variants(args: argparse.Namespace, variants: list[tuple[str, list[str]]]
                 (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh curve, not appended to an old one
                 overrides = [*args.overrides, *extra, f"train.seed={seed}", f"train.out_dir={run_dir}",
                              "train.sample_tokens=0", "train.progress=false"]  # fmt: skip  # options beside their values
-                command = train_command(args.config, overrides)
+                command = [*train_command(args.config, overrides), "--overwrite"]  # a rerun starts afresh
                 if bar is None:
                     print(f"== {name} seed {seed}", flush=True)
                     rc = subprocesses.run(command, env=train_env())
