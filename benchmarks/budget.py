@@ -503,15 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --budgets needs two or more budgets of at least --evals ({args.evals}) steps")
     if args.sweep_seed not in args.seeds:
         args.seeds = [args.sweep_seed, *args.seeds]
-    args.data = convergence.data_source(args.data)
-    args.corpus_label = convergence.corpus_label(args.data)
-    slug = "default_corpus" if args.data == "stdlib" else args.corpus_label.split(" ")[0]
-    slug = "".join(c if c.isalnum() or c in "-_" else "_" for c in slug.removesuffix(".txt"))
-    args.out = (args.out or Path("/tmp/budget_quick" if args.quick else "/tmp/budget") / slug).resolve()
-    args.results = (
-        args.results or (args.out / "results" if args.quick else ROOT / "benchmarks/results/budget" / slug)
-    ).resolve()
-    args.results.mkdir(parents=True, exist_ok=True)
+    scaling.study_paths(args, "budget")
     args.params = {str(pt): scaling.parameters(pt) for pt in args.points}
     args.context_size = args.points[0].size  # what scaling's per-budget plots read
     args.size_context = args.points[0].context

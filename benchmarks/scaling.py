@@ -472,6 +472,21 @@ def header(args: argparse.Namespace) -> str:
     )
 
 
+def study_paths(args: argparse.Namespace, name: str) -> None:
+    """``args.data`` as a ``data.source``, its label, and the study's directories: scratch runs in
+    ``--out`` (default ``/tmp/<name>[_quick]/<corpus>``) and results in ``--results`` (default
+    ``benchmarks/results/<name>/<corpus>``; ``--quick``: under the scratch directory)."""
+    args.data = convergence.data_source(args.data)
+    args.corpus_label = convergence.corpus_label(args.data)
+    slug = "default_corpus" if args.data == "stdlib" else args.corpus_label.split(" ")[0]
+    slug = "".join(c if c.isalnum() or c in "-_" else "_" for c in slug.removesuffix(".txt"))
+    args.out = (args.out or Path(f"/tmp/{name}_quick" if args.quick else f"/tmp/{name}") / slug).resolve()
+    args.results = (
+        args.results or (args.out / "results" if args.quick else ROOT / "benchmarks/results" / name / slug)
+    ).resolve()
+    args.results.mkdir(parents=True, exist_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -521,15 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds = [args.sweep_seed, *args.seeds]
     if args.data is None:
         args.data = str(convergence.TINYSHAKESPEARE) if convergence.TINYSHAKESPEARE.is_file() else "stdlib"
-    args.data = convergence.data_source(args.data)
-    args.corpus_label = convergence.corpus_label(args.data)
-    slug = "default_corpus" if args.data == "stdlib" else args.corpus_label.split(" ")[0]
-    slug = "".join(c if c.isalnum() or c in "-_" else "_" for c in slug.removesuffix(".txt"))
-    args.out = (args.out or Path("/tmp/scaling_quick" if args.quick else "/tmp/scaling") / slug).resolve()
-    args.results = (
-        args.results or (args.out / "results" if args.quick else ROOT / "benchmarks/results/scaling" / slug)
-    ).resolve()
-    args.results.mkdir(parents=True, exist_ok=True)
+    study_paths(args, "scaling")
     args.params = {
         str(pt): parameters(pt) for pt in {*args.points, *([args.update_point] if args.update_point else [])}
     }
