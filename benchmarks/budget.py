@@ -27,8 +27,8 @@ decay branch to check against one.
 
 Resumable: each budget keeps its own ledger ``RESULTS/stepsNNNN/runs.jsonl`` (with that budget's
 ``scaling.md``, the steps-to-target table of ``benchmarks/scaling.py``); a run found there is not
-trained again. ``RESULTS/budget.md``, ``multiplier.png`` and ``loss_budget.png`` are rewritten
-after every run. ``RESULTS/estimate.json`` holds the time per step measured before the first
+trained again. ``RESULTS/budget.md`` is rewritten after every run, ``multiplier.png`` and
+``loss_budget.png`` after every budget. ``RESULTS/estimate.json`` holds the time per step measured before the first
 run, from which ``budget.md`` states the study's cost. ``RESULTS`` defaults to
 ``benchmarks/results/budget/<corpus>/``; run directories are scratch in ``--out``.
 """
@@ -146,7 +146,7 @@ class BudgetStudy(scaling.Study):
 
     def report(self) -> None:
         super().report()
-        write_results(self.study_args)
+        write_results(self.study_args, plots=False)  # the plots: once a budget is done
 
 
 def ledgers(args: argparse.Namespace) -> dict[int, scaling.Ledger]:

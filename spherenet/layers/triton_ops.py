@@ -343,8 +343,7 @@ def _residual(h: torch.Tensor, h_block: torch.Tensor, alpha, riemannian: bool, r
     _check_device(h, h_block)
     d = h.shape[-1]
     per_column = alpha.float().expand(d).contiguous() if alpha.numel() == 1 else alpha.float().reshape(d)
-    y = _residual_op(h, h_block.to(h.dtype), per_column, riemannian)[0]
-    return y
+    return _residual_op(h, h_block.to(h.dtype), per_column, riemannian)[0]
 
 
 def lerp_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha) -> torch.Tensor:
