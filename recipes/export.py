@@ -13,12 +13,14 @@ and ``model.safetensors`` (``NGPT.from_pretrained(OUT)`` / ``GPT.from_pretrained
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
+import uuid
 from pathlib import Path
 
 from recipes.checkpoints import TOKENIZER_DIR, Trained, load_trained
-from spherenet.checkpoint import CheckpointError, CheckpointManager
+from spherenet.checkpoint import CheckpointError, CheckpointManager, describe_os_error
 from spherenet.data import DataError
 from spherenet.models import PretrainedFileError
 
@@ -38,16 +40,29 @@ def step_checkpoint(run: str | Path, step: int) -> Path:
 
 def export(trained: Trained, out: str | Path) -> list[Path]:
     """Write ``trained``'s model (``save_pretrained``) and tokenizer files into ``out``;
-    returns the paths written."""
+    returns the paths written. Everything is written into a temporary directory beside ``out``
+    first and moved in only when complete: a failed export (disk full, read-only) leaves no
+    half-written files in ``out``."""
     out = Path(out)
-    trained.model.save_pretrained(out)
-    stored = trained.path / TOKENIZER_DIR
-    if stored.is_dir():  # the checkpoint's own, hash-verified tokenizer files
-        tokenizer_files = [Path(shutil.copy2(f, out / f.name)) for f in sorted(stored.iterdir()) if f.is_file()]
-    else:  # written before checkpoints held their tokenizer: save the one rebuilt from its spec
-        trained.tokenizer.save(out)
-        tokenizer_files = [out / name for name in sorted(trained.tokenizer.to_files())]
-    return [out / "config.json", out / "model.safetensors", *tokenizer_files]
+    tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        trained.model.save_pretrained(tmp)
+        stored = trained.path / TOKENIZER_DIR
+        if stored.is_dir():  # the checkpoint's own, hash-verified tokenizer files
+            for f in sorted(stored.iterdir()):
+                if f.is_file():
+                    shutil.copy2(f, tmp / f.name)
+        else:  # written before checkpoints held their tokenizer: save the one rebuilt from its spec
+            trained.tokenizer.save(tmp)
+        names = sorted(p.name for p in tmp.iterdir())
+        out.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            os.replace(tmp / name, out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    first = ["config.json", "model.safetensors"]
+    return [out / name for name in first + [n for n in names if n not in first]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         written = export(trained, args.out)
     except (CheckpointError, DataError, PretrainedFileError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the destination: read-only, full, not permitted; errno named
+        print(f"error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
     print(f"exported {type(trained.model).__name__} from {trained.path} (step {trained.step}):")
     for path in written:

@@ -12,7 +12,9 @@ from typing import Any
 
 from recipes.checkpoints import model_class_name, saved_model_config
 from spherenet.checkpoint import CheckpointError, VerifiedCheckpoint
+from spherenet.data import DataError
 from spherenet.models.presets import preset_config
+from spherenet.optim import METHOD_DEFAULTS
 from spherenet.train.config import ConfigError, RunConfig
 from spherenet.train.tracking import flatten_config
 
@@ -21,6 +23,7 @@ __all__ = [
     "ResumePlan",
     "check_resumable",
     "plan_resume",
+    "check_data",
     "restore_position",
     "extend_schedule",
     "claim_run_directory",
@@ -52,6 +55,7 @@ class ResumePlan:
     data_position: dict[str, Any]  # the train windows' saved state
     steps_changed: bool  # train.steps differs: the LR schedule is recomputed over the new total
     notes: list[str]  # accepted changes, printed and logged
+    data_content_sha256: str | None = None  # the fingerprint of the data it was trained on
 
 
 def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[str, Any]]:
@@ -74,6 +78,40 @@ def _saved_model_config(class_name: str, config: dict) -> dict:
         return config
 
 
+def _effective(config: dict, model_config: dict) -> dict:
+    """A run config's sections with each "default" spelling replaced by the value it means
+    (``train.block_size=0`` is the model's ``max_seq_len``, a negative ``optim.weight_decay`` or
+    ``optim.warmup_steps`` the method's default, a negative ``optim.muon_lr`` ``optim.lr``), so
+    that equivalent spellings compare equal."""
+    out = {section: dict(config.get(section) or {}) for section in ("data", "optim", "train")}
+    train, optim = out["train"], out["optim"]
+    if train.get("block_size") == 0 and "max_seq_len" in model_config:
+        train["block_size"] = model_config["max_seq_len"]
+    defaults = METHOD_DEFAULTS.get(optim.get("method"), {})
+    for key in ("weight_decay", "warmup_steps"):
+        if key in defaults and isinstance(optim.get(key), (int, float)) and optim[key] < 0:
+            optim[key] = type(optim[key])(defaults[key])
+    if isinstance(optim.get("muon_lr"), (int, float)) and optim["muon_lr"] < 0 and "lr" in optim:
+        optim["muon_lr"] = optim["lr"]
+    return out
+
+
+def accepted_changes(saved: dict, cfg: RunConfig) -> list[str]:
+    """One line per setting of :data:`RESUMABLE_CHANGES` that differs from the checkpoint's
+    (``train.steps``, ``train.parallel`` and ``train.micro_batch_size`` are described by
+    :func:`plan_resume` itself)."""
+    described = {("train", "steps"), ("train", "parallel"), ("train", "micro_batch_size")}
+    old_cfg = saved.get("config") if isinstance(saved.get("config"), dict) else {}
+    new_cfg = cfg.to_dict()
+    notes = []
+    for section, keys in RESUMABLE_CHANGES.items():
+        old, new = old_cfg.get(section) or {}, new_cfg[section]
+        for key in sorted(keys):
+            if (section, key) not in described and key in old and old[key] != new.get(key):
+                notes.append(f"{section}.{key} {old[key]!r} -> {new.get(key)!r}")
+    return notes
+
+
 def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config: dict, path: Path) -> None:
     """ConfigError naming every setting that differs from the run that wrote the checkpoint
     (``saved``: its plain values), except those in :data:`RESUMABLE_CHANGES`. The model is
@@ -86,16 +124,15 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
             if key not in free and old.get(key, unset) != new.get(key, unset):
                 diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
 
+    saved_model = {}
     if isinstance(saved.get("model_config"), dict):
         saved_class = model_class_name(str(saved.get("model_class")))
+        saved_model = _saved_model_config(saved_class, saved["model_config"])
         compare("model ", {"class": saved_class}, {"class": model_class})
-        compare(
-            "model.",
-            flatten_config(_saved_model_config(saved_class, saved["model_config"])),
-            flatten_config(model_config),
-        )
-    old_cfg, new_cfg = saved.get("config"), cfg.to_dict()
+        compare("model.", flatten_config(saved_model), flatten_config(model_config))
+    old_cfg = saved.get("config")
     if isinstance(old_cfg, dict):
+        old_cfg, new_cfg = _effective(old_cfg, saved_model), _effective(cfg.to_dict(), model_config)
         for section in ("data", "optim", "train"):
             compare(f"{section}.", old_cfg.get(section) or {}, new_cfg[section], RESUMABLE_CHANGES[section])
     if diffs:
@@ -121,13 +158,18 @@ def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> Re
     vocab = (saved.get("model_config") or {}).get("vocab_size", 0)
     check_resumable(saved, cfg, *_effective_model_config(cfg, vocab), ckpt.path)
 
-    notes = []
+    notes = accepted_changes(saved, cfg)
     old_train = (saved.get("config") or {}).get("train") or {}
     old_steps = int(old_train.get("steps", t.steps))
     if t.steps < ckpt.step:
         raise ConfigError(
             f"train.steps {t.steps} is below the step of checkpoint {ckpt.path} ({ckpt.step}); "
             f"resume with train.steps >= {ckpt.step}"
+        )
+    if t.halt_after and t.halt_after <= ckpt.step:
+        raise ConfigError(
+            f"train.halt_after {t.halt_after} is not after the step of checkpoint {ckpt.path} ({ckpt.step}): "
+            f"nothing to train; pass a later train.halt_after, or 0 to train to train.steps"
         )
     if t.steps != old_steps:
         notes.append(
@@ -163,15 +205,49 @@ def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> Re
             f"train.micro_batch_size {old_micro or 'unset'} -> {t.micro_batch_size or 'unset'}: "
             "gradient accumulation changes, the global batch and the data order do not"
         )
-    return ResumePlan(ckpt, dict(position), t.steps != old_steps, notes)
+    return ResumePlan(ckpt, dict(position), t.steps != old_steps, notes, saved.get("data_content_sha256"))
 
 
-def restore_position(train_windows, plan: ResumePlan) -> None:
+def check_data(plan: ResumePlan, data, accept_change: bool) -> bool:
+    """Compare the prepared data with the data the checkpoint was trained on, by content: the
+    token files are re-read and hashed (:meth:`PreparedData.verify`), and their fingerprint
+    (``content_sha256``: both splits and the tokenizer) compared with the one the checkpoint
+    records. Other content (an edited file, or a ``data.source`` pointing elsewhere) is refused,
+    naming the source and the token file, unless ``accept_change`` (``--accept-data-change``)
+    says so: then it is reported as a change (appended to ``plan.notes``). Returns whether it
+    changed."""
+    data.verify()
+    saved, now = plan.data_content_sha256, data.meta["content_sha256"]
+    if saved is None:
+        plan.notes.append("the checkpoint records no data fingerprint: the data could not be compared")
+        return False
+    if saved == now:
+        return False
+    source = data.meta.get("source") or {}
+    where = ", ".join(source.get("files") or [str(source.get("name") or source.get("kind", "the data source"))])
+    what = f"content sha256 {saved[:12]} in the checkpoint, {now[:12]} now; token file {data.file('train')}"
+    if not accept_change:
+        raise DataError(
+            f"the data changed since checkpoint {plan.checkpoint.path} was written: {where} now gives other tokens "
+            f"({what}). Resume with the data it was trained on, or pass --accept-data-change to continue on this data"
+        )
+    plan.notes.append(f"the data changed: {where} ({what}); the data position keeps only its step")
+    return True
+
+
+def restore_position(train_windows, plan: ResumePlan, data_changed: bool = False) -> None:
     """Set the data position from the checkpoint; the seed, block size and token count must
-    match (the windows' own check), the per-rank batch may differ (another world size)."""
+    match (the windows' own check) unless the data changed as an accepted change (then only
+    the step is kept); the per-rank batch may differ (another world size)."""
     saved = dict(plan.data_position)
     saved["batch_size"] = train_windows.batch_size
-    train_windows.load_state_dict(saved)
+    try:
+        train_windows.load_state_dict(saved, strict=not data_changed)
+    except DataError as exc:  # the library's hint (strict=False) is for API users
+        raise DataError(
+            f"checkpoint {plan.checkpoint.path}: its data position does not fit this run's data: "
+            f"{str(exc).split(' (pass strict')[0]}; resume with the data it was trained on, or start a new run"
+        ) from None
 
 
 def extend_schedule(scheduler, saved_state: dict) -> None:

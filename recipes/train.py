@@ -31,12 +31,20 @@ import torch
 
 from recipes.checkpoints import checkpoint_files, model_class_name
 from recipes.progress import progress_bar
-from recipes.resume import check_resumable, claim_run_directory, extend_schedule, plan_resume, restore_position
+from recipes.resume import (
+    check_data,
+    check_resumable,
+    claim_run_directory,
+    extend_schedule,
+    plan_resume,
+    restore_position,
+)
 from spherenet.analysis import eigen_learning_rates, sphere_norm_error
 from spherenet.checkpoint import (
     CheckpointError,
     CheckpointManager,
     NonFiniteStateError,
+    describe_os_error,
 )
 from spherenet.data import DataError, prepare_dataset
 from spherenet.manifolds import named_sphere_parameters
@@ -67,8 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--overwrite", action="store_true", help="start afresh in a train.out_dir holding a run: moved aside"
     )
+    p.add_argument(
+        "--accept-data-change",
+        action="store_true",
+        help="with --resume: continue on data whose content differs from the checkpoint's (reported)",
+    )
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
 
 
 def build_config(args: argparse.Namespace) -> RunConfig:
@@ -131,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     check_available(cfg.train.loggers)  # a missing tensorboard / wandb package, before any work
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: this machine has no usable CUDA device (torch.cuda.is_available() is False)")
+    if args.accept_data_change and not args.resume:
+        raise ConfigError("--accept-data-change applies to --resume only (a fresh run has no earlier data)")
     info = init_distributed(args.device)
     t = cfg.train
     out_dir = Path(t.out_dir)
@@ -145,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_resume(found, cfg, info.world_size) if found is not None else None
 
     data = prepare_data(cfg, info.is_main)
+    data_changed = check_data(plan, data, args.accept_data_change) if plan is not None else False
     tokenizer = data.tokenizer()
     torch.manual_seed(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, data.vocab_size, info.device)
@@ -203,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokenizer": tokenizer.spec(),
         "model_class": model_class_name(model),
         "model_config": dataclasses.asdict(model.config),
+        "data_content_sha256": data.meta["content_sha256"],  # compared on --resume
     }
     run_files = checkpoint_files(model, tokenizer)  # the model config and tokenizer, inside every checkpoint
     start = 0
@@ -212,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded = ckpt.load(plan.checkpoint, {k: v for k, v in state.items() if k not in skip})
         check_resumable(loaded.extra, cfg, model_class_name(model), dataclasses.asdict(model.config), loaded.path)
         start = loaded.step
-        restore_position(train_windows, plan)
+        restore_position(train_windows, plan, data_changed)
         if plan.steps_changed:
             extend_schedule(scheduler, loaded.extra["scheduler"])
         if info.is_main:
@@ -387,6 +404,21 @@ def cli(argv: list[str] | None = None) -> int:
         return 3
     except (ConfigError, DataError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:  # a second Ctrl-C: out at once, without the stop checkpoint
+        print(
+            "error: aborted by a second Ctrl-C: the step in flight was not checkpointed; --resume continues "
+            "from the last saved checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
+    except OSError as exc:  # a write outside the checkpoint's (metrics, out_dir, data cache): errno named
+        print(
+            f"error: {describe_os_error(exc, 'cannot write' if exc.filename else 'file operation failed')}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     finally:
         shutdown()

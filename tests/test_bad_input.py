@@ -465,7 +465,8 @@ def test_checkpoint_of_other_data(fails, trained, tmp_path, text_file):
     other = tmp_path / "other.txt"
     other.write_text(text_file.read_text() + "\n\none more paragraph at the end.")
     err = resume_fails(fails, trained, tmp_path, other, error=DataError)
-    assert "cannot resume" in err and "saved num_tokens=" in err and "but this loader has num_tokens=" in err
+    assert f"the data changed since checkpoint {tmp_path / 'run' / 'checkpoints'}" in err
+    assert f"{other} now gives other tokens" in err and "--accept-data-change" in err
 
 
 def test_every_checkpoint_damaged(fails, trained, tmp_path, text_file):

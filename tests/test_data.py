@@ -257,6 +257,43 @@ def test_hub_tokenizer_real_endpoint_offline_here(tmp_path, online_mode):
 # ---------------------------------------------------------------------------------------------- preparation
 
 
+def test_a_killed_preparations_leftovers_are_removed(tmp_path):
+    """``.tmp-*`` directories of preparations whose process is gone (on this host), or that
+    never named an owner and are an hour old, are removed by the next preparation; those of a
+    live process or of another host sharing the cache are left alone."""
+    import socket
+    import subprocess
+    import sys
+
+    out = tmp_path / "prepared"
+    out.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child.kill()
+    child.wait()  # a process that is gone: its pid is free
+
+    def leftover(name, owner=None, age_s=0.0):
+        d = out / f".tmp-{name}"
+        (d / "hf").mkdir(parents=True)
+        (d / "train.bin").write_bytes(b"\0" * 1000)
+        if owner is not None:
+            (d / "owner.json").write_text(json.dumps(owner))
+        if age_s:
+            old = time.time() - age_s
+            os.utime(d, (old, old))
+        return d
+
+    host = socket.gethostname()
+    killed = leftover("killed", {"host": host, "pid": child.pid})
+    running = leftover("running", {"host": host, "pid": os.getpid()})
+    elsewhere = leftover("elsewhere", {"host": host + "-other", "pid": child.pid})
+    unowned_old = leftover("unowned-old", age_s=7200)
+    unowned_new = leftover("unowned-new")
+    data = prepare_dataset(write_text(tmp_path / "corpus.txt", paragraphs(10)), "byte", out)
+    assert not killed.exists() and not unowned_old.exists()
+    assert running.exists() and elsewhere.exists() and unowned_new.exists()
+    assert not (data.path / "owner.json").exists()  # the owner file is not part of the prepared data
+
+
 def test_prepare_text_split_by_document_metadata_and_cache(tmp_path):
     docs = paragraphs(40)
     src = write_text(tmp_path / "corpus.txt", docs)

@@ -105,6 +105,53 @@ def test_sphere_weight_without_unit_rows_is_refused(safetensors_torch, tmp_path)
         NGPT.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_values_in_any_parameter_are_refused(safetensors_torch, tmp_path, value):
+    def poison(tensors):
+        scale = "blocks.0.mlp.s_u.param"  # a scaling vector, not a sphere weight
+        tensors[scale][0] = value
+
+    _save_with(safetensors_torch, tmp_path, poison)
+    with pytest.raises(PretrainedFileError, match=r"non-finite values \(NaN/inf\) in 'blocks\.0\.mlp\.s_u\.param'"):
+        load_pretrained(tmp_path)
+
+
+def test_export_to_a_read_only_destination_is_one_error_line(tmp_path, capsys, monkeypatch):
+    """A destination that cannot be written: exit 2, errno named, nothing left behind."""
+    pytest.importorskip("safetensors.torch")
+    run = tmp_path / "run"
+    assert (
+        train_cli(
+            [
+                "model.preset=ngpt-tiny",
+                "model.max_seq_len=32",
+                "train.batch_size=4",
+                "train.steps=2",
+                "train.sample_tokens=0",
+                "train.progress=false",
+                "train.eval_batches=1",
+                f"train.out_dir={run}",
+                f"data.cache_dir={tmp_path / 'cache'}",
+            ]
+        )
+        == 0
+    )
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if self.parent == tmp_path / "ro":
+            raise OSError(30, "Read-only file system", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    capsys.readouterr()
+    assert export.main([str(run), str(tmp_path / "ro" / "model")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot write ") and "read-only file system (EROFS)" in err[0]
+    assert list((tmp_path / "ro").iterdir()) == []
+
+
 def test_config_of_another_model_is_refused(safetensors_torch, tmp_path):
     from_preset("gpt-tiny").save_pretrained(tmp_path)
     with pytest.raises(PretrainedFileError, match="model_type 'gpt', not 'ngpt': load it with GPT.from_pretrained"):

@@ -550,3 +550,205 @@ def test_nan_weights_are_never_checkpointed(tmp_path, cache, text_file, monkeypa
     assert re.search(r"error: refusing to save step 10: non-finite values \(NaN/inf\) in model\.\S+", err), err
     assert checkpoint_steps(out) == [5] and all_finite(saved_state(out, 5))
     assert not list((out / "checkpoints").glob(".tmp-*"))
+
+
+# --------------------------------------------------------------------------------------------
+# real faults: a process killed inside a checkpoint write, two Ctrl-Cs, FSDP workers killed,
+# a full disk, a read-only out_dir, two trainers on one directory, data edited in place
+
+# A model whose checkpoint (about 200 MB with Adam's moments) takes about a second to write, so
+# that a kill or a second signal lands inside the write or the step, not between them.
+SLOW_SAVE = ["model.d_model=512", "model.n_layers=4"]
+
+
+def _signal_during_save(tmp_path, cache, text_file, action) -> tuple[subprocess.Popen, str, Path]:
+    """Train the slow-saving model in a subprocess; once the checkpoint of step 2 is in place
+    and the next one is being written or the step in flight, call ``action(proc)``."""
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "recipes.train",
+        *args(out, cache, text_file, *SLOW_SAVE, "train.steps=40", "train.checkpoint_every=2"),
+    ]
+    with launched(cmd, log) as proc:
+        wait_until(lambda: (out / "checkpoints" / "step_00000002").is_dir(), proc, log, 120, "checkpoint 2")
+        action(proc, out)
+        text = finish(proc, log, timeout=60)
+    return proc, text, out
+
+
+@needs_proc
+def test_kill_9_while_a_checkpoint_is_written_keeps_the_previous_one(tmp_path, cache, text_file):
+    def kill_inside_the_write(proc, out):
+        tmp = out / "checkpoints" / ".tmp-step_00000004"
+        wait_until(lambda: (tmp / "state.pt").is_file(), proc, out / "../train.log", 60, "the write of step 4")
+        proc.send_signal(signal.SIGKILL)
+
+    proc, _, out = _signal_during_save(tmp_path, cache, text_file, kill_inside_the_write)
+    assert proc.returncode == -signal.SIGKILL
+    assert (out / "checkpoints" / ".tmp-step_00000004").is_dir(), "the kill landed inside the write"
+    assert not (out / "checkpoints" / "step_00000004").exists()
+    assert CheckpointManager(out / "checkpoints").latest_verified().step == 2
+    resumed = args(out, cache, text_file, *SLOW_SAVE, "train.steps=6", "train.checkpoint_every=2", "--resume")
+    assert cli(resumed) == 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step_00000002",
+        "step_00000004",
+        "step_00000006",
+    ]
+
+
+@needs_proc
+def test_a_second_ctrl_c_aborts_at_once_and_the_last_checkpoint_stays(tmp_path, cache, text_file):
+    def two_ctrl_cs(proc, out):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)  # the step in flight, or the stop checkpoint's write, takes longer than this
+        proc.send_signal(signal.SIGINT)
+
+    proc, text, out = _signal_during_save(tmp_path, cache, text_file, two_ctrl_cs)
+    assert proc.returncode == 130, text[-3000:]
+    assert "error: aborted by a second Ctrl-C" in text and "Traceback" not in text
+    newest = CheckpointManager(out / "checkpoints").latest_verified()
+    assert newest is not None and newest.step in (2, 4)  # 4: its regular write was over before the Ctrl-Cs
+    assert "stop requested" not in text  # the stop checkpoint was never completed
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(tmp_path_factory, cache, text_file) -> dict[int, float]:
+    """Per-step losses of a 2-process FSDP2 job, uninterrupted."""
+    out = tmp_path_factory.mktemp("fsdp_reference")
+    log = out / "torchrun.log"
+    fsdp = ddp_args(out / "run", cache, text_file)[:-1] + ["train.parallel=fsdp", "train.steps=30"]
+    with launched(torchrun_cmd(2, *fsdp), log) as proc:
+        text = finish(proc, log, timeout=120)
+    assert proc.returncode == 0, text[-3000:]
+    return last_losses(out / "run")
+
+
+@pytest.mark.distributed
+@needs_proc
+def test_sigkill_one_fsdp_worker_restarts_from_the_sharded_checkpoint(tmp_path, cache, text_file, fsdp_reference):
+    """The same under FSDP2 (sharded DCP checkpoints): the restarted group loads the shards and
+    finishes with the uninterrupted job's losses."""
+    out, log = tmp_path / "run", tmp_path / "torchrun.log"
+    fsdp = ddp_args(out, cache, text_file)[:-1] + ["train.parallel=fsdp", "train.steps=30"]
+    with launched(torchrun_cmd(2, *fsdp, max_restarts=1), log) as proc:
+        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= KILL_EVERY + 3, proc, log, 90, "step 13")
+        workers = {env["RANK"]: pid for pid in children(proc.pid) if "RANK" in (env := environ(pid))}
+        os.kill(workers["1"], signal.SIGKILL)
+        step_at_kill = max_step(out)
+        text = finish(proc, log, timeout=120)
+    assert proc.returncode == 0, text[-3000:]
+    assert step_at_kill < 30
+    starts = [r for r in read_log(out) if r.get("event") == "start"]
+    assert len(starts) == 2 and starts[1]["step"] % KILL_EVERY == 0 and starts[1]["step"] >= KILL_EVERY
+    assert_same_losses(last_losses(out), fsdp_reference)
+
+
+def _can_mount_tmpfs() -> bool:
+    try:
+        return (
+            subprocess.run(
+                ["unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True, timeout=30
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+needs_tmpfs = pytest.mark.skipif(
+    not Path("/proc/self/stat").is_file() or not _can_mount_tmpfs(),
+    reason="needs `unshare -rm` to mount a private tmpfs (a user namespace, or root)",
+)
+
+
+def _train_on_tmpfs(tmp_path, cache, text_file, options: str, *extra: str) -> tuple[int, str, Path]:
+    """Run the trainer with ``train.out_dir`` on a private tmpfs mounted with ``options`` (in a
+    mount namespace of its own, so nothing outside sees it); what the run left there is copied
+    to ``tmp_path/left`` before the namespace goes."""
+    mnt, left = tmp_path / "mnt", tmp_path / "left"
+    mnt.mkdir()
+    left.mkdir()
+    cmd = " ".join([sys.executable, "-m", "recipes.train", *args(mnt / "run", cache, text_file, *extra)])
+    script = f"mount -t tmpfs -o {options} tmpfs {mnt} && {{ {cmd}; rc=$?; cp -a {mnt}/. {left}/; exit $rc; }}"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+    )
+    return done.returncode, done.stderr, left / "run"
+
+
+@needs_tmpfs
+def test_a_disk_that_fills_mid_save_keeps_the_previous_checkpoint_and_says_no_space(tmp_path, cache, text_file):
+    """A real ENOSPC: a 3 MB tmpfs holds one checkpoint of the tiny model (2 MB) but not a second
+    beside it (keep_last=1 deletes the old one only after the new one is in place)."""
+    rc, err, run = _train_on_tmpfs(
+        tmp_path, cache, text_file, "size=3000k", "train.steps=6", "train.checkpoint_every=2", "train.keep_last=1"
+    )
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert "saving checkpoint" in lines[0] and "no space left on device (ENOSPC)" in lines[0]
+    assert "unexpected pos" not in err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000002"]
+    assert CheckpointManager(run / "checkpoints").latest_verified().step == 2
+    assert all(isinstance(r, dict) for r in read_log(run))  # every line whole
+
+
+@needs_tmpfs
+def test_a_disk_full_at_start_is_one_error_line(tmp_path, cache, text_file):
+    """One 4 KiB page: the lock file takes it, the first metrics record does not fit."""
+    rc, err, run = _train_on_tmpfs(tmp_path, cache, text_file, "size=4k", "train.steps=2")
+    assert rc == 2 and err.strip().splitlines() == [
+        f"error: cannot write {tmp_path / 'mnt' / 'run' / 'metrics.jsonl'}: no space left on device (ENOSPC)"
+    ], err
+    assert (run / "metrics.jsonl").read_bytes() == b""  # nothing half-written
+
+
+@needs_tmpfs
+def test_an_unwritable_out_dir_is_one_error_line(tmp_path, cache, text_file):
+    rc, err, _ = _train_on_tmpfs(tmp_path, cache, text_file, "ro", "train.steps=2")
+    assert rc == 2 and err.strip().splitlines() == [
+        f"error: cannot write {tmp_path / 'mnt' / 'run'}: read-only file system (EROFS)"
+    ], err
+
+
+def test_a_second_trainer_on_a_running_directory_is_refused_and_the_first_runs_on(tmp_path, cache, text_file, capsys):
+    out, log = tmp_path / "run", tmp_path / "first.log"
+    first = [sys.executable, "-m", "recipes.train", *args(out, cache, text_file, "train.steps=200")]
+    with launched(first, log) as proc:
+        wait_until(lambda: max_step(out) >= 2, proc, log, 60, "step 2 of the first trainer")
+        assert cli(args(out, cache, text_file, "train.steps=200", "optim.lr=0.5", "--resume")) == 2
+        text = finish(proc, log, timeout=120)
+    err = capsys.readouterr().err
+    assert f"is in use by another trainer (pid {proc.pid} on " in err
+    assert proc.returncode == 0 and "done: step 200" in text
+    records = read_log(out)
+    assert [r["event"] for r in records if "event" in r] == ["start", "done"]  # one run's records only
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 201))
+
+
+def test_data_edited_in_place_is_refused_unless_the_change_is_named(tmp_path, cache, text_file, capsys):
+    """The same number of tokens (a byte tokenizer, the same length), other content."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text_file.read_text(encoding="utf-8"), encoding="utf-8")
+    run = [
+        *TINY,
+        f"data.source={corpus}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"train.out_dir={tmp_path / 'run'}",
+        "train.steps=8",
+    ]
+    assert cli([*run, "train.halt_after=4"]) == 0
+    text = corpus.read_text(encoding="utf-8")
+    corpus.write_text(text.replace("killed", "KILLED"), encoding="utf-8")  # in place, same length
+    capsys.readouterr()
+    assert cli([*run, "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{corpus} now gives other tokens" in err[0] and "--accept-data-change" in err[0]
+    assert cli([*run, "--resume", "--accept-data-change"]) == 0
+    out = capsys.readouterr().out
+    assert f"resume: the data changed: {corpus}" in out
+    changes = [r for r in read_log(tmp_path / "run") if r.get("event") == "resume_changes"]
+    assert len(changes) == 1 and any(c.startswith(f"the data changed: {corpus}") for c in changes[0]["changes"])

@@ -445,3 +445,17 @@ def test_a_fresh_start_over_a_run_is_refused_and_overwrite_moves_it_aside(tmp_pa
     assert run(out, cache, *common, "--overwrite") == 0
     (aside,) = out.glob("previous-*")
     assert (aside / "checkpoints" / "step_00000002").is_dir() and (out / "checkpoints" / "step_00000002").is_dir()
+
+
+def test_overrides_stand_anywhere_on_the_line():
+    from recipes.train import parse_args
+
+    parsed = parse_args(["train.steps=5", "--resume", "train.log_every=1", "--overwrite", "optim.lr=0.01"])
+    assert parsed.resume and parsed.overwrite
+    assert parsed.overrides == ["train.steps=5", "train.log_every=1", "optim.lr=0.01"]
+
+
+def test_accept_data_change_without_resume_is_refused(tmp_path, capsys):
+    assert cli(["--accept-data-change", f"train.out_dir={tmp_path / 'run'}"]) == 2
+    assert "--accept-data-change applies to --resume only" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before anything is written

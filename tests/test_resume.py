@@ -13,12 +13,14 @@ import torch
 from recipes.resume import (
     RESUMABLE_CHANGES,
     _effective_model_config,
+    check_data,
     check_resumable,
     extend_schedule,
     plan_resume,
     restore_position,
 )
 from spherenet.checkpoint import CheckpointError
+from spherenet.data import DataError
 from spherenet.optim import build_optimizer
 from spherenet.train.config import ConfigError, load_config
 
@@ -103,9 +105,129 @@ def test_restore_position_takes_the_saved_step_and_this_runs_batch():
     cfg = load_config(None, TINY)
     plan = plan_resume(checkpoint(cfg), cfg, world_size=1)
     seen = {}
-    windows = SimpleNamespace(batch_size=4, world_size=2, load_state_dict=seen.update)
+    windows = SimpleNamespace(
+        batch_size=4, world_size=2, load_state_dict=lambda s, strict: seen.update(s, strict=strict)
+    )
     restore_position(windows, plan)
-    assert seen == {"step": 10, "batch_size": 4}
+    assert seen == {"step": 10, "batch_size": 4, "strict": True}
+    restore_position(windows, plan, data_changed=True)  # an accepted data change keeps only the step
+    assert seen["strict"] is False
+
+
+def test_the_windows_own_hint_is_replaced_by_the_clis():
+    cfg = load_config(None, TINY)
+    plan = plan_resume(checkpoint(cfg), cfg, world_size=1)
+
+    def refuse(state, strict):
+        raise DataError(
+            "cannot resume x: saved num_tokens=5 but this loader has num_tokens=6 (pass strict=False to keep only the step)"
+        )
+
+    with pytest.raises(DataError) as info:
+        restore_position(SimpleNamespace(batch_size=8, load_state_dict=refuse), plan)
+    assert "strict" not in str(info.value) and "num_tokens=5" in str(info.value)
+    assert "resume with the data it was trained on" in str(info.value)
+
+
+def _other(value):
+    """A value of the same type that differs from ``value``."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, list):
+        return [*value, "other"]
+    return f"{value}-other"
+
+
+@pytest.mark.parametrize(
+    "section,key", sorted((section, key) for section, keys in RESUMABLE_CHANGES.items() for key in keys)
+)
+def test_every_accepted_change_is_reported(section, key):
+    cfg = load_config(None, TINY)
+    ckpt = checkpoint(cfg)
+    saved_cfg = ckpt.read_state()["values"]["config"]
+    saved_cfg[section][key] = _other(saved_cfg[section][key])
+    if (section, key) == ("train", "steps"):
+        saved_cfg[section][key] = 30  # the new run's 20 is still past the checkpoint's step
+    plan = plan_resume(ckpt, cfg, world_size=1)
+    mine = [note for note in plan.notes if note.startswith(f"{section}.{key} ")]
+    assert len(mine) == 1, plan.notes
+    assert str(saved_cfg[section][key]) in mine[0]
+
+
+@pytest.mark.parametrize(
+    "saved,now",
+    [
+        ("train.block_size=0", "train.block_size=32"),  # 0 means the model's max_seq_len, 32 for ngpt-tiny
+        ("optim.weight_decay=-1", "optim.weight_decay=0"),  # < 0 means the method's default, 0 for nGPT
+        ("optim.warmup_steps=-1", "optim.warmup_steps=0"),
+        ("optim.muon_lr=-1", "optim.muon_lr=0.003"),  # < 0 means optim.lr
+    ],
+)
+def test_equivalent_spellings_are_no_change(saved, now):
+    cfg = load_config(None, [*TINY, "model.max_seq_len=32", saved])
+    model_class, model_config = _effective_model_config(cfg, 256)
+    again = load_config(None, [*TINY, "model.max_seq_len=32", now])
+    check_resumable(
+        {"config": cfg.to_dict(), "model_class": model_class, "model_config": model_config},
+        again,
+        model_class,
+        model_config,
+        Path("x"),
+    )
+    key = now.split("=")[0]
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):  # a real change still is one
+        check_resumable(
+            {"config": cfg.to_dict(), "model_class": model_class, "model_config": model_config},
+            load_config(None, [*TINY, "model.max_seq_len=32", f"{key}=0.5"]),
+            model_class,
+            model_config,
+            Path("x"),
+        )
+
+
+def test_a_halt_at_or_before_the_checkpoint_is_refused():
+    cfg = load_config(None, [*TINY, "train.halt_after=10"])
+    with pytest.raises(ConfigError, match=r"train.halt_after 10 is not after the step of checkpoint .* \(10\)"):
+        plan_resume(checkpoint(cfg, step=10), cfg, world_size=1)
+    later = load_config(None, [*TINY, "train.halt_after=15"])
+    assert plan_resume(checkpoint(later, step=10), later, world_size=1).notes == []
+
+
+def _data(content, files=("corpus.txt",)):
+    verified = []
+    return SimpleNamespace(
+        meta={"content_sha256": content, "source": {"kind": "text", "files": list(files)}},
+        verify=lambda: verified.append(True),
+        file=lambda split: Path(f"cache/{split}.bin"),
+        verified=verified,
+    )
+
+
+def test_data_with_other_content_is_refused_unless_the_change_is_named():
+    cfg = load_config(None, TINY)
+    ckpt = checkpoint(cfg)
+    ckpt.read_state()["values"]["data_content_sha256"] = "a" * 64
+    same = _data("a" * 64)
+    assert check_data(plan_resume(ckpt, cfg, 1), same, accept_change=False) is False and same.verified
+    edited = _data("b" * 64)
+    with pytest.raises(DataError) as info:
+        check_data(plan_resume(ckpt, cfg, 1), edited, accept_change=False)
+    assert "corpus.txt now gives other tokens" in str(info.value) and "cache/train.bin" in str(info.value)
+    assert "--accept-data-change" in str(info.value)
+    plan = plan_resume(ckpt, cfg, 1)
+    assert check_data(plan, edited, accept_change=True) is True
+    assert plan.notes == [
+        f"the data changed: corpus.txt (content sha256 {'a' * 12} in the checkpoint, {'b' * 12} "
+        "now; token file cache/train.bin); the data position keeps only its step"
+    ]
+    moved = load_config(None, [*TINY, "data.source=other.txt"])  # another source: the same content is no change
+    plan = plan_resume(ckpt, moved, 1)
+    assert check_data(plan, same, accept_change=False) is False
+    assert [n for n in plan.notes if n.startswith("data.source ")] == ["data.source 'stdlib' -> 'other.txt'"]
+    with pytest.raises(DataError, match="now gives other tokens"):  # other content needs the flag all the same
+        check_data(plan_resume(ckpt, moved, 1), edited, accept_change=False)
 
 
 def test_extend_schedule_recomputes_the_rate_over_the_new_total():

@@ -41,12 +41,14 @@ from .errors import (
     CheckpointMismatchError,
     CheckpointWarning,
     NonFiniteStateError,
+    describe_os_error,
 )
 from .format import FORMAT_VERSION, MANIFEST, SHARDED_DIR, STATE_FILE, VerifiedCheckpoint
 from .manager import CheckpointManager, LoadedCheckpoint
 from .state import model_fingerprint
 
 __all__ = [
+    "describe_os_error",
     "CheckpointManager",
     "LoadedCheckpoint",
     "VerifiedCheckpoint",

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, describe_os_error
 
 
 def _dist_on() -> bool:
@@ -40,7 +40,13 @@ class _Group:
 
     def agree(self, error: BaseException | None, what: str) -> None:
         """Raise on every rank when ``what`` failed on any rank (keeps ranks out of deadlock)."""
-        msgs = self.gather(None if error is None else f"{type(error).__name__}: {error}")
+        if error is None:
+            text = None
+        elif isinstance(error, OSError):
+            text = describe_os_error(error)  # errno named: no space, read-only, permission
+        else:
+            text = f"{type(error).__name__}: {error}"
+        msgs = self.gather(text)
         failed = [(r, m) for r, m in enumerate(msgs) if m is not None]
         if not failed:
             return

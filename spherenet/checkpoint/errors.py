@@ -1,4 +1,7 @@
-"""The errors and the warning raised by :class:`~spherenet.checkpoint.CheckpointManager`."""
+"""The errors and the warning raised by :class:`~spherenet.checkpoint.CheckpointManager`, and
+the one-line wording of a failed write."""
+
+import errno as _errno
 
 
 class CheckpointError(RuntimeError):
@@ -19,3 +22,13 @@ class NonFiniteStateError(CheckpointError, ValueError):
 
 class CheckpointWarning(UserWarning):
     """A damaged checkpoint was skipped, or the RNG state could not be fully restored."""
+
+
+def describe_os_error(exc: OSError, action: str = "cannot write") -> str:
+    """One line for a failed file operation, the errno named: ``cannot write runs/x/metrics.jsonl:
+    no space left on device (ENOSPC)``."""
+    reason = (exc.strerror or str(exc)).rstrip(".")
+    reason = reason[:1].lower() + reason[1:]
+    code = f" ({_errno.errorcode[exc.errno]})" if exc.errno in _errno.errorcode else ""
+    target = f" {exc.filename}" if exc.filename is not None else ""
+    return f"{action}{target}: {reason}{code}"

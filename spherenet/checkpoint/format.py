@@ -69,9 +69,35 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class _Writer:
+    """A file for ``torch.save`` that keeps the OSError of a failed write: torch's writer turns it
+    into ``unexpected pos N vs M``, which hides a full disk."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def _torch_save_synced(obj, path: Path) -> None:
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        writer = _Writer(f)
+        try:
+            torch.save(obj, writer)
+        except Exception:
+            if writer.error is not None:
+                if writer.error.filename is None:
+                    writer.error.filename = str(path)
+                raise writer.error from None
+            raise
         f.flush()
         os.fsync(f.fileno())
 

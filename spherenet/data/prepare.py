@@ -29,7 +29,9 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -152,8 +154,10 @@ def prepare_dataset(
             return PreparedData(final, meta, cached=True)
 
     root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(root)
     tmp = root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    (tmp / _OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}), encoding="utf-8")
     progress = progress and sys.stderr.isatty()  # bars only on a terminal, not in a log file or CI
     bars = datasets.is_progress_bar_enabled()
     if not progress:
@@ -174,6 +178,7 @@ def prepare_dataset(
             hub_cache_dir=hub_cache_dir,
             timeout=timeout,
         )
+        (tmp / _OWNER_FILE).unlink(missing_ok=True)
         path = _publish(tmp, final, key, force)
         return PreparedData(path, _read_meta(path) or meta, cached=False)
     finally:
@@ -368,6 +373,40 @@ class _Encoder:
             arr[-1] = eos
             out.append(arr)
         return {"ids": out}
+
+
+_OWNER_FILE = "owner.json"  # which process is writing a .tmp-* directory
+_STALE_UNOWNED_S = 3600.0  # a .tmp-* directory without an owner file, untouched this long, is stale
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    """Delete the ``.tmp-*`` directories of preparations that were killed (their process, on
+    this host, is gone; or they never wrote an owner and are an hour old). A directory of a live
+    process, or of another host sharing the cache, is left alone."""
+    host = socket.gethostname()
+    for d in root.glob(".tmp-*"):
+        if not d.is_dir():
+            continue
+        try:
+            owner = json.loads((d / _OWNER_FILE).read_text(encoding="utf-8"))
+            stale = owner.get("host") == host and not _process_alive(int(owner["pid"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            try:
+                stale = time.time() - d.stat().st_mtime > _STALE_UNOWNED_S
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _publish(tmp: Path, final: Path, key: str, force: bool) -> Path:

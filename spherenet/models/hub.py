@@ -55,6 +55,13 @@ def _require(module: str) -> ModuleType:
         ) from None
 
 
+def _check_finite(tensors: dict[str, torch.Tensor], where) -> None:
+    """Refuse NaN or inf in any floating-point tensor (a model that would only output NaN)."""
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise PretrainedFileError(f"{where}: non-finite values (NaN/inf) in {', '.join(map(repr, bad))}")
+
+
 def _check_unit_rows(named_tensors: dict[str, torch.Tensor], where: str) -> None:
     """Refuse sphere weights whose rows are not unit vectors (within the dtype's tolerance)."""
     bad = []
@@ -174,8 +181,8 @@ class HubMixin:
 
         Its tensors keep the dtype they were saved in. Raises :class:`PretrainedFileError`
         when config.json describes another model or bad values, when model.safetensors misses
-        a tensor, has an unexpected one or one of another shape, and when a sphere weight's
-        rows are not unit vectors.
+        a tensor, has an unexpected one or one of another shape, when any tensor holds NaN or
+        inf, and when a sphere weight's rows are not unit vectors.
         """
         safetensors_torch = _require("safetensors.torch")
         download = {
@@ -193,6 +200,7 @@ class HubMixin:
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type for a bad file
             raise PretrainedFileError(f"cannot read {weights_file}: {exc}") from None
         _check_tensors(model, tensors, weights_file)
+        _check_finite(tensors, weights_file)
         _check_unit_rows({name: tensors[name] for name in model.sphere_weights()}, str(weights_file))
         dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
         if len(dtypes) == 1:

@@ -8,8 +8,10 @@ non-finite loss) are all-reduced first.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,8 +203,22 @@ class MetricsLog:
             return
         record.setdefault("time_s", round(time.time() - self._t0, 3))
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(clean) + "\n")
+        line = (json.dumps(clean) + "\n").encode("utf-8")
+        # One write of the whole line; a failed one (disk full) is cut back, never left half written.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                written = os.write(fd, line)
+                if written != len(line):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+            except OSError as exc:
+                os.ftruncate(fd, size)
+                if exc.filename is None:
+                    exc.filename = str(self.path)
+                raise
+        finally:
+            os.close(fd)
 
     @staticmethod
     def read(path: str | Path) -> list[dict]:
