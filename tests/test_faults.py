@@ -664,20 +664,22 @@ needs_tmpfs = pytest.mark.skipif(
 )
 
 
-def _train_on_tmpfs(tmp_path, cache, text_file, options: str, *extra: str) -> tuple[int, str, Path]:
-    """Run the trainer with ``train.out_dir`` on a private tmpfs mounted with ``options`` (in a
-    mount namespace of its own, so nothing outside sees it); what the run left there is copied
-    to ``tmp_path/left`` before the namespace goes."""
+def _train_on_tmpfs(tmp_path, cache, text_file, options: str, *extra: str, cache_there: bool = False):
+    """Run the trainer with ``train.out_dir`` (or, with ``cache_there``, ``data.cache_dir``) on a
+    private tmpfs mounted with ``options`` (in a mount namespace of its own, so nothing outside
+    sees it); what the run left there is copied to ``tmp_path/left`` before the namespace goes.
+    Returns (exit code, stderr, the copy of the run directory)."""
     mnt, left = tmp_path / "mnt", tmp_path / "left"
     mnt.mkdir()
     left.mkdir()
-    cmd = " ".join([sys.executable, "-m", "recipes.train", *args(mnt / "run", cache, text_file, *extra)])
+    where = (tmp_path / "run", mnt / "cache") if cache_there else (mnt / "run", cache)
+    cmd = " ".join([sys.executable, "-m", "recipes.train", *args(where[0], where[1], text_file, *extra)])
     script = f"mount -t tmpfs -o {options} tmpfs {mnt} && {{ {cmd}; rc=$?; cp -a {mnt}/. {left}/; exit $rc; }}"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(
         ["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
     )
-    return done.returncode, done.stderr, left / "run"
+    return done.returncode, done.stderr, left / ("cache" if cache_there else "run")
 
 
 @needs_tmpfs
@@ -704,6 +706,19 @@ def test_a_disk_full_at_start_is_one_error_line(tmp_path, cache, text_file):
         f"error: cannot write {tmp_path / 'mnt' / 'run' / 'metrics.jsonl'}: no space left on device (ENOSPC)"
     ], err
     assert (run / "metrics.jsonl").read_bytes() == b""  # nothing half-written
+
+
+@needs_tmpfs
+@pytest.mark.parametrize("size", ["60k", "200k"], ids=["datasets_arrow_files", "token_files"])
+def test_a_full_data_cache_is_one_error_line_and_keeps_nothing(tmp_path, cache, text_file, size):
+    """The disk fills while the data is prepared: while datasets writes its Arrow files (60 KiB),
+    or while the token files are written (200 KiB)."""
+    rc, err, left = _train_on_tmpfs(tmp_path, cache, text_file, f"size={size}", "train.steps=2", cache_there=True)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: cannot write the data cache {tmp_path / 'mnt' / 'cache'}")
+    assert lines[0].split(": ", 2)[-1].startswith("no space left on device (ENOSPC)"), lines[0]
+    assert list(left.iterdir()) == []  # the temporary directory is gone
 
 
 @needs_tmpfs

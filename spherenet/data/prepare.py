@@ -25,6 +25,7 @@ first and let the others call again after a barrier.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -50,7 +51,7 @@ from .prepared import (
     load_prepared,
     token_dtype,
 )
-from .sources import Source, load_documents, resolve_source
+from .sources import WRITE_ERRNOS, Source, load_documents, resolve_source
 from .tokenizer import SPEC_FILE, ByteTokenizer, Tokenizer, build_tokenizer, train_bpe
 
 __all__ = [
@@ -181,6 +182,14 @@ def prepare_dataset(
         (tmp / _OWNER_FILE).unlink(missing_ok=True)
         path = _publish(tmp, final, key, force)
         return PreparedData(path, _read_meta(path) or meta, cached=False)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        reason = (exc.strerror or str(exc)).lower()
+        raise DataError(
+            f"cannot write the data cache {root}: {reason} ({errno.errorcode.get(exc.errno, '')}); "
+            "nothing was kept of this preparation"
+        ) from None
     finally:
         if not progress and bars:
             datasets.enable_progress_bars()

@@ -28,6 +28,7 @@ Kinds:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -351,6 +352,7 @@ def load_documents(
                 src.kind, data_files=list(src.files), split="train", cache_dir=str(cache_dir), **kwargs
             ),
             src,
+            cache_dir,
         )
         where = ", ".join(src.files)
     elif src.kind == "parquet":
@@ -361,6 +363,7 @@ def load_documents(
                 "parquet", data_files=list(src.files), split="train", cache_dir=str(cache_dir)
             ),
             src,
+            cache_dir,
         )
         where = ", ".join(src.files)
     elif src.kind == "hub":
@@ -391,13 +394,33 @@ def load_documents(
     return ds
 
 
-def _load(fn: Any, src: Source) -> Any:
+def _load(fn: Any, src: Source, cache_dir: Any) -> Any:
     try:
         return fn()
     except DataError:
         raise
     except Exception as exc:
+        failed_write = write_error(exc)
+        if failed_write is not None:  # datasets writing its Arrow files: the cache, not the source
+            reason = (failed_write.strerror or str(failed_write)).lower()
+            code = errno.errorcode.get(failed_write.errno, "")
+            raise DataError(f"cannot write the data cache {cache_dir}: {reason} ({code})") from None
         raise DataError(f"could not read {src.kind} source {', '.join(src.files)}: {_root_cause(exc)}") from None
+
+
+WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
+
+
+def write_error(exc: BaseException) -> OSError | None:
+    """The OSError of a failed write (disk full, read-only, not permitted) in ``exc``'s chain."""
+    e: BaseException | None = exc
+    for _ in range(10):
+        if e is None:
+            return None
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _load_hub(src: Source, cache_dir: Any, timeout: float) -> Any:
