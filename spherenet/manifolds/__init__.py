@@ -5,13 +5,16 @@ batch; ``alpha`` is a scalar or a tensor that broadcasts against the input.
 """
 
 from .geodesic import angle, lerp, normalize, riemannian_update, slerp, tangent
+from .matrix_sphere import MATRIX_SPHERE, MatrixSphere
 from .registry import ManifoldEntry, declare_manifold, declared_manifolds, named_manifold_parameters
 from .sphere import Sphere, point_tolerance
 from .spheres import (
     SPHERE,
     UNIT_SPHERE,
     SphereParameter,
+    declare_matrix_sphere,
     declare_sphere,
+    declared_matrix_spheres,
     declared_spheres,
     is_sphere_tensor,
     is_unit_sphere,
@@ -21,6 +24,10 @@ from .spheres import (
 
 __all__ = [
     "Sphere",
+    "MatrixSphere",
+    "MATRIX_SPHERE",
+    "declare_matrix_sphere",
+    "declared_matrix_spheres",
     "point_tolerance",
     "normalize",
     "tangent",

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .matrix_sphere import MatrixSphere
 from .registry import declare_manifold, declared_manifolds, named_manifold_parameters
 from .sphere import Sphere, geoopt
 
@@ -33,6 +34,8 @@ __all__ = [
     "named_sphere_parameters",
     "is_unit_sphere",
     "is_sphere_tensor",
+    "declare_matrix_sphere",
+    "declared_matrix_spheres",
 ]
 
 #: The name of the unit sphere: ``group["manifold"]`` of a param group of sphere weights.
@@ -92,16 +95,19 @@ def declared_spheres(model: nn.Module) -> list[SphereParameter]:
 
     The parameter objects are those the model holds *now*, whatever their class (``DTensor``
     after ``fully_shard``, plain ``Parameter`` after ``load_state_dict(assign=True)``). Raises
-    ``ValueError`` for a parameter declared on another manifold (nothing in spherenet keeps it
-    there), and for a geoopt ``ManifoldParameter`` on a sphere that its module did not declare
+    ``ValueError`` for a parameter declared on a manifold spherenet does not know (nothing would
+    keep it there), and for a geoopt ``ManifoldParameter`` on a sphere that its module did not declare
     (re-wrapping would silently lose it).
     """
     declared: dict[int, tuple] = {}
     for entry in named_manifold_parameters(model):
+        if isinstance(entry.manifold, MatrixSphere):
+            continue  # a whole-matrix sphere: declared_matrix_spheres
         if not is_unit_sphere(entry.manifold):
             raise ValueError(
-                f"parameter {entry.name!r} is declared on {entry.manifold!r}; spherenet supports only "
-                "the unit sphere along the last dimension (spherenet.manifolds.declare_sphere)"
+                f"parameter {entry.name!r} is declared on {entry.manifold!r}; spherenet supports the unit "
+                "sphere along the last dimension (spherenet.manifolds.declare_sphere) and the whole-matrix "
+                "sphere (spherenet.manifolds.declare_matrix_sphere)"
             )
         declared.setdefault(id(entry.param), (entry.module, entry.attr))
     out = []
@@ -123,3 +129,39 @@ def named_sphere_parameters(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """``(name, parameter)`` of every sphere weight of ``model``: :func:`declared_spheres` in
     the form of ``model.named_parameters()``."""
     return [(entry.name, entry.param) for entry in declared_spheres(model)]
+
+
+def declare_matrix_sphere(module: nn.Module, attr: str = "weight", radius: float | None = None) -> MatrixSphere:
+    """Declare that ``module.<attr>`` lies on the sphere of its Frobenius norm (the whole tensor
+    is one point: Hyperball's constraint). ``radius=None`` keeps the norm it has when an
+    optimizer first steps it; a given ``radius`` scales it onto that sphere now. Returns the
+    manifold. Refused for a parameter already declared on the row sphere."""
+    param = module._parameters.get(attr)
+    if param is None:
+        raise KeyError(f"{type(module).__name__} has no direct parameter named {attr!r} to declare")
+    if attr in declared_manifolds(module) and not isinstance(declared_manifolds(module)[attr], MatrixSphere):
+        raise ValueError(
+            f"{type(module).__name__}.{attr} is declared on {declared_manifolds(module)[attr]!r} already; a tensor "
+            "lies on one manifold"
+        )
+    if param.dim() < 1 or param.numel() < 2 or not param.is_floating_point():
+        raise ValueError(
+            f"{type(module).__name__}.{attr} of shape {tuple(param.shape)} ({param.dtype}): a whole-tensor sphere "
+            "needs a floating-point tensor of at least 2 elements"
+        )
+    manifold = MatrixSphere(radius)
+    if radius is not None:
+        with torch.no_grad():
+            param.copy_(manifold.projx(param, torch.tensor(float(radius))))
+    declare_manifold(module, attr, manifold)
+    return manifold
+
+
+def declared_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Tensor, MatrixSphere]]:
+    """``(name, parameter, manifold)`` of every parameter of ``model`` declared on a whole-matrix
+    sphere, in ``named_parameters()`` order, each once."""
+    declared = {}
+    for entry in named_manifold_parameters(model):
+        if isinstance(entry.manifold, MatrixSphere):
+            declared.setdefault(id(entry.param), entry.manifold)
+    return [(name, p, declared.pop(id(p))) for name, p in model.named_parameters() if id(p) in declared]

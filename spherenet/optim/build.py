@@ -24,6 +24,14 @@
   decoupled weight decay) on the 2-D weights of the blocks and AdamW on the embeddings, the
   output head and the vectors (Table 3's GPT settings otherwise).
 
+- ``"adamh"``: GPT with AdamH (Hyperball, Wen et al. 2026): every 2-D weight of the blocks is
+  declared on the sphere of its Frobenius norm
+  (:func:`spherenet.manifolds.declare_matrix_sphere`) and :class:`RiemannianAdam` steps it
+  as ``W <- R Normalize(W - lr R Normalize(u))`` with ``u`` Adam's direction; the embeddings,
+  the output head and the vectors keep AdamW (Table 3's GPT settings);
+- ``"muonh"``: the same with MuonH: :class:`SphericalMuon` on those matrices (``u`` is Muon's
+  orthogonalized momentum, at ``muon_lr``), AdamW on the rest.
+
 The Muon recipes return one :class:`CombinedOptimizer`. Their Muon learning rate
 (``muon_lr``) defaults to ``lr``: with the RMS-matching step size (Liu et al. 2025) the Muon
 update has AdamW's RMS, so the Adam recipes' learning rate transfers.
@@ -37,10 +45,11 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from ..manifolds import declare_matrix_sphere, declared_matrix_spheres
 from ._checks import check_betas, check_positive_float
 from ._row_kernels import is_dtensor
 from .combined import CombinedOptimizer
-from .groups import EUCLIDEAN, SPHERE, named_sphere_parameters, param_groups
+from .groups import EUCLIDEAN, MATRIX_SPHERE, SPHERE, named_sphere_parameters, param_groups
 from .kernel_choice import split_fused
 from .muon import SphericalMuon, is_hidden_matrix
 from .normalize import add_normalize_hook, normalize_
@@ -48,8 +57,10 @@ from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
 
 __all__ = ["METHODS", "MUON_METHODS", "METHOD_DEFAULTS", "build_optimizer", "WarmupCosine"]
 
-METHODS = ("riemannian_adam", "adam_normalize", "adamw", "spherical_muon", "muon")
-MUON_METHODS = ("spherical_muon", "muon")
+METHODS = ("riemannian_adam", "adam_normalize", "adamw", "spherical_muon", "muon", "adamh", "muonh")
+MUON_METHODS = ("spherical_muon", "muon", "muonh")
+#: The methods that hold GPT's hidden matrices on whole-matrix spheres (Hyperball).
+HYPERBALL_METHODS = ("adamh", "muonh")
 
 #: Table 3 defaults per method: weight decay and warmup steps.
 METHOD_DEFAULTS = {
@@ -58,6 +69,8 @@ METHOD_DEFAULTS = {
     "adamw": {"weight_decay": 0.1, "warmup_steps": 2000},
     "spherical_muon": {"weight_decay": 0.0, "warmup_steps": 0},
     "muon": {"weight_decay": 0.1, "warmup_steps": 2000},
+    "adamh": {"weight_decay": 0.1, "warmup_steps": 2000},  # the decay applies to the AdamW part only
+    "muonh": {"weight_decay": 0.1, "warmup_steps": 2000},
 }
 
 
@@ -137,6 +150,12 @@ def build_optimizer(
         raise TypeError(f"build_optimizer expects an nn.Module, got {type(model).__name__}")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    matrix_declared = declared_matrix_spheres(model)
+    if matrix_declared and method not in HYPERBALL_METHODS + ("riemannian_adam",):
+        raise ValueError(
+            f"method {method!r} on a model with whole-matrix sphere parameters ({matrix_declared[0][0]!r}, ...): "
+            "they would leave their sphere. Use 'adamh' or 'muonh'."
+        )
     check_positive_float("lr", lr)
     check_positive_float("eps", eps, allow_zero=True)
     check_betas(betas)
@@ -203,6 +222,10 @@ def build_optimizer(
         )
     elif method == "muon":
         optimizer = _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, muon_momentum)
+    elif method in HYPERBALL_METHODS:
+        optimizer = _hyperball(
+            model, method, sphere, weight_decay, lr, betas, eps, gradient, fused, muon_lr, muon_momentum
+        )
     else:
         if sphere:
             raise ValueError(
@@ -268,6 +291,44 @@ def _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, momentum)
     if rest:
         parts.append(torch.optim.AdamW(rest, lr=lr, betas=betas, eps=eps, weight_decay=0.0, fused=fused))
     return CombinedOptimizer(parts)
+
+
+def declare_hidden_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Declare every 2-D weight of ``model.blocks`` (:func:`spherenet.optim.muon.is_hidden_matrix`)
+    on the sphere of its Frobenius norm, unless it is declared already; returns them."""
+    owners = {}
+    for mod_name, module in model.named_modules():
+        for attr, p in module._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), (module, attr))
+    declared = {id(p) for _, p, _ in declared_matrix_spheres(model)}
+    hidden = [(name, p) for name, p in model.named_parameters() if p.requires_grad and is_hidden_matrix(name, p)]
+    for _, p in hidden:
+        if id(p) not in declared:
+            declare_matrix_sphere(*owners[id(p)])
+    return hidden
+
+
+def _hyperball(model, method, sphere, weight_decay, lr, betas, eps, gradient, fused, muon_lr, momentum):
+    """AdamH / MuonH on the blocks' matrices (declared on whole-matrix spheres), AdamW on the rest."""
+    if sphere:
+        raise ValueError(
+            f"method {method!r} on a model with row-sphere parameters ({sphere[0][0]!r}, ...): Hyperball holds "
+            "GPT's matrices on whole-matrix spheres; for nGPT use 'riemannian_adam' or 'spherical_muon'"
+        )
+    hidden = declare_hidden_matrix_spheres(model)
+    if not hidden:
+        raise ValueError(f"method {method!r}: the model has no 2-D weights in model.blocks (use 'adamw')")
+    hidden_ids = {id(p) for _, p in hidden}
+    if method == "adamh":
+        groups = param_groups(model, weight_decay)  # the matrix_sphere group, then AdamW's groups
+        return RiemannianAdam(groups, lr=lr, betas=betas, eps=eps, gradient=gradient, model=model, fused=fused)
+    muon = SphericalMuon([{"params": hidden, "manifold": MATRIX_SPHERE}], lr=muon_lr, momentum=momentum)
+    rest = _torch_groups(model, weight_decay, fused, exclude=hidden_ids)
+    parts: list[torch.optim.Optimizer] = [muon]
+    if rest:
+        parts.append(torch.optim.AdamW(rest, lr=lr, betas=betas, eps=eps, weight_decay=0.0, fused=fused))
+    return CombinedOptimizer(parts, model=model)
 
 
 def _without(groups: list[dict], ids: set[int]) -> list[dict]:

@@ -19,10 +19,11 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from ..manifolds import SPHERE, is_sphere_tensor, named_sphere_parameters
+from ..manifolds import MATRIX_SPHERE, SPHERE, declared_matrix_spheres, is_sphere_tensor, named_sphere_parameters
 
 __all__ = [
     "SPHERE",
+    "MATRIX_SPHERE",
     "EUCLIDEAN",
     "MANIFOLDS",
     "sphere_parameters",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 EUCLIDEAN = "euclidean"
-MANIFOLDS = (SPHERE, EUCLIDEAN)
+MANIFOLDS = (SPHERE, MATRIX_SPHERE, EUCLIDEAN)
 
 
 def sphere_parameters(model: nn.Module) -> list[torch.Tensor]:
@@ -55,12 +56,15 @@ def param_groups(
 ) -> list[dict]:
     """Param groups for ``model`` with the manifold written into each group.
 
-    Returns up to three groups, empty ones left out, each with ``params`` given as
+    Returns up to four groups, empty ones left out, each with ``params`` given as
     ``(name, tensor)`` pairs (torch stores the names as ``group["param_names"]``):
 
     - ``{"manifold": "sphere", "weight_decay": 0.0}``: every declared sphere parameter. Weight
       decay never applies on the sphere: the retraction ``Norm`` undoes any shrinking, and an
       L2 term ``wd * x`` is normal to the sphere, so its tangent projection is zero.
+    - ``{"manifold": "matrix_sphere", "weight_decay": 0.0}``: every parameter declared on a
+      whole-matrix sphere (:func:`spherenet.manifolds.declare_matrix_sphere`); no decay, for
+      the same reason.
     - ``{"manifold": "euclidean", "weight_decay": weight_decay}``: the other parameters for which
       ``decay(name, p)`` is true (default: ``ndim >= 2``, Table 3's GPT recipe).
     - ``{"manifold": "euclidean", "weight_decay": 0.0}``: the remaining parameters.
@@ -74,12 +78,15 @@ def param_groups(
     if not weight_decay >= 0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
     sphere_ids = {id(p) for _, p in named_sphere_parameters(model)}
-    sphere, decayed, plain = [], [], []
+    matrix_ids = {id(p) for _, p, _ in declared_matrix_spheres(model)}
+    sphere, matrix, decayed, plain = [], [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         if id(p) in sphere_ids:
             sphere.append((name, p))
+        elif id(p) in matrix_ids:
+            matrix.append((name, p))
         elif weight_decay > 0 and decay(name, p):
             decayed.append((name, p))
         else:
@@ -87,6 +94,8 @@ def param_groups(
     groups = []
     if sphere:
         groups.append({"params": sphere, "manifold": SPHERE, "weight_decay": 0.0, **options})
+    if matrix:
+        groups.append({"params": matrix, "manifold": MATRIX_SPHERE, "weight_decay": 0.0, **options})
     if decayed:
         groups.append({"params": decayed, "manifold": EUCLIDEAN, "weight_decay": float(weight_decay), **options})
     if plain:
@@ -135,11 +144,14 @@ def check_groups(
                     "the groups with spherenet.optim.param_groups(model), or pass the model."
                 )
     if model is not None:
-        for name, p in named_sphere_parameters(model):
+        declared = [(name, p, SPHERE) for name, p in named_sphere_parameters(model)]
+        declared += [(name, p, MATRIX_SPHERE) for name, p, _ in declared_matrix_spheres(model)]
+        for name, p, manifold in declared:
             where = placed.get(id(p))
-            if where != SPHERE:
+            if where != manifold:
                 raise ValueError(
-                    f"{owner}: {name!r} is declared on the sphere but is "
+                    f"{owner}: {name!r} is declared on the {'sphere' if manifold == SPHERE else 'whole-matrix sphere'}"
+                    " but is "
                     + ("in no param group" if where is None else f"in a {where!r} param group")
                     + ". Build the optimizer after fully_shard / load_state_dict(assign=True), from "
                     "spherenet.optim.param_groups(model)."

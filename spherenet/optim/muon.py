@@ -60,9 +60,10 @@ import math
 import torch
 from torch.optim import Optimizer
 
+from ..manifolds import MatrixSphere
 from ._checks import check_off_sphere, check_positive_float, ensure_on_sphere
 from ._row_kernels import RowOps, check_sphere_layout, is_dtensor, local
-from .groups import SPHERE, _names_of
+from .groups import MATRIX_SPHERE, SPHERE, _names_of
 
 __all__ = [
     "SphericalMuon",
@@ -234,16 +235,16 @@ class SphericalMuon(Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         if not isinstance(param_group, dict):
             raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
-        manifold = param_group.get("manifold", SPHERE)
-        if manifold != SPHERE:
+        manifold = param_group.setdefault("manifold", SPHERE)
+        if manifold not in (SPHERE, MATRIX_SPHERE):
             raise ValueError(
-                f"SphericalMuon: param group manifold {manifold!r}; it steps sphere matrices only "
-                "(use torch.optim.Muon for Euclidean matrices)"
+                f"SphericalMuon: param group manifold {manifold!r}; it steps sphere matrices (row sphere or "
+                "whole-matrix sphere) only (use torch.optim.Muon for Euclidean matrices)"
             )
         wd = param_group.get("weight_decay", 0.0)
         if wd:
             raise ValueError(
-                f"SphericalMuon: weight_decay={wd!r}. Weight decay has no meaning on the sphere (Norm undoes "
+                f"SphericalMuon: weight_decay={wd!r}. Weight decay has no meaning on a sphere (Norm undoes "
                 "it; an L2 term is normal to the sphere): use 0."
             )
         _check_group_options(param_group)
@@ -257,7 +258,8 @@ class SphericalMuon(Optimizer):
                     f"SphericalMuon: parameter {name!r} has shape {tuple(p.shape)}; Muon orthogonalizes "
                     "2-D matrices (use RiemannianAdam for other sphere tensors)"
                 )
-            check_sphere_layout(p, name)
+            if manifold == SPHERE:
+                check_sphere_layout(p, name)
 
     @torch.compiler.disable
     def step(self, closure=None):
@@ -287,6 +289,9 @@ class SphericalMuon(Optimizer):
             params.append(p)
         if not params:
             return
+        if group["manifold"] == MATRIX_SPHERE:
+            self._matrix_sphere_step(group, params)
+            return
         rows = self._rows
         if new:
             ensure_on_sphere(
@@ -312,6 +317,29 @@ class SphericalMuon(Optimizer):
             x.add_(o, alpha=-(lr * update_scale(p.shape, group["adjust_lr"])))
             rows.retr_([x])  # 5. X <- Norm(X - lr s O)
             rows.proju_([x], [m])  # 6. M <- P_X(M) at the new point
+
+    def _matrix_sphere_step(self, group: dict, params: list) -> None:
+        """MuonH: Muon's orthogonalized momentum ``O`` of the raw gradient, then the Hyperball
+        update ``W <- R Normalize(W - lr R Normalize(O))`` (:class:`~spherenet.manifolds.MatrixSphere`;
+        ``adjust_lr`` and ``project_update`` do not apply: the update's norm is fixed)."""
+        mu, lr = float(group["momentum"]), float(group["lr"])
+        ns_dtype = NS_DTYPES[group["ns_dtype"]]
+        for p in params:
+            state = self.state[p]
+            x, m = local(p), local(state["momentum_buffer"])
+            if "radius" not in state:
+                state["radius"] = _MATRIX_SPHERE.initial_radius(x, like=p)
+            g = local(p.grad)
+            m.lerp_(g, 1 - mu)
+            n = g.lerp(m, mu) if group["nesterov"] else m
+            whole = _gather_rows(n, p) if is_dtensor(p) else n
+            o = zeropower_via_newton_schulz(whole, group["ns_steps"], group["ns_coefficients"], group["eps"], ns_dtype)
+            if is_dtensor(p):
+                o = _own_rows(o, p)
+            _MATRIX_SPHERE.step_(x, o.to(x.dtype), lr, state["radius"], like=p)
+
+
+_MATRIX_SPHERE = MatrixSphere()  # its operations; each matrix's radius is in the state
 
 
 def _gather_rows(local_rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
+from ..manifolds import MatrixSphere
 from . import _native, _row_kernels
 from ._checks import (
     ModelWatch,
@@ -67,7 +68,7 @@ from ._checks import (
     ensure_on_sphere,
 )
 from ._row_kernels import TINY, RowOps, check_sphere_layout, local, waves
-from .groups import EUCLIDEAN, MANIFOLDS, SPHERE, _names_of, check_groups, describe, param_groups
+from .groups import EUCLIDEAN, MANIFOLDS, MATRIX_SPHERE, SPHERE, _names_of, check_groups, describe, param_groups
 from .kernel_choice import SPHERE_KERNELS, resolve_sphere_kernel, split_fused, triton_status
 
 __all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS", "resolve_sphere_kernel"]
@@ -201,12 +202,12 @@ class RiemannianAdam(Optimizer):
         manifold = param_group.get("manifold", self.defaults["manifold"])
         if manifold not in MANIFOLDS:
             raise ValueError(f"RiemannianAdam: group manifold must be one of {MANIFOLDS}, got {manifold!r}")
-        if manifold == SPHERE:
+        if manifold in (SPHERE, MATRIX_SPHERE):
             wd = param_group.setdefault("weight_decay", 0.0)
             if wd != 0:
                 raise ValueError(
-                    f"RiemannianAdam: weight_decay={wd!r} in a sphere param group. Weight decay has no meaning "
-                    "on the sphere (Norm undoes it; an L2 term is normal to the sphere): use 0 there."
+                    f"RiemannianAdam: weight_decay={wd!r} in a {manifold} param group. Weight decay has no meaning "
+                    "on a sphere (Norm undoes it; an L2 term is normal to the sphere): use 0 there."
                 )
         if "second_moment" in param_group and param_group["second_moment"] not in SECOND_MOMENTS:
             raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {param_group['second_moment']!r}")
@@ -250,6 +251,8 @@ class RiemannianAdam(Optimizer):
             for group in self.param_groups:
                 if group["manifold"] == SPHERE:
                     self._sphere_step(group)
+                elif group["manifold"] == MATRIX_SPHERE:
+                    self._matrix_sphere_step(group)
                 else:
                     self._euclidean_step(group)
         return loss
@@ -357,6 +360,34 @@ class RiemannianAdam(Optimizer):
         if xs:
             self._foreach_sphere_step(group, xs, gs, ms, vs, steps, row_v, project)
 
+    def _matrix_sphere_step(self, group: dict) -> None:
+        """AdamH: Adam's direction ``u = m_hat / (sqrt(v_hat) + eps)`` on the gradient (or, with
+        ``gradient="riemannian"``, on its tangent projection), then the Hyperball update
+        ``W <- R Normalize(W - lr R Normalize(u))`` with ``R`` the radius kept in the state
+        (:class:`spherenet.manifolds.MatrixSphere`)."""
+        if group["second_moment"] == "row":
+            raise ValueError(
+                "RiemannianAdam: second_moment='row' is for the row sphere; a matrix_sphere group uses 'element'"
+            )
+        params, xs, gs, ms, vs, steps, _ = self._gather(group, row_v=False)
+        if not xs:
+            return
+        geometry = _MATRIX_SPHERE
+        for p, x in zip(params, xs):
+            if "radius" not in self.state[p]:
+                self.state[p]["radius"] = geometry.initial_radius(x, like=p)
+        torch._foreach_add_(steps, 1)
+        b1, b2 = (float(b) for b in group["betas"])
+        lr, eps = float(group["lr"]), float(group["eps"])
+        for p, x, g, m, v, step in zip(params, xs, gs, ms, vs, steps):
+            if group["gradient"] == "riemannian":
+                g = geometry.proju(x, g, like=p)
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            k = float(step)
+            direction = (m / (1 - b1**k)) / ((v / (1 - b2**k)).sqrt_().add_(eps))
+            geometry.step_(x, direction, lr, self.state[p]["radius"], like=p)
+
     def _foreach_sphere_step(self, group, xs, gs, ms, vs, steps, row_v: bool, project: bool) -> None:
         """Steps 1-5 of the module docstring with ``torch._foreach_*`` passes, the readable
         reference kernel: the manifold's ``proju`` (step 1), Adam's moments and step (2-3), its
@@ -435,6 +466,9 @@ class RiemannianAdam(Optimizer):
 
 
 _TRITON_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+_MATRIX_SPHERE = MatrixSphere()  # its operations; each tensor's radius is in the state
 
 
 def _triton_kernel():

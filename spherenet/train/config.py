@@ -64,7 +64,7 @@ class DataSection:
 
 @dataclass
 class OptimSection:
-    method: str = "riemannian_adam"  # riemannian_adam | adam_normalize | adamw | spherical_muon | muon
+    method: str = "riemannian_adam"  # riemannian_adam | adam_normalize | adamw | spherical_muon | muon | adamh | muonh
     lr: float = 3e-3
     weight_decay: float = -1.0  # < 0: the recipe's default (Table 3: 0 for nGPT, 0.1 for GPT)
     warmup_steps: int = -1  # < 0: the recipe's default (Table 3: 0 for nGPT, 2000 for GPT)
@@ -76,7 +76,7 @@ class OptimSection:
     sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | triton | foreach
     grad_clip: float = 0.0  # 0 = off
     reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift
-    muon_lr: float = -1.0  # spherical_muon | muon: lr of the Muon part; < 0: optim.lr (RMS-matched step)
+    muon_lr: float = -1.0  # spherical_muon | muon | muonh: lr of the Muon part; < 0: optim.lr
     muon_momentum: float = 0.95  # spherical_muon | muon: Muon's momentum, in [0, 1)
 
 
@@ -112,7 +112,7 @@ _SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, 
 
 _CHOICES = {
     ("data", "text_unit"): ("paragraph", "line", "document"),
-    ("optim", "method"): ("riemannian_adam", "adam_normalize", "adamw", "spherical_muon", "muon"),
+    ("optim", "method"): ("riemannian_adam", "adam_normalize", "adamw", "spherical_muon", "muon", "adamh", "muonh"),
     ("optim", "second_moment"): ("element", "row"),
     ("optim", "gradient"): ("riemannian", "euclidean"),
     ("optim", "sphere_kernel"): ("auto", "native", "triton", "foreach"),
