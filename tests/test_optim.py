@@ -149,7 +149,7 @@ def test_undeclared_manifold_parameter_is_refused():
 def test_other_manifolds_are_refused():
     model = make_model()
     declare_manifold(model.mix, "weight", geoopt.Stiefel())
-    with pytest.raises(ValueError, match="mix.weight.*only the unit sphere"):
+    with pytest.raises(ValueError, match="mix.weight.*spherenet supports the unit sphere along the last dimension"):
         param_groups(model)
 
 
