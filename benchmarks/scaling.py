@@ -64,7 +64,7 @@ from _machine import cpu_name  # noqa: E402
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.train import DEFAULT_CONFIG  # noqa: E402
 
-OPTIMIZER_ARMS = ["gpt", "ngpt-adam_normalize", "ngpt", "gpt-muon", "ngpt-muon"]
+OPTIMIZER_ARMS = ["gpt", "ngpt-adam_normalize", "ngpt", "gpt-muon", "ngpt-muon", "gpt-adamh", "gpt-muonh"]
 UPDATE_ARMS = ["ngpt", "ngpt-slerp", "ngpt-riemannian"]
 DEFAULT_POINTS = ["tiny@64", "tiny@256", "tiny@1024", "cpu@256"]
 BASELINE = "gpt"

@@ -16,6 +16,8 @@ the shared overrides plus the variant's own. Built-in variants:
     ngpt-row              nGPT, RiemannianAdam with geoopt's per-row second moment
     gpt-muon              GPT, torch.optim.Muon on the blocks' matrices, AdamW on the rest
     ngpt-muon             nGPT, SphericalMuon on the blocks' matrices, RiemannianAdam on the rest
+    gpt-adamh             GPT, AdamH (Hyperball) on the blocks' matrices, AdamW on the rest
+    gpt-muonh             GPT, MuonH (Hyperball) on the blocks' matrices, AdamW on the rest
 
 and any ``name:key=value,key=value`` for your own (e.g. ``big:model.n_layers=8``). The size
 comes from ``--size`` (tiny, cpu, small, base, 0.5b, 1b).
@@ -81,6 +83,8 @@ BUILTIN = {
     "ngpt-row": ["model.preset=ngpt-{size}", "optim.method=riemannian_adam", "optim.second_moment=row"],
     "gpt-muon": ["model.preset=gpt-{size}", "optim.method=muon"],
     "ngpt-muon": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=spherical_muon"],
+    "gpt-adamh": ["model.preset=gpt-{size}", "optim.method=adamh"],
+    "gpt-muonh": ["model.preset=gpt-{size}", "optim.method=muonh"],
 }
 
 
@@ -144,7 +148,7 @@ def check_warmups(config: str | Path, variants: list[tuple[str, list[str]]], sha
     for name, extra in variants:
         cfg = load_config(config, [*shared, *extra])
         warmup = cfg.optim.warmup_steps
-        if cfg.optim.method in ("adamw", "muon") and warmup < 0:
+        if cfg.optim.method in ("adamw", "muon", "adamh", "muonh") and warmup < 0:
             warmup = GPT_WARMUP_MAX
         if warmup >= cfg.train.steps:
             raise SystemExit(
