@@ -257,7 +257,7 @@ def test_weight_decay_is_refused_on_matrix_sphere_groups():
         SphericalMuon([{"params": [layer.weight], "manifold": MATRIX_SPHERE, "weight_decay": 0.1}])
     with pytest.raises(ValueError, match="weight_decay=0.1. Weight decay has no meaning on the sphere"):
         Riemannian(torch.optim.AdamW([layer.weight], weight_decay=0.1), layer)
-    with pytest.raises(ValueError, match="declared on the whole-matrix sphere but is in a 'euclidean' param group"):
+    with pytest.raises(ValueError, match="declared on 'matrix_sphere' but is in a 'euclidean' param group"):
         RiemannianAdam([{"params": [layer.weight], "manifold": "euclidean"}], model=layer)
     model = from_preset("gpt-tiny")
     build_optimizer(model, "adamh", lr=1e-3, total_steps=10, warmup_steps=0)
@@ -361,3 +361,27 @@ def test_fsdp2_sharded_hyperball_matches_the_unsharded_step(method):
     """Each rank holds half the rows of every matrix; the step's norms are summed over both
     ranks, so the sharded run follows the unsharded one (float64)."""
     mp.spawn(_fsdp_worker, args=(_free_port(), method), nprocs=WORLD, join=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# a third geometry, declared outside spherenet (docs/examples/own_geometry.py)
+
+
+def test_a_geometry_declared_outside_spherenet_is_kept_by_every_optimizer():
+    import runpy
+    from pathlib import Path
+
+    example = runpy.run_path(str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "own_geometry.py"))
+    for label, make in example["OPTIMIZERS"].items():
+        start, end, moved = example["train"](make)
+        assert abs(end - start) <= 1e-5 * max(1.0, abs(start)), label
+        assert moved > 0.05, label  # it trained: not a frozen tensor
+    assert "fixed_sum" in [g["manifold"] for g in param_groups(_declared_fixed_sum(example))]
+
+
+def _declared_fixed_sum(example):
+    from spherenet.manifolds import declare_manifold
+
+    model = nn.Sequential(nn.Linear(3, 3))
+    declare_manifold(model[0], "weight", example["FixedSum"]())
+    return model

@@ -6,7 +6,15 @@ batch; ``alpha`` is a scalar or a tensor that broadcasts against the input.
 
 from .geodesic import angle, lerp, normalize, riemannian_update, slerp, tangent
 from .matrix_sphere import MATRIX_SPHERE, MatrixSphere
-from .registry import ManifoldEntry, declare_manifold, declared_manifolds, named_manifold_parameters
+from .registry import (
+    ManifoldEntry,
+    declare_manifold,
+    declared_manifolds,
+    geometry_for,
+    named_manifold_parameters,
+    register_geometry,
+    registered_geometries,
+)
 from .sphere import Sphere, point_tolerance
 from .spheres import (
     SPHERE,
@@ -15,6 +23,7 @@ from .spheres import (
     declare_matrix_sphere,
     declare_sphere,
     declared_matrix_spheres,
+    declared_on_geometries,
     declared_spheres,
     is_sphere_tensor,
     is_unit_sphere,
@@ -28,6 +37,10 @@ __all__ = [
     "MATRIX_SPHERE",
     "declare_matrix_sphere",
     "declared_matrix_spheres",
+    "declared_on_geometries",
+    "register_geometry",
+    "geometry_for",
+    "registered_geometries",
     "point_tolerance",
     "normalize",
     "tangent",

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .registry import register_geometry
+
 __all__ = ["MATRIX_SPHERE", "MatrixSphere"]
 
 #: The name of the whole-matrix sphere: ``group["manifold"]`` of a param group of such matrices.
@@ -107,11 +109,22 @@ class MatrixSphere:
         """``radius * Normalize(x + u)``: the retraction."""
         return self.projx(x + u, radius, like)
 
-    def step_(self, x: torch.Tensor, direction: torch.Tensor, lr: float, radius, like=None) -> None:
-        """``x <- R Normalize(x - lr R Normalize(direction))`` in place (the Hyperball update)."""
+    # -- what an optimizer asks (spherenet.manifolds.registry) ---------------------------------
+
+    def init_state(self, x: torch.Tensor, like: torch.Tensor | None = None) -> dict:
+        """``{"radius": R}``: the radius kept in the optimizer's state for ``x``."""
+        return {"radius": self.initial_radius(x, like)}
+
+    def step_(self, x: torch.Tensor, direction: torch.Tensor, lr: float, state: dict, like=None) -> None:
+        """``x <- R Normalize(x - lr R Normalize(direction))`` in place (the Hyperball update),
+        ``R = state["radius"]``."""
+        radius = state["radius"]
         update = self.normalize_update(direction, radius, like)
         x.copy_(self.retr(x, update.mul_(-lr), radius, like))
 
     def norm_error(self, x: torch.Tensor, radius) -> torch.Tensor:
         """``| ||x||_F / radius - 1 |`` (relative)."""
         return (self.norm(x) / radius - 1).abs()
+
+
+register_geometry(MatrixSphere())  # the operations; each declaration may carry its own radius

@@ -17,7 +17,15 @@ from typing import Iterator, NamedTuple
 import torch
 from torch import nn
 
-__all__ = ["declare_manifold", "declared_manifolds", "named_manifold_parameters", "ManifoldEntry"]
+__all__ = [
+    "declare_manifold",
+    "declared_manifolds",
+    "named_manifold_parameters",
+    "ManifoldEntry",
+    "register_geometry",
+    "geometry_for",
+    "registered_geometries",
+]
 
 _ATTR = "_spherenet_manifolds"
 
@@ -61,3 +69,39 @@ def named_manifold_parameters(model: nn.Module) -> Iterator[ManifoldEntry]:
                 )
             full = f"{mod_name}.{attr}" if mod_name else attr
             yield ManifoldEntry(full, param, manifold, module, attr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Geometries the optimizers step by asking them (every manifold but the row sphere, whose fused
+# kernels live in spherenet.optim). A geometry is an object with:
+#   name                                   the param groups' "manifold" value
+#   init_state(x, like) -> dict            per-tensor constants kept in the optimizer state
+#   proju(x, u, like) -> tensor            the tangent projection (gradient="riemannian")
+#   step_(x, direction, lr, state, like)   x moved against ``direction`` and retracted, in place
+# ``x``, ``u`` and ``direction`` are local tensors; ``like`` is the parameter (a DTensor under
+# FSDP2) so that a whole-tensor reduction can sum over the ranks.
+
+_GEOMETRIES: dict[str, object] = {}
+
+
+def register_geometry(geometry) -> None:
+    """Make ``geometry`` (see above) known to the optimizers under ``geometry.name``."""
+    for attr in ("name", "init_state", "proju", "step_"):
+        if not hasattr(geometry, attr):
+            raise TypeError(f"register_geometry: {geometry!r} has no {attr!r}")
+    if geometry.name in ("sphere", "euclidean"):
+        raise ValueError(f"register_geometry: {geometry.name!r} is a built-in manifold name")
+    _GEOMETRIES[geometry.name] = geometry
+
+
+def geometry_for(name: str):
+    """The registered geometry called ``name`` (``KeyError`` naming the known ones)."""
+    try:
+        return _GEOMETRIES[name]
+    except KeyError:
+        raise KeyError(f"no geometry {name!r}; registered: {sorted(_GEOMETRIES)}") from None
+
+
+def registered_geometries() -> tuple[str, ...]:
+    """The names of the registered geometries, in registration order."""
+    return tuple(_GEOMETRIES)

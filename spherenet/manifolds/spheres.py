@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .matrix_sphere import MatrixSphere
-from .registry import declare_manifold, declared_manifolds, named_manifold_parameters
+from .registry import declare_manifold, declared_manifolds, named_manifold_parameters, registered_geometries
 from .sphere import Sphere, geoopt
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "is_sphere_tensor",
     "declare_matrix_sphere",
     "declared_matrix_spheres",
+    "declared_on_geometries",
 ]
 
 #: The name of the unit sphere: ``group["manifold"]`` of a param group of sphere weights.
@@ -101,8 +102,8 @@ def declared_spheres(model: nn.Module) -> list[SphereParameter]:
     """
     declared: dict[int, tuple] = {}
     for entry in named_manifold_parameters(model):
-        if isinstance(entry.manifold, MatrixSphere):
-            continue  # a whole-matrix sphere: declared_matrix_spheres
+        if getattr(entry.manifold, "name", None) in registered_geometries():
+            continue  # a registered geometry (e.g. the whole-matrix sphere): declared_on_geometries
         if not is_unit_sphere(entry.manifold):
             raise ValueError(
                 f"parameter {entry.name!r} is declared on {entry.manifold!r}; spherenet supports the unit "
@@ -157,11 +158,18 @@ def declare_matrix_sphere(module: nn.Module, attr: str = "weight", radius: float
     return manifold
 
 
-def declared_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Tensor, MatrixSphere]]:
-    """``(name, parameter, manifold)`` of every parameter of ``model`` declared on a whole-matrix
-    sphere, in ``named_parameters()`` order, each once."""
+def declared_on_geometries(model: nn.Module) -> list[tuple[str, torch.Tensor, object]]:
+    """``(name, parameter, manifold)`` of every parameter of ``model`` declared on a registered
+    geometry (:func:`spherenet.manifolds.register_geometry`; the row sphere is not one), in
+    ``named_parameters()`` order, each once. ``manifold.name`` is its param groups' ``"manifold"``."""
+    known = registered_geometries()
     declared = {}
     for entry in named_manifold_parameters(model):
-        if isinstance(entry.manifold, MatrixSphere):
+        if getattr(entry.manifold, "name", None) in known:
             declared.setdefault(id(entry.param), entry.manifold)
     return [(name, p, declared.pop(id(p))) for name, p in model.named_parameters() if id(p) in declared]
+
+
+def declared_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Tensor, MatrixSphere]]:
+    """:func:`declared_on_geometries` restricted to whole-matrix spheres."""
+    return [entry for entry in declared_on_geometries(model) if isinstance(entry[2], MatrixSphere)]

@@ -19,13 +19,21 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from ..manifolds import MATRIX_SPHERE, SPHERE, declared_matrix_spheres, is_sphere_tensor, named_sphere_parameters
+from ..manifolds import (
+    MATRIX_SPHERE,
+    SPHERE,
+    declared_on_geometries,
+    is_sphere_tensor,
+    named_sphere_parameters,
+    registered_geometries,
+)
 
 __all__ = [
     "SPHERE",
     "MATRIX_SPHERE",
     "EUCLIDEAN",
     "MANIFOLDS",
+    "known_manifolds",
     "sphere_parameters",
     "named_sphere_parameters",
     "param_groups",
@@ -33,7 +41,13 @@ __all__ = [
 ]
 
 EUCLIDEAN = "euclidean"
-MANIFOLDS = (SPHERE, MATRIX_SPHERE, EUCLIDEAN)
+MANIFOLDS = (SPHERE, MATRIX_SPHERE, EUCLIDEAN)  # the built-in ones; known_manifolds() adds any registered later
+
+
+def known_manifolds() -> tuple[str, ...]:
+    """The values a param group's ``"manifold"`` may take: the row sphere, Euclidean space, and
+    every registered geometry (:func:`spherenet.manifolds.register_geometry`)."""
+    return (SPHERE, *registered_geometries(), EUCLIDEAN)
 
 
 def sphere_parameters(model: nn.Module) -> list[torch.Tensor]:
@@ -56,15 +70,15 @@ def param_groups(
 ) -> list[dict]:
     """Param groups for ``model`` with the manifold written into each group.
 
-    Returns up to four groups, empty ones left out, each with ``params`` given as
+    Returns the groups below, empty ones left out, each with ``params`` given as
     ``(name, tensor)`` pairs (torch stores the names as ``group["param_names"]``):
 
     - ``{"manifold": "sphere", "weight_decay": 0.0}``: every declared sphere parameter. Weight
       decay never applies on the sphere: the retraction ``Norm`` undoes any shrinking, and an
       L2 term ``wd * x`` is normal to the sphere, so its tangent projection is zero.
-    - ``{"manifold": "matrix_sphere", "weight_decay": 0.0}``: every parameter declared on a
-      whole-matrix sphere (:func:`spherenet.manifolds.declare_matrix_sphere`); no decay, for
-      the same reason.
+    - ``{"manifold": <name>, "weight_decay": 0.0}``, one per registered geometry with declared
+      parameters: e.g. ``"matrix_sphere"``, the parameters declared on a whole-matrix sphere
+      (:func:`spherenet.manifolds.declare_matrix_sphere`); no decay, for the same reason.
     - ``{"manifold": "euclidean", "weight_decay": weight_decay}``: the other parameters for which
       ``decay(name, p)`` is true (default: ``ndim >= 2``, Table 3's GPT recipe).
     - ``{"manifold": "euclidean", "weight_decay": 0.0}``: the remaining parameters.
@@ -78,15 +92,16 @@ def param_groups(
     if not weight_decay >= 0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
     sphere_ids = {id(p) for _, p in named_sphere_parameters(model)}
-    matrix_ids = {id(p) for _, p, _ in declared_matrix_spheres(model)}
-    sphere, matrix, decayed, plain = [], [], [], []
+    on_geometry = {id(p): manifold.name for _, p, manifold in declared_on_geometries(model)}
+    sphere, decayed, plain = [], [], []
+    by_geometry: dict[str, list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         if id(p) in sphere_ids:
             sphere.append((name, p))
-        elif id(p) in matrix_ids:
-            matrix.append((name, p))
+        elif id(p) in on_geometry:
+            by_geometry.setdefault(on_geometry[id(p)], []).append((name, p))
         elif weight_decay > 0 and decay(name, p):
             decayed.append((name, p))
         else:
@@ -94,8 +109,8 @@ def param_groups(
     groups = []
     if sphere:
         groups.append({"params": sphere, "manifold": SPHERE, "weight_decay": 0.0, **options})
-    if matrix:
-        groups.append({"params": matrix, "manifold": MATRIX_SPHERE, "weight_decay": 0.0, **options})
+    for geometry, params in by_geometry.items():
+        groups.append({"params": params, "manifold": geometry, "weight_decay": 0.0, **options})
     if decayed:
         groups.append({"params": decayed, "manifold": EUCLIDEAN, "weight_decay": float(weight_decay), **options})
     if plain:
@@ -133,8 +148,8 @@ def check_groups(
     placed = {}
     for g in groups:
         manifold = g.get("manifold", EUCLIDEAN)
-        if manifold not in MANIFOLDS:
-            raise ValueError(f"{owner}: param group manifold must be one of {MANIFOLDS}, got {manifold!r}")
+        if manifold not in known_manifolds():
+            raise ValueError(f"{owner}: param group manifold must be one of {known_manifolds()}, got {manifold!r}")
         for p in g["params"]:
             placed[id(p)] = manifold
             if manifold != SPHERE and is_sphere_tensor(p):
@@ -145,12 +160,12 @@ def check_groups(
                 )
     if model is not None:
         declared = [(name, p, SPHERE) for name, p in named_sphere_parameters(model)]
-        declared += [(name, p, MATRIX_SPHERE) for name, p, _ in declared_matrix_spheres(model)]
+        declared += [(name, p, manifold.name) for name, p, manifold in declared_on_geometries(model)]
         for name, p, manifold in declared:
             where = placed.get(id(p))
             if where != manifold:
                 raise ValueError(
-                    f"{owner}: {name!r} is declared on the {'sphere' if manifold == SPHERE else 'whole-matrix sphere'}"
+                    f"{owner}: {name!r} is declared on {'the sphere' if manifold == SPHERE else repr(manifold)}"
                     " but is "
                     + ("in no param group" if where is None else f"in a {where!r} param group")
                     + ". Build the optimizer after fully_shard / load_state_dict(assign=True), from "

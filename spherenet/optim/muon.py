@@ -60,10 +60,10 @@ import math
 import torch
 from torch.optim import Optimizer
 
-from ..manifolds import MatrixSphere
+from ..manifolds import geometry_for
 from ._checks import check_off_sphere, check_positive_float, ensure_on_sphere
 from ._row_kernels import RowOps, check_sphere_layout, is_dtensor, local
-from .groups import MATRIX_SPHERE, SPHERE, _names_of
+from .groups import EUCLIDEAN, SPHERE, _names_of, known_manifolds
 
 __all__ = [
     "SphericalMuon",
@@ -236,10 +236,10 @@ class SphericalMuon(Optimizer):
         if not isinstance(param_group, dict):
             raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
         manifold = param_group.setdefault("manifold", SPHERE)
-        if manifold not in (SPHERE, MATRIX_SPHERE):
+        if manifold == EUCLIDEAN or manifold not in known_manifolds():
             raise ValueError(
-                f"SphericalMuon: param group manifold {manifold!r}; it steps sphere matrices (row sphere or "
-                "whole-matrix sphere) only (use torch.optim.Muon for Euclidean matrices)"
+                f"SphericalMuon: param group manifold {manifold!r}; it steps matrices on the row sphere or on a "
+                "registered geometry (e.g. the whole-matrix sphere), not Euclidean ones (use torch.optim.Muon)"
             )
         wd = param_group.get("weight_decay", 0.0)
         if wd:
@@ -289,8 +289,8 @@ class SphericalMuon(Optimizer):
             params.append(p)
         if not params:
             return
-        if group["manifold"] == MATRIX_SPHERE:
-            self._matrix_sphere_step(group, params)
+        if group["manifold"] != SPHERE:
+            self._geometry_step(group, params)
             return
         rows = self._rows
         if new:
@@ -318,17 +318,19 @@ class SphericalMuon(Optimizer):
             rows.retr_([x])  # 5. X <- Norm(X - lr s O)
             rows.proju_([x], [m])  # 6. M <- P_X(M) at the new point
 
-    def _matrix_sphere_step(self, group: dict, params: list) -> None:
-        """MuonH: Muon's orthogonalized momentum ``O`` of the raw gradient, then the Hyperball
-        update ``W <- R Normalize(W - lr R Normalize(O))`` (:class:`~spherenet.manifolds.MatrixSphere`;
-        ``adjust_lr`` and ``project_update`` do not apply: the update's norm is fixed)."""
+    def _geometry_step(self, group: dict, params: list) -> None:
+        """A registered geometry's group: Muon's orthogonalized momentum ``O`` of the raw
+        gradient, then the geometry's ``step_``. For the whole-matrix sphere that is MuonH,
+        ``W <- R Normalize(W - lr R Normalize(O))`` (``adjust_lr`` and ``project_update`` do not
+        apply: the update's norm is fixed)."""
+        geometry = geometry_for(group["manifold"])
         mu, lr = float(group["momentum"]), float(group["lr"])
         ns_dtype = NS_DTYPES[group["ns_dtype"]]
         for p in params:
             state = self.state[p]
             x, m = local(p), local(state["momentum_buffer"])
-            if "radius" not in state:
-                state["radius"] = _MATRIX_SPHERE.initial_radius(x, like=p)
+            if "geometry" not in state:
+                state.update(geometry.init_state(x, like=p), geometry=geometry.name)
             g = local(p.grad)
             m.lerp_(g, 1 - mu)
             n = g.lerp(m, mu) if group["nesterov"] else m
@@ -336,10 +338,7 @@ class SphericalMuon(Optimizer):
             o = zeropower_via_newton_schulz(whole, group["ns_steps"], group["ns_coefficients"], group["eps"], ns_dtype)
             if is_dtensor(p):
                 o = _own_rows(o, p)
-            _MATRIX_SPHERE.step_(x, o.to(x.dtype), lr, state["radius"], like=p)
-
-
-_MATRIX_SPHERE = MatrixSphere()  # its operations; each matrix's radius is in the state
+            geometry.step_(x, o.to(x.dtype), lr, state, like=p)
 
 
 def _gather_rows(local_rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -58,7 +58,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
-from ..manifolds import MatrixSphere
+from ..manifolds import geometry_for
 from . import _native, _row_kernels
 from ._checks import (
     ModelWatch,
@@ -68,7 +68,7 @@ from ._checks import (
     ensure_on_sphere,
 )
 from ._row_kernels import TINY, RowOps, check_sphere_layout, local, waves
-from .groups import EUCLIDEAN, MANIFOLDS, MATRIX_SPHERE, SPHERE, _names_of, check_groups, describe, param_groups
+from .groups import EUCLIDEAN, SPHERE, _names_of, check_groups, describe, known_manifolds, param_groups
 from .kernel_choice import SPHERE_KERNELS, resolve_sphere_kernel, split_fused, triton_status
 
 __all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS", "resolve_sphere_kernel"]
@@ -200,9 +200,9 @@ class RiemannianAdam(Optimizer):
         if not isinstance(param_group, dict):
             raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
         manifold = param_group.get("manifold", self.defaults["manifold"])
-        if manifold not in MANIFOLDS:
-            raise ValueError(f"RiemannianAdam: group manifold must be one of {MANIFOLDS}, got {manifold!r}")
-        if manifold in (SPHERE, MATRIX_SPHERE):
+        if manifold not in known_manifolds():
+            raise ValueError(f"RiemannianAdam: group manifold must be one of {known_manifolds()}, got {manifold!r}")
+        if manifold != EUCLIDEAN:
             wd = param_group.setdefault("weight_decay", 0.0)
             if wd != 0:
                 raise ValueError(
@@ -251,8 +251,8 @@ class RiemannianAdam(Optimizer):
             for group in self.param_groups:
                 if group["manifold"] == SPHERE:
                     self._sphere_step(group)
-                elif group["manifold"] == MATRIX_SPHERE:
-                    self._matrix_sphere_step(group)
+                elif group["manifold"] != EUCLIDEAN:
+                    self._geometry_step(group)
                 else:
                     self._euclidean_step(group)
         return loss
@@ -360,22 +360,23 @@ class RiemannianAdam(Optimizer):
         if xs:
             self._foreach_sphere_step(group, xs, gs, ms, vs, steps, row_v, project)
 
-    def _matrix_sphere_step(self, group: dict) -> None:
-        """AdamH: Adam's direction ``u = m_hat / (sqrt(v_hat) + eps)`` on the gradient (or, with
-        ``gradient="riemannian"``, on its tangent projection), then the Hyperball update
-        ``W <- R Normalize(W - lr R Normalize(u))`` with ``R`` the radius kept in the state
-        (:class:`spherenet.manifolds.MatrixSphere`)."""
+    def _geometry_step(self, group: dict) -> None:
+        """A registered geometry's group (:func:`spherenet.manifolds.register_geometry`): Adam's
+        direction ``u = m_hat / (sqrt(v_hat) + eps)`` on the gradient (or, with
+        ``gradient="riemannian"``, on the geometry's tangent projection of it), then the
+        geometry's ``step_``. For the whole-matrix sphere that is AdamH,
+        ``W <- R Normalize(W - lr R Normalize(u))`` with ``R`` kept in the state."""
         if group["second_moment"] == "row":
             raise ValueError(
-                "RiemannianAdam: second_moment='row' is for the row sphere; a matrix_sphere group uses 'element'"
+                f"RiemannianAdam: second_moment='row' is for the row sphere; a {group['manifold']} group uses 'element'"
             )
         params, xs, gs, ms, vs, steps, _ = self._gather(group, row_v=False)
         if not xs:
             return
-        geometry = _MATRIX_SPHERE
+        geometry = geometry_for(group["manifold"])
         for p, x in zip(params, xs):
-            if "radius" not in self.state[p]:
-                self.state[p]["radius"] = geometry.initial_radius(x, like=p)
+            if "geometry" not in self.state[p]:
+                self.state[p].update(geometry.init_state(x, like=p), geometry=geometry.name)
         torch._foreach_add_(steps, 1)
         b1, b2 = (float(b) for b in group["betas"])
         lr, eps = float(group["lr"]), float(group["eps"])
@@ -386,7 +387,7 @@ class RiemannianAdam(Optimizer):
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
             k = float(step)
             direction = (m / (1 - b1**k)) / ((v / (1 - b2**k)).sqrt_().add_(eps))
-            geometry.step_(x, direction, lr, self.state[p]["radius"], like=p)
+            geometry.step_(x, direction, lr, self.state[p], like=p)
 
     def _foreach_sphere_step(self, group, xs, gs, ms, vs, steps, row_v: bool, project: bool) -> None:
         """Steps 1-5 of the module docstring with ``torch._foreach_*`` passes, the readable
@@ -466,9 +467,6 @@ class RiemannianAdam(Optimizer):
 
 
 _TRITON_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-
-_MATRIX_SPHERE = MatrixSphere()  # its operations; each tensor's radius is in the state
 
 
 def _triton_kernel():

@@ -29,18 +29,17 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ..manifolds import MatrixSphere, declared_matrix_spheres
+from ..manifolds import declared_on_geometries, geometry_for
 from . import _row_kernels
 from ._checks import ModelWatch, check_off_sphere, ensure_on_sphere
 from ._row_kernels import RowOps, check_sphere_layout, local, waves
 from .groups import (
     EUCLIDEAN,
-    MANIFOLDS,
-    MATRIX_SPHERE,
     SPHERE,
     _names_of,
     check_groups,
     describe,
+    known_manifolds,
     named_sphere_parameters,
 )
 
@@ -85,9 +84,6 @@ MAGNITUDE_STATES = frozenset(
         "mu",  # ASGD
     }
 )
-
-
-_MATRIX_SPHERE = MatrixSphere()  # its operations; each matrix's radius is in the state
 
 
 def _listed(params) -> list:
@@ -168,25 +164,30 @@ class Riemannian(Optimizer):
                         "(built before fully_shard / load_state_dict(assign=True)?)"
                     )
             sphere_ids = {id(p) for _, p in sphere}
-            matrix_ids = {id(p) for _, p, _ in declared_matrix_spheres(model)}
-            for i in matrix_ids:
-                if i not in held:
-                    raise ValueError("Riemannian: a parameter the model declares on a matrix sphere is not in the base")
-            for g in base.param_groups:  # a group the user marked as sphere counts too
+            geometry_of = {id(p): manifold.name for _, p, manifold in declared_on_geometries(model)}
+            for name, p, _ in declared_on_geometries(model):
+                if id(p) not in held:
+                    raise ValueError(f"Riemannian: the model's parameter {name!r} (on a geometry) is not in the base")
+            for g in base.param_groups:  # a group the user marked counts too
                 if g.get("manifold") == SPHERE:
                     sphere_ids |= {id(p) for p in g["params"]}
-                elif g.get("manifold") == MATRIX_SPHERE:
-                    matrix_ids |= {id(p) for p in g["params"]}
+                elif g.get("manifold", EUCLIDEAN) != EUCLIDEAN:
+                    geometry_of.update({id(p): g["manifold"] for p in g["params"]})
         else:
             groups = base.param_groups if model_or_groups is None else list(model_or_groups)
             for g in groups:
-                if g.get("manifold", EUCLIDEAN) not in MANIFOLDS:
-                    raise ValueError(f"Riemannian: group manifold must be one of {MANIFOLDS}, got {g['manifold']!r}")
+                if g.get("manifold", EUCLIDEAN) not in known_manifolds():
+                    raise ValueError(
+                        f"Riemannian: group manifold must be one of {known_manifolds()}, got {g['manifold']!r}"
+                    )
             sphere_ids = {id(_tensor(p)) for g in groups if g.get("manifold") == SPHERE for p in _listed(g["params"])}
-            matrix_ids = {
-                id(_tensor(p)) for g in groups if g.get("manifold") == MATRIX_SPHERE for p in _listed(g["params"])
+            geometry_of = {
+                id(_tensor(p)): g["manifold"]
+                for g in groups
+                if g.get("manifold", EUCLIDEAN) not in (SPHERE, EUCLIDEAN)
+                for p in _listed(g["params"])
             }
-            for i in sphere_ids | matrix_ids:
+            for i in sphere_ids | set(geometry_of):
                 if i not in held:
                     raise ValueError("Riemannian: a parameter of a sphere group is not in the base optimizer")
         # Refuse a ManifoldParameter on the sphere that is not known as a sphere parameter.
@@ -201,8 +202,8 @@ class Riemannian(Optimizer):
         )
         for g in base.param_groups:
             wd = g.get("weight_decay", 0) or 0
-            if wd != 0 and any(id(p) in sphere_ids | matrix_ids for p in g["params"]):
-                first = next(p for p in g["params"] if id(p) in sphere_ids | matrix_ids)
+            if wd != 0 and any(id(p) in sphere_ids or id(p) in geometry_of for p in g["params"]):
+                first = next(p for p in g["params"] if id(p) in sphere_ids or id(p) in geometry_of)
                 raise ValueError(
                     f"Riemannian: sphere parameter {describe(first, names)} is in a param group with "
                     f"weight_decay={wd!r}. Weight decay has no meaning on the sphere; put the sphere parameters "
@@ -212,7 +213,7 @@ class Riemannian(Optimizer):
             if id(p) in sphere_ids:
                 check_sphere_layout(p, names.get(id(p), f"of shape {tuple(p.shape)}"))
         self._sphere_ids = sphere_ids
-        self._matrix_ids = matrix_ids - sphere_ids
+        self._geometry_of = {i: name for i, name in geometry_of.items() if i not in sphere_ids}
         self._watch = ModelWatch(model if check_model else None)
         self._started: set[int] = set()
 
@@ -280,7 +281,7 @@ class Riemannian(Optimizer):
                     "Riemannian",
                     stacklevel=5,
                 )
-        before = self._matrix_sphere_points()
+        before = self._geometry_points()
         if closure is not None:
 
             def projected_closure():
@@ -294,33 +295,37 @@ class Riemannian(Optimizer):
             loss = self.base.step()
         with torch.no_grad():
             self._retract_and_move_state(ps, xs)
-            self._matrix_sphere_updates(before)
+            self._geometry_updates(before)
         self._started.update(id(ps[i]) for i in new)
         return loss
 
-    def _matrix_sphere_points(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
-        """(parameter, a copy of its local values, the group's lr) for each whole-matrix sphere
-        parameter with a gradient, taken before the base step."""
+    def _geometry_points(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+        """(parameter, a copy of its local values, the group's lr) for each parameter on a
+        registered geometry with a gradient, taken before the base step."""
         out = []
         with torch.no_grad():
             for g in self.param_groups:
                 for p in g["params"]:
-                    if id(p) in self._matrix_ids and p.grad is not None:
+                    if id(p) in self._geometry_of and p.grad is not None:
                         out.append((p, local(p).clone(), float(g["lr"])))
         return out
 
-    def _matrix_sphere_updates(self, before) -> None:
-        """The Hyperball update around the base step: with ``D`` what the base moved a whole-matrix
-        sphere parameter by, ``W <- R Normalize(W_before + lr R Normalize(D))``; ``R`` is kept
-        in the base's state (``"radius"``, a float)."""
+    def _geometry_updates(self, before) -> None:
+        """Around the base step, for a parameter on a registered geometry: with ``D`` what the
+        base moved it by, the geometry's ``step_`` from where it was, in the base's direction
+        ``u = -D / lr`` (for the whole-matrix sphere ``W <- R Normalize(W_before - lr R
+        Normalize(u))``); the geometry's constants (the radius) are kept in the base's state."""
         for p, x_before, lr in before:
+            geometry = geometry_for(self._geometry_of[id(p)])
             state = self.base.state[p]
-            if "radius" not in state:
-                state["radius"] = _MATRIX_SPHERE.initial_radius(x_before, like=p)
+            if "geometry" not in state:
+                state.update(geometry.init_state(x_before, like=p), geometry=geometry.name)
+            if lr == 0:
+                continue
             x = local(p)
-            moved = x - x_before
+            direction = (x_before - x).div_(lr)  # the base's own direction: it moved by -lr * direction
             x.copy_(x_before)
-            _MATRIX_SPHERE.step_(x, moved.neg_(), lr, state["radius"], like=p)
+            geometry.step_(x, direction, lr, state, like=p)
 
     def _marked_groups(self) -> list[dict]:
         held = [p for g in self.param_groups for p in g["params"] if id(p) in self._sphere_ids]
