@@ -185,5 +185,7 @@ def test_gpu_plan_costs_each_run_by_6_n_d(budget, capsys):
     row = next(line for line in text.splitlines() if line.startswith("| base@1024 | ") and "| 12000 |" in line)
     assert f"| {6 * n * tokens:.2e} |" in row and f"| {tokens / n:.1f} |" in row
     attention = 6 * 12 * 1024 * 768 * tokens
-    hours = 18 * (6 * n * tokens + attention) / (790e12 * 0.4) / 3600
+    runs = (budget.RUNS_PER_SWEEP + 2) * len(budget.ARMS)  # each arm's sweep and two more seeds
+    assert f"| {runs} |" in row
+    hours = runs * (6 * n * tokens + attention) / (790e12 * 0.4) / 3600
     assert row.endswith(f"| {hours:.0f} |")
