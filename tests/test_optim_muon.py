@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spherenet.checkpoint import CheckpointManager
+from spherenet.layers import NGPTBlock, SphereClassifier, SphereEmbedding
 from spherenet.manifolds import point_tolerance
 from spherenet.models.presets import from_preset
 from spherenet.optim import (
@@ -29,7 +30,7 @@ from spherenet.optim import (
     sphere_parameters,
     zeropower_via_newton_schulz,
 )
-from spherenet.optim.muon import NS_COEFFICIENTS, update_scale
+from spherenet.optim.muon import NS_COEFFICIENTS, hidden_matrices, update_scale
 from spherenet.train.config import ConfigError, load_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -406,10 +407,46 @@ def test_muon_recipe_splits_gpt():
     assert sum(losses[-5:]) < sum(losses[:5]) - 0.5, losses
 
 
+class _Encoder(nn.Module):
+    """A model of spherenet's layers under names of its own (no ``blocks``, no ``embed_out``)."""
+
+    def __init__(self, vocab=32, d=16, classes=3):
+        super().__init__()
+        self.tokens = SphereEmbedding(vocab, d)
+        self.encoder = nn.ModuleList(NGPTBlock(d, 2, 32, causal=False) for _ in range(2))
+        self.head = SphereClassifier(d, classes)
+
+    def forward(self, ids):
+        h = self.tokens(ids)
+        for block in self.encoder:
+            h = block(h)
+        return self.head(h.mean(1))
+
+
+def test_muon_takes_the_hidden_matrices_by_declaration_and_shape_not_by_name():
+    model = _Encoder()
+    opt, _ = build_optimizer(model, "spherical_muon", lr=3e-3, total_steps=10)
+    muon, adam = opt.optimizers
+    in_muon = set(muon.param_groups[0]["param_names"])
+    encoder_2d = {n for n, p in model.named_parameters() if n.startswith("encoder.") and p.dim() == 2}
+    assert in_muon == encoder_2d and len(in_muon) == 2 * 7
+    in_adam = {n for g in adam.param_groups for n in g["param_names"]}
+    assert {"tokens.weight", "head.weight.weight"} <= in_adam  # the lookup table and the output layer
+    # nGPT and GPT: the same split as their blocks' 2-D weights, found without the name "blocks"
+    for preset in ("ngpt-tiny", "gpt-tiny"):
+        lm = tiny(preset)
+        expected = {n for n, p in lm.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
+        assert {n for n, _ in hidden_matrices(lm)} == expected
+    # a plain torch model: nn.Embedding is a table; an output layer is named by get_output_embeddings
+    plain = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.Linear(4, 10))
+    plain.get_output_embeddings = lambda: plain[2]
+    assert [n for n, _ in hidden_matrices(plain)] == ["1.weight"]
+
+
 def test_muon_recipes_refuse_the_wrong_model_and_bad_values():
     with pytest.raises(ValueError, match="'muon' on a model with sphere parameters.*spherical_muon"):
         build_optimizer(tiny("ngpt-tiny"), "muon", lr=1e-3, total_steps=10, warmup_steps=0)
-    with pytest.raises(ValueError, match="no 2-D sphere weights in model.blocks"):
+    with pytest.raises(ValueError, match="no hidden 2-D sphere weights for Muon"):
         build_optimizer(tiny("gpt-tiny"), "spherical_muon", lr=1e-3, total_steps=10)
     with pytest.raises(ValueError, match="muon_lr must be > 0"):
         build_optimizer(tiny("ngpt-tiny"), "spherical_muon", lr=1e-3, muon_lr=0.0, total_steps=10)

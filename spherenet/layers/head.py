@@ -30,6 +30,8 @@ class SphereClassifier(nn.Module):
     False when ``x`` is unit already (an nGPT hidden state). Returns ``(..., n_classes)``.
     """
 
+    is_output_layer = True  # an output layer: Muon leaves it to Adam (spherenet.optim.hidden_matrices)
+
     def __init__(self, d_model: int, n_classes: int, *, scale: ScaleSpec = S_CLASS, normalize_input: bool = True):
         super().__init__()
         self.weight = SphereLinear(d_model, n_classes, sphere="in")

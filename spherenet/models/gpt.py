@@ -70,6 +70,14 @@ class GPT(nn.Module, HubMixin):
         self.activation_checkpointing = False  # set_activation_checkpointing
         self.init_weights()
 
+    def get_input_embeddings(self) -> nn.Module:
+        """``embed_in`` (the Hugging Face name for the input embedding)."""
+        return self.embed_in
+
+    def get_output_embeddings(self) -> nn.Module:
+        """``embed_out``, the output layer (the Hugging Face name; Muon leaves it to Adam)."""
+        return self.embed_out
+
     def init_weights(self) -> None:
         """Normal(0, init_std) for embeddings and every matrix; init_std / sqrt(2 L) for the
         output projections W_o and W_o_mlp (Radford et al. 2018; A.5); RMSNorm gains 1."""

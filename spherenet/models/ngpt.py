@@ -123,6 +123,14 @@ class NGPT(nn.Module, HubMixin):
         self.s_z = Scale.from_spec(c.vocab_size, c.s_z, c.d_model)
         self.activation_checkpointing = False  # set_activation_checkpointing
 
+    def get_input_embeddings(self) -> nn.Module:
+        """``embed_in`` (the Hugging Face name for the input embedding)."""
+        return self.embed_in
+
+    def get_output_embeddings(self) -> nn.Module:
+        """``embed_out``, the output layer (the Hugging Face name; Muon leaves it to Adam)."""
+        return self.embed_out
+
     def init_weights(self) -> None:
         """(Re)initialize every parameter: random unit vectors for the sphere weights, the
         paper's initial values for the scalings. For a model built on the meta device and then

@@ -17,7 +17,7 @@
 from .build import METHOD_DEFAULTS, METHODS, MUON_METHODS, WarmupCosine, build_optimizer
 from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
-from .muon import SphericalMuon, is_hidden_matrix, zeropower_via_newton_schulz
+from .muon import SphericalMuon, hidden_matrices, zeropower_via_newton_schulz
 from .normalize import add_normalize_hook, normalize_
 from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
 from .wrapper import MAGNITUDE_STATES, POINT_STATES, VECTOR_STATES, Riemannian
@@ -34,7 +34,7 @@ __all__ = [
     "GRADIENTS",
     "SphericalMuon",
     "zeropower_via_newton_schulz",
-    "is_hidden_matrix",
+    "hidden_matrices",
     "CombinedOptimizer",
     "Riemannian",
     "VECTOR_STATES",

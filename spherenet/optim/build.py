@@ -17,14 +17,15 @@
 - ``"adam_normalize"``: nGPT as in the paper: Euclidean Adam, then renormalize every sphere
   weight after each step (Section 2.6, step 2) with :func:`add_normalize_hook`;
 - ``"adamw"``: the GPT baseline: AdamW, weight decay on tensors with ``ndim >= 2`` only;
-- ``"spherical_muon"``: nGPT with :class:`SphericalMuon` on the 2-D sphere weights of the
-  blocks and :class:`RiemannianAdam` (the nGPT recipe: no weight decay) on the rest: the
-  sphere embeddings, the output head and the scalings;
+- ``"spherical_muon"``: nGPT with :class:`SphericalMuon` on the hidden 2-D sphere weights
+  (:func:`spherenet.optim.hidden_matrices`: every matrix but embeddings and output layers)
+  and :class:`RiemannianAdam` (the nGPT recipe: no weight decay) on the rest: the sphere
+  embeddings, the output head and the scalings;
 - ``"muon"``: GPT with ``torch.optim.Muon`` (Nesterov, ``adjust_lr_fn="match_rms_adamw"``,
-  decoupled weight decay) on the 2-D weights of the blocks and AdamW on the embeddings, the
+  decoupled weight decay) on the hidden 2-D weights and AdamW on the embeddings, the
   output head and the vectors (Table 3's GPT settings otherwise).
 
-- ``"adamh"``: GPT with AdamH (Hyperball, Wen et al. 2026): every 2-D weight of the blocks is
+- ``"adamh"``: GPT with AdamH (Hyperball, Wen et al. 2026): every hidden 2-D weight is
   declared on the sphere of its Frobenius norm
   (:func:`spherenet.manifolds.declare_matrix_sphere`) and :class:`RiemannianAdam` steps it
   as ``W <- R Normalize(W - lr R Normalize(u))`` with ``u`` Adam's direction; the embeddings,
@@ -51,7 +52,7 @@ from ._row_kernels import is_dtensor
 from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, MATRIX_SPHERE, SPHERE, named_sphere_parameters, param_groups
 from .kernel_choice import split_fused
-from .muon import SphericalMuon, is_hidden_matrix
+from .muon import SphericalMuon, hidden_matrices
 from .normalize import add_normalize_hook, normalize_
 from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
 
@@ -136,8 +137,8 @@ def build_optimizer(
     :class:`RiemannianAdam`).
 
     ``muon_lr`` (``None``: ``lr``) and ``muon_momentum`` apply to the Muon methods only: the
-    learning rate and momentum of the Muon part (the 2-D weights of ``model.blocks``, see
-    :func:`spherenet.optim.muon.is_hidden_matrix`); ``lr``, ``betas`` and ``eps`` are the
+    learning rate and momentum of the Muon part (the hidden matrices: every 2-D weight but the
+    embeddings and output layers, see :func:`spherenet.optim.hidden_matrices`); ``lr``, ``betas`` and ``eps`` are the
     Adam part's.
 
     Raises ``ValueError`` naming the bad value (unknown method, ``lr <= 0``,
@@ -242,12 +243,13 @@ def build_optimizer(
 def _spherical_muon(
     model, sphere, weight_decay, lr, betas, eps, second_moment, off_sphere, fused, sphere_kernel, muon_lr, momentum
 ) -> CombinedOptimizer:
-    """SphericalMuon on the blocks' sphere matrices, RiemannianAdam on everything else."""
-    hidden = [(name, p) for name, p in sphere if p.requires_grad and is_hidden_matrix(name, p)]
+    """SphericalMuon on the hidden sphere matrices, RiemannianAdam on everything else."""
+    sphere_ids = {id(p) for _, p in sphere}
+    hidden = [(name, p) for name, p in hidden_matrices(model) if id(p) in sphere_ids]
     if not hidden:
         raise ValueError(
-            "method 'spherical_muon': the model has no 2-D sphere weights in model.blocks for Muon "
-            "(use 'riemannian_adam')"
+            "method 'spherical_muon': the model has no hidden 2-D sphere weights for Muon (embeddings and "
+            "output layers are Adam's; see spherenet.optim.hidden_matrices); use 'riemannian_adam'"
         )
     muon = SphericalMuon([{"params": hidden, "manifold": SPHERE}], lr=muon_lr, momentum=momentum, off_sphere=off_sphere)
     rest = _without(param_groups(model, weight_decay), {id(p) for _, p in hidden})
@@ -269,15 +271,18 @@ def _spherical_muon(
 
 
 def _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, momentum) -> CombinedOptimizer:
-    """torch.optim.Muon on the blocks' 2-D weights, AdamW on everything else."""
+    """torch.optim.Muon on the hidden 2-D weights, AdamW on everything else."""
     if sphere:
         raise ValueError(
             f"method 'muon' on a model with sphere parameters ({sphere[0][0]!r}, ...): they would leave the "
             "sphere. Use 'spherical_muon'."
         )
-    hidden = [(name, p) for name, p in model.named_parameters() if p.requires_grad and is_hidden_matrix(name, p)]
+    hidden = hidden_matrices(model)
     if not hidden:
-        raise ValueError("method 'muon': the model has no 2-D weights in model.blocks for Muon (use 'adamw')")
+        raise ValueError(
+            "method 'muon': the model has no hidden 2-D weights for Muon (embeddings and output layers are "
+            "AdamW's; see spherenet.optim.hidden_matrices); use 'adamw'"
+        )
     muon = torch.optim.Muon(
         [{"params": hidden, "manifold": EUCLIDEAN}],
         lr=muon_lr,
@@ -294,15 +299,16 @@ def _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, momentum)
 
 
 def declare_hidden_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Declare every 2-D weight of ``model.blocks`` (:func:`spherenet.optim.muon.is_hidden_matrix`)
-    on the sphere of its Frobenius norm, unless it is declared already; returns them."""
+    """Declare every hidden matrix of ``model`` (:func:`spherenet.optim.muon.hidden_matrices`: the 2-D
+    weights but embeddings and output layers) on the sphere of its Frobenius norm, unless it is
+    declared already; returns them. A matrix declared on the row sphere is refused."""
     owners = {}
     for mod_name, module in model.named_modules():
         for attr, p in module._parameters.items():
             if p is not None:
                 owners.setdefault(id(p), (module, attr))
     declared = {id(p) for _, p, _ in declared_matrix_spheres(model)}
-    hidden = [(name, p) for name, p in model.named_parameters() if p.requires_grad and is_hidden_matrix(name, p)]
+    hidden = hidden_matrices(model)
     for _, p in hidden:
         if id(p) not in declared:
             declare_matrix_sphere(*owners[id(p)])
@@ -310,7 +316,7 @@ def declare_hidden_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Ten
 
 
 def _hyperball(model, method, sphere, weight_decay, lr, betas, eps, gradient, fused, muon_lr, momentum):
-    """AdamH / MuonH on the blocks' matrices (declared on whole-matrix spheres), AdamW on the rest."""
+    """AdamH / MuonH on the hidden matrices (declared on whole-matrix spheres), AdamW on the rest."""
     if sphere:
         raise ValueError(
             f"method {method!r} on a model with row-sphere parameters ({sphere[0][0]!r}, ...): Hyperball holds "
@@ -318,7 +324,10 @@ def _hyperball(model, method, sphere, weight_decay, lr, betas, eps, gradient, fu
         )
     hidden = declare_hidden_matrix_spheres(model)
     if not hidden:
-        raise ValueError(f"method {method!r}: the model has no 2-D weights in model.blocks (use 'adamw')")
+        raise ValueError(
+            f"method {method!r}: the model has no hidden 2-D weights (embeddings and output layers are AdamW's; "
+            "see spherenet.optim.hidden_matrices); use 'adamw'"
+        )
     hidden_ids = {id(p) for _, p in hidden}
     if method == "adamh":
         groups = param_groups(model, weight_decay)  # the matrix_sphere group, then AdamW's groups

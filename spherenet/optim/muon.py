@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 from torch.optim import Optimizer
 
 from ..manifolds import geometry_for
@@ -69,7 +70,8 @@ __all__ = [
     "SphericalMuon",
     "zeropower_via_newton_schulz",
     "update_scale",
-    "is_hidden_matrix",
+    "hidden_matrices",
+    "OUTPUT_LAYER_ATTR",
     "NS_COEFFICIENTS",
     "NS_STEPS",
     "ADJUST_LR",
@@ -124,11 +126,41 @@ def update_scale(shape: tuple[int, ...] | torch.Size, adjust_lr: str) -> float:
     raise ValueError(f"adjust_lr must be one of {ADJUST_LR}, got {adjust_lr!r}")
 
 
-def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
-    """The Muon rule for spherenet's models: the 2-D weights inside the Transformer blocks
-    (``blocks.*``). Embeddings (``embed_in``), the output head (``embed_out``) and vectors
-    (gains, scalings) are left to Adam."""
-    return p.dim() == 2 and name.split(".", 1)[0] == "blocks"
+#: A module sets this class attribute to True to mark itself (and its submodules) as an output
+#: layer, which Muon leaves to Adam: e.g. :class:`spherenet.layers.SphereClassifier`.
+OUTPUT_LAYER_ATTR = "is_output_layer"
+
+
+def hidden_matrices(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The weights Muon orthogonalizes in ``model``, as ``(name, parameter)`` in
+    ``named_parameters()`` order: every trainable 2-D parameter except
+
+    - lookup tables: the parameters of a module with a ``num_embeddings`` attribute
+      (``nn.Embedding``, :class:`spherenet.layers.SphereEmbedding`), whose rows are read, not
+      multiplied;
+    - output layers: the module ``model.get_output_embeddings()`` returns (the Hugging Face
+      convention; nGPT's and GPT's ``embed_out``) and every module whose class sets
+      ``is_output_layer = True`` (:class:`spherenet.layers.SphereClassifier`), with their
+      submodules.
+
+    Chosen by what a parameter is (its shape and its module), not by its name, so a model
+    built from spherenet's layers under any attribute names groups the same way. Vectors
+    (gains, scalings, biases) are 1-D and go to Adam too.
+    """
+    excluded: set[int] = set()
+
+    def exclude(module: nn.Module) -> None:
+        excluded.update(id(p) for p in module.parameters())
+
+    output = getattr(model, "get_output_embeddings", None)
+    if callable(output) and isinstance(output(), nn.Module):
+        exclude(output())
+    for module in model.modules():
+        if hasattr(module, "num_embeddings") or getattr(type(module), OUTPUT_LAYER_ATTR, False):
+            exclude(module)
+    return [
+        (name, p) for name, p in model.named_parameters() if p.requires_grad and p.dim() == 2 and id(p) not in excluded
+    ]
 
 
 def _check_coefficients(value) -> tuple[float, float, float]:
