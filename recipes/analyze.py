@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from recipes.checkpoints import Trained, load_trained
+from recipes.checkpoints import Trained, load_weights
+from recipes.cli import prog
 from recipes.progress import progress_bar
 from spherenet import analysis
 from spherenet.checkpoint import CheckpointError
@@ -200,7 +201,14 @@ def _block_size(t: Trained) -> int:
 
 def analyze(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    trained = [load_trained(run, args.device) for run in args.runs]
+    trained = [load_weights(run, args.device) for run in args.runs]
+    if args.extrapolate and args.data is None:
+        exported = [str(t.path) for t in trained if t.exported]
+        if exported:
+            raise ValueError(
+                f"--extrapolate scores each run's own validation data, and an exported model records none "
+                f"({', '.join(exported)}): name the data with --data"
+            )
     labels = _labels(args.runs, trained, args.labels)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -210,7 +218,7 @@ def analyze(args: argparse.Namespace) -> int:
     say = bar.write if bar is not None else lambda line: print(line, file=sys.stderr, flush=True)
     try:
         for label, t in zip(labels, trained):
-            say(f"# {label}: {t.path} (step {t.step})")
+            say(f"# {label}: {t.describe()}")
             if bar is not None:
                 bar.set_postfix_str(f"{label}: statistics")
             emb[label] = analysis.embedding_stats(t.model, max_pairs=args.max_pairs)
@@ -258,9 +266,12 @@ def analyze(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipes.analyze", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog("recipes.analyze"), description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "runs", nargs="+", metavar="RUN_DIR", help="run directory, checkpoints/ directory or step_* checkpoint"
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directory, checkpoints/ directory, step_* checkpoint, exported directory or Hub id",
     )
     p.add_argument("--out", required=True, help="directory for the figures, stats.json and summary.md")
     p.add_argument("--labels", nargs="+", help="legend names, one per RUN_DIR (default: model class + directory name)")

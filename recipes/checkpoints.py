@@ -1,5 +1,6 @@
 """Rebuild a trained model (and its tokenizer) from a run directory or a checkpoint, for the
-recipes that read checkpoints (sample, analyze).
+recipes that read checkpoints (sample, analyze, export, train's ``init_from``), and from an
+exported directory or a Hub repository where a recipe accepts those too (:func:`load_weights`).
 
 A checkpoint written by ``recipes.train`` is self-contained: besides the weights it holds, as
 files covered by its manifest's hashes,
@@ -16,6 +17,7 @@ Checkpoints written before these files existed are read through the description 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,9 @@ from spherenet.checkpoint import (
     VerifiedCheckpoint,
 )
 from spherenet.data import DataError, Tokenizer, build_tokenizer
-from spherenet.data.tokenizer import load_tokenizer
-from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig
+from spherenet.data.tokenizer import SPEC_FILE, TOKENIZER_JSON, load_tokenizer
+from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, load_pretrained
+from spherenet.models.hub import CONFIG_NAME, WEIGHTS_NAME, PretrainedFileError
 
 MODEL_FILE = "model.json"
 TOKENIZER_DIR = "tokenizer"
@@ -42,9 +45,19 @@ _MODELS = {"NGPT": (NGPT, NGPTConfig), "GPT": (GPT, GPTConfig)}
 class Trained:
     model: nn.Module
     tokenizer: Tokenizer
-    config: dict[str, Any]  # the run's config (RunConfig.to_dict())
-    step: int
+    config: dict[str, Any]  # the run's config (RunConfig.to_dict()); {} for an exported model
+    step: int | None  # None for an exported model
     path: Path
+
+    @property
+    def exported(self) -> bool:
+        """Whether this came from an exported directory (no run config, no optimizer, no step)."""
+        return self.step is None
+
+    def describe(self) -> str:
+        """``<path> (step N, NGPT)`` or ``<path> (exported NGPT)``."""
+        kind = type(self.model).__name__
+        return f"{self.path} (exported {kind})" if self.exported else f"{self.path} (step {self.step}, {kind})"
 
 
 def model_class_name(model_or_name: nn.Module | str) -> str:
@@ -136,3 +149,59 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Traine
     tokenizer = _tokenizer(ckpt, values)
     model.to(device).eval()
     return Trained(model, tokenizer, values.get("config", {}), ckpt.step, ckpt.path)
+
+
+def is_exported(path: str | Path) -> bool:
+    """Whether ``path`` is a directory written by ``recipes.export`` / ``save_pretrained``."""
+    return (Path(path).expanduser() / CONFIG_NAME).is_file()
+
+
+def load_exported(path: str | Path, device: str | torch.device = "cpu") -> Trained:
+    """The model and tokenizer of a directory written by ``recipes.export`` (``config.json``,
+    ``model.safetensors`` and the tokenizer's files). ``CheckpointError`` names what is missing."""
+    path = Path(path).expanduser()
+    if not (path / WEIGHTS_NAME).is_file():
+        raise CheckpointError(
+            f"{path} holds {CONFIG_NAME} but no {WEIGHTS_NAME}: not a model written by recipes.export"
+        )
+    tokenizer_dir = next((d for d in (path, path / TOKENIZER_DIR) if (d / SPEC_FILE).is_file()), None)
+    if tokenizer_dir is None and (path / TOKENIZER_JSON).is_file():
+        tokenizer_dir = path
+    if tokenizer_dir is None:
+        raise CheckpointError(
+            f"{path} holds a model but no tokenizer ({SPEC_FILE} or {TOKENIZER_JSON}); recipes.export writes "
+            "both, save_pretrained only the model: save the tokenizer there with Tokenizer.save()"
+        )
+    try:
+        model = load_pretrained(path, map_location=device)
+    except (PretrainedFileError, FileNotFoundError, ImportError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    return Trained(model, load_tokenizer(tokenizer_dir), {}, None, path)
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def load_weights(source: str | Path, device: str | torch.device = "cpu") -> Trained:
+    """A trained model from wherever one is kept: a run directory, its ``checkpoints/``
+    directory or a ``step_*`` checkpoint (:func:`load_trained`), a directory written by
+    ``recipes.export`` (:func:`load_exported`), or a Hugging Face Hub repository id
+    (``owner/name``, downloaded into the Hub cache, then read as an exported directory).
+    ``CheckpointError`` names the source and why it cannot be read."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return load_exported(path, device) if is_exported(path) else load_trained(path, device)
+    if not _HUB_ID.match(str(source)):
+        raise CheckpointError(
+            f"no run directory, checkpoint or exported model at {source} (and it is not a Hub id like 'owner/name')"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(repo_id=str(source), allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, "tokenizer*.json"])
+    except Exception as exc:  # noqa: BLE001 - offline, missing repo, authentication, no huggingface_hub
+        raise CheckpointError(
+            f"no local path {source}, and the Hub repository {source!r} cannot be fetched: {type(exc).__name__}: "
+            + " ".join(str(exc).split())
+        ) from None
+    return load_exported(local, device)

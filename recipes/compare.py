@@ -51,8 +51,9 @@ import sys
 from pathlib import Path
 
 from recipes import subprocesses
+from recipes.cli import prog
 from recipes.progress import progress_bar
-from recipes.train import DEFAULT_CONFIG
+from recipes.train import DEFAULT_CONFIG, resolve_config
 from spherenet.train.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]  # where ``python -m recipes.train`` is importable from
@@ -365,11 +366,24 @@ def run_variants(args: argparse.Namespace, variants: list[tuple[str, list[str]]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipes.compare", description=__doc__.split("\n\n")[0])
+    """Entry point: a bad config, variant or override is one ``error:`` line, exit code 2."""
+    try:
+        return compare(argv)
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr, flush=True)
+            return 2
+        raise
+
+
+def compare(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=prog("recipes.compare"), description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", default=["gpt", "ngpt"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--size", default="cpu", help="preset size for built-in variants (tiny, cpu, small, base, 0.5b, 1b)")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG))
+    p.add_argument(
+        "--config", default=str(DEFAULT_CONFIG), help="a TOML file or a shipped config's name (default: default)"
+    )
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--baseline", default="gpt", help="variant whose best val loss is the target (default gpt)")
     p.add_argument("--reuse", action="store_true", help="skip runs whose metrics already end with 'done'")
@@ -377,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     add_override_argument(p, "applied to every variant")
     args = parse_args_with_overrides(p, argv)
 
+    try:
+        args.config = str(resolve_config(args.config))
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
     out = Path(args.out)
     variants = [variant_overrides(v, args.size) for v in args.variants]
     names = [n for n, _ in variants]

@@ -5,19 +5,67 @@
     spherenet-eval --model spherenet --model_args path=exported/ngpt,dtype=bfloat16 --batch_size 16 \\
         --tasks hellaswag --num_fewshot 0 --output_path results/
 
-Takes exactly ``lm_eval``'s arguments (``spherenet-eval --help``): it registers the
-``spherenet`` model (:mod:`recipes.lm_eval_model`) and then runs ``lm_eval``'s own command
-line, which does not discover models of other packages by itself. Datasets are fetched by
-``lm_eval`` from the Hugging Face Hub (or read from its cache). Needs
+Takes ``lm_eval``'s arguments: it registers the ``spherenet`` model (:mod:`recipes.lm_eval_model`)
+and then runs ``lm_eval``'s own command line, which does not discover models of other packages
+by itself. ``--help`` starts with how to name the spherenet model, then lm_eval's options. A
+``path=`` that holds no model is one ``error:`` line (exit 2) before lm_eval starts. Datasets
+are fetched by ``lm_eval`` from the Hugging Face Hub (or read from its cache). Needs
 ``pip install "spherenet[eval]"``.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+from recipes.cli import prog
+
+HELP = """usage: {prog} --model spherenet --model_args path=PATH[,KEY=VALUE...] --tasks TASK[,TASK...] [lm_eval options]
+
+Evaluate a spherenet model (nGPT or GPT) with lm-evaluation-harness.
+
+  --model spherenet        the model this command registers
+  --model_args path=PATH   PATH: a training run's directory, its checkpoints/ directory, one step_*
+                           checkpoint, or a directory written by spherenet-export
+                           other keys: dtype=auto|float32|bfloat16|float16, batch_size=N,
+                           max_length=N, max_gen_toks=N, seed=N (comma-separated after path=)
+  --device cpu|cuda        where to run (default: lm_eval's)
+
+  e.g. {prog} --model spherenet --model_args path=runs/default --tasks lambada_openai --device cpu
+
+lm_eval's own options follow.
+"""
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``argv`` (the last one given)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def check_model_path(argv: list[str]) -> str | None:
+    """What is wrong with the spherenet model's ``path=`` in ``argv``, or None. Checked before
+    lm_eval starts, so that a typo costs one line, not a traceback after the tasks load."""
+    if _option(argv, "--model") != "spherenet":
+        return None
+    model_args = _option(argv, "--model_args") or ""
+    pairs = dict(part.split("=", 1) for part in model_args.split(",") if "=" in part)
+    path = pairs.get("path")
+    if not path:
+        return "--model spherenet needs --model_args path=PATH (a run directory or an exported model)"
+    if not Path(path).expanduser().exists():
+        return f"--model_args path={path}: no run directory, checkpoint or exported model there"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = prog("recipes.evaluate")
     try:  # registers the "spherenet" model; without lm_eval, an error naming the extra to install
         import recipes.lm_eval_model  # noqa: F401
     except ImportError as exc:
@@ -25,9 +73,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from lm_eval.__main__ import cli_evaluate
 
-    if argv is not None:  # lm_eval's command line reads sys.argv itself
-        sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
+    if not argv or "-h" in argv or "--help" in argv:
+        print(HELP.format(prog=name), flush=True)
+        argv = ["--help"]
+    else:
+        problem = check_model_path(argv)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    sys.argv = [name, *argv]  # lm_eval's command line reads sys.argv itself
+    try:
+        cli_evaluate()
+    except SystemExit as exc:  # --help, or lm_eval's own usage errors (argparse: exit 2)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except (FileNotFoundError, ValueError) as exc:  # the model's arguments (path=, dtype=, batch_size=)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -6,23 +6,30 @@
 RUN is a run's ``train.out_dir``, its ``checkpoints/`` directory, or one ``step_*`` checkpoint;
 the newest sound checkpoint is used unless ``--step`` picks one. OUT receives ``config.json``
 and ``model.safetensors`` (``NGPT.from_pretrained(OUT)`` / ``GPT.from_pretrained(OUT)`` or
-``spherenet.models.load_pretrained(OUT)`` load them) and the tokenizer's files
-(``spherenet.data.tokenizer.load_tokenizer(OUT)``). Needs ``pip install "spherenet[hub]"``.
+``spherenet.models.load_pretrained(OUT)`` load them), the tokenizer's files
+(``spherenet.data.tokenizer.load_tokenizer(OUT)``, and a ``tokenizer.json`` for every tokenizer,
+which ``tokenizers`` / ``transformers`` load) and a model card, ``README.md``. Needs
+``pip install "spherenet[hub]"``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 import uuid
 from pathlib import Path
 
-from recipes.checkpoints import TOKENIZER_DIR, Trained, load_trained
+from recipes.checkpoints import TOKENIZER_DIR, Trained, is_exported, load_trained
+from recipes.cli import prog
 from spherenet.checkpoint import CheckpointError, CheckpointManager, describe_os_error
 from spherenet.data import DataError
+from spherenet.data.tokenizer import TOKENIZER_JSON
 from spherenet.models import PretrainedFileError
+
+CARD = "README.md"
 
 
 def step_checkpoint(run: str | Path, step: int) -> Path:
@@ -36,6 +43,73 @@ def step_checkpoint(run: str | Path, step: int) -> Path:
         if found:
             raise CheckpointError(f"no checkpoint of step {step} in {directory}; steps there: {sorted(found)}")
     raise CheckpointError(f"no checkpoint found at {run} (expected a run dir or its checkpoints/ dir)")
+
+
+def model_card(trained: Trained) -> str:
+    """The exported directory's ``README.md``: what the model is, how it was trained, how to load it."""
+    model, cfg = trained.model, trained.model.config
+    kind = type(model).__name__
+    n_params = sum(p.numel() for p in model.parameters())
+    run = trained.config
+    data, optim, train = run.get("data", {}), run.get("optim", {}), run.get("train", {})
+    what = (
+        "nGPT, the normalized Transformer (Loshchilov et al., 2024, arXiv 2410.01131): every weight "
+        "matrix and the hidden state are unit vectors on the hypersphere"
+        if kind == "NGPT"
+        else "the baseline GPT (pre-norm Transformer with RMSNorm, RoPE and SwiGLU) that nGPT is compared against"
+    )
+    tokens = (
+        int(train.get("steps", 0)) * int(train.get("batch_size", 0)) * int(train.get("block_size") or cfg.max_seq_len)
+    )
+    rows = [
+        ("parameters", f"{n_params / 1e6:.2f}M"),
+        ("layers x d_model x heads", f"{cfg.n_layers} x {cfg.d_model} x {cfg.n_heads}"),
+        ("vocabulary", f"{cfg.vocab_size} ({trained.tokenizer.name} tokenizer)"),
+        ("context", f"{cfg.max_seq_len} tokens"),
+        ("trained", f"{trained.step} steps" + (f", {tokens:,} tokens" if tokens else "")),
+        ("data", str(data.get("source", "unknown"))),
+        ("optimizer", f"{optim.get('method', 'unknown')}, lr {optim.get('lr', 'unknown')}"),
+        ("checkpoint", str(trained.path)),
+    ]
+    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
+    return f"""---
+library_name: spherenet
+tags:
+- {kind.lower()}
+- spherenet
+---
+
+# {kind}, {n_params / 1e6:.2f}M parameters
+
+{what}. Trained with spherenet's `recipes.train` and exported with `recipes.export`.
+
+| | |
+|---|---|
+{table}
+
+## Use
+
+```python
+import torch
+from spherenet.models import load_pretrained
+from spherenet.data.tokenizer import load_tokenizer
+
+model = load_pretrained("path/to/this/directory")  # dtype=, device= as in Hugging Face
+tokenizer = load_tokenizer("path/to/this/directory")
+ids = torch.tensor([tokenizer.encode("Hello")])
+print(tokenizer.decode(model.generate(ids, 50)[0].tolist()))
+```
+
+`tokenizer.json` loads with `tokenizers.Tokenizer.from_file` (token ids are the same).
+Evaluate with `spherenet-eval --model spherenet --model_args path=<this directory> --tasks ...`;
+fine-tune with `spherenet-train train.init_from=<this directory>`.
+
+The full training configuration:
+
+```json
+{json.dumps(run, indent=1, sort_keys=True)}
+```
+"""
 
 
 def export(trained: Trained, out: str | Path) -> list[Path]:
@@ -55,6 +129,9 @@ def export(trained: Trained, out: str | Path) -> list[Path]:
                     shutil.copy2(f, tmp / f.name)
         else:  # written before checkpoints held their tokenizer: save the one rebuilt from its spec
             trained.tokenizer.save(tmp)
+        if not (tmp / TOKENIZER_JSON).is_file():  # the byte tokenizer: its tokenizer.json form
+            (tmp / TOKENIZER_JSON).write_text(trained.tokenizer.tokenizer_json(), encoding="utf-8")
+        (tmp / CARD).write_text(model_card(trained), encoding="utf-8")
         names = sorted(p.name for p in tmp.iterdir())
         out.mkdir(parents=True, exist_ok=True)
         for name in names:
@@ -66,7 +143,7 @@ def export(trained: Trained, out: str | Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipes.export", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog("recipes.export"), description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="run directory, checkpoints/ directory or step_* checkpoint")
     p.add_argument("out", help="directory to write config.json, model.safetensors and the tokenizer into")
     p.add_argument(
@@ -76,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not Path(args.run).exists():
             raise CheckpointError(f"no run directory or checkpoint at {args.run}")
+        if is_exported(args.run):
+            raise CheckpointError(
+                f"{args.run} is an exported model already (config.json + model.safetensors): it is what export "
+                "writes; copy the directory, or export from the run it came from"
+            )
         source = step_checkpoint(args.run, args.step) if args.step is not None else args.run
         trained = load_trained(source)
         written = export(trained, args.out)

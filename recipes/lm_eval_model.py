@@ -36,12 +36,11 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from recipes.checkpoints import load_trained
+from recipes.checkpoints import load_weights
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError, Tokenizer
-from spherenet.data.tokenizer import SPEC_FILE, TOKENIZER_JSON, load_tokenizer
 from spherenet.layers import KVCache
-from spherenet.models import load_pretrained, sample_next_token
+from spherenet.models import sample_next_token
 from spherenet.models.hub import CONFIG_NAME, WEIGHTS_NAME
 
 INSTALL_HINT = 'pip install "spherenet[eval]"'
@@ -67,30 +66,19 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def load_model_and_tokenizer(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Tokenizer]:
     """The model (in eval mode, on ``device``) and tokenizer at ``path``: a directory written by
     ``recipes.export`` / ``save_pretrained`` plus the tokenizer's files, or a training run
-    (see :func:`recipes.checkpoints.load_trained`). Raises ``FileNotFoundError`` when nothing
+    (see :func:`recipes.checkpoints.load_weights`). Raises ``FileNotFoundError`` when nothing
     is at ``path`` and ``ValueError`` naming what is missing when it is neither."""
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"no run directory or exported model at {path}")
-    if (path / CONFIG_NAME).is_file():
-        if not (path / WEIGHTS_NAME).is_file():
-            raise ValueError(f"{path} holds {CONFIG_NAME} but no {WEIGHTS_NAME}: not a model written by recipes.export")
-        tokenizer_dir = next((d for d in (path, path / "tokenizer") if (d / SPEC_FILE).is_file()), None)
-        if tokenizer_dir is None and (path / TOKENIZER_JSON).is_file():
-            tokenizer_dir = path
-        if tokenizer_dir is None:
-            raise ValueError(
-                f"{path} holds a model but no tokenizer ({SPEC_FILE} or {TOKENIZER_JSON}); recipes.export writes "
-                "both, save_pretrained only the model: save the tokenizer there with Tokenizer.save()"
-            )
-        return load_pretrained(path, map_location=device), load_tokenizer(tokenizer_dir)
     try:
-        trained = load_trained(path, device)
+        trained = load_weights(path, device)
     except (CheckpointError, DataError) as exc:
         raise ValueError(
             f"{path} is neither a training run (a run directory, its checkpoints/ directory or a step_* checkpoint) "
             f"nor a model written by recipes.export ({CONFIG_NAME} + {WEIGHTS_NAME}): {exc}"
         ) from None
+    trained.model.eval()
     return trained.model, trained.tokenizer
 
 

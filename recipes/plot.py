@@ -21,6 +21,8 @@ import math
 import sys
 from pathlib import Path
 
+from recipes.cli import prog
+
 DEFAULT_METRICS = ["loss", "val_loss"]
 TITLES = {
     "loss": "training loss",
@@ -132,7 +134,7 @@ def plot_runs(runs: list[str], out: str | Path, metrics: list[str] = DEFAULT_MET
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipes.plot", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog("recipes.plot"), description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directory (train.out_dir) or its metrics.jsonl")
     p.add_argument("--out", default="loss_curves.png", help="the PNG to write (default loss_curves.png)")
     p.add_argument("--metric", nargs="+", default=DEFAULT_METRICS, help="metrics.jsonl keys, one panel each")

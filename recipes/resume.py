@@ -41,7 +41,7 @@ __all__ = [
 RESUMABLE_CHANGES = {
     "train": {"eval_every", "eval_batches", "log_every", "checkpoint_every", "keep_last", "out_dir", "compile",
               "autocast", "progress", "sample_tokens", "halt_after", "nonfinite", "max_nonfinite", "parallel",
-              "micro_batch_size", "steps", "loggers", "wandb_project", "activation_checkpointing"},
+              "micro_batch_size", "steps", "loggers", "wandb_project", "activation_checkpointing", "init_from"},
     "optim": {"grad_clip", "reproject_every", "sphere_kernel"},
     "data": {"source", "cache_dir", "num_proc"},
 }  # fmt: skip  # key names packed by section

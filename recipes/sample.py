@@ -17,7 +17,8 @@ import sys
 
 import torch
 
-from recipes.checkpoints import load_trained
+from recipes.checkpoints import load_weights
+from recipes.cli import prog
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError
 
@@ -36,8 +37,8 @@ def stop_at(text: str, stops: list[str]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipes.sample", description=__doc__.split("\n\n")[0])
-    p.add_argument("run", help="run directory, checkpoints/ directory or step_* checkpoint")
+    p = argparse.ArgumentParser(prog=prog("recipes.sample"), description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="run directory, checkpoints/ directory, step_* checkpoint, exported directory or Hub id")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     p.add_argument("--tokens", type=int, default=200, help="new tokens per sample (at most)")
     p.add_argument("--stop", action="append", default=[], help="stop at this text (repeatable)")
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.tokens < 1 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
             raise ValueError("--tokens and --num-samples must be >= 1, --temperature and --top-k >= 0")
-        trained = load_trained(args.run, args.device)
+        trained = load_weights(args.run, args.device)
         prompt_ids = trained.tokenizer.encode(args.prompt)
         if not prompt_ids:
             raise ValueError(f"--prompt {args.prompt!r} encodes to no tokens")
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = trained.tokenizer
         gen = torch.Generator(device=args.device).manual_seed(args.seed)
         prompt = torch.tensor([prompt_ids], device=args.device)
-        print(f"# {trained.path} (step {trained.step}, {type(trained.model).__name__})", file=sys.stderr)
+        print(f"# {trained.describe()}", file=sys.stderr)
         for i in range(args.num_samples):
             with torch.no_grad():
                 out = trained.model.generate(

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from recipes.checkpoints import checkpoint_files, model_class_name
+from recipes.checkpoints import checkpoint_files, is_exported, load_weights, model_class_name
+from recipes.cli import prog
 from recipes.progress import progress_bar
 from recipes.resume import (
     check_data,
@@ -49,8 +50,9 @@ from spherenet.checkpoint import (
 from spherenet.data import DataError, prepare_dataset
 from spherenet.manifolds import named_sphere_parameters
 from spherenet.models import from_preset
+from spherenet.models.presets import PRESETS
 from spherenet.optim import build_optimizer, normalize_
-from spherenet.train.config import ConfigError, RunConfig, load_config
+from spherenet.train.config import ConfigError, RunConfig, load_config, to_toml
 from spherenet.train.distributed import (
     all_reduce_max,
     barrier,
@@ -64,10 +66,54 @@ from spherenet.train.tracking import check_available, open_trackers
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
 
 
+CONFIGS_DIR = DEFAULT_CONFIG.parent
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs that ship with spherenet (``--config NAME`` finds them anywhere)."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.toml"))
+
+
+def resolve_config(name: str | None) -> Path:
+    """The config file ``--config`` names: a path, or the name of a shipped config (``ngpt-tiny``
+    or ``ngpt-tiny.toml``) from any directory. ``ConfigError`` lists the shipped ones."""
+    if name is None:
+        return DEFAULT_CONFIG
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    shipped = CONFIGS_DIR / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
+    if path.parent != Path("."):
+        raise ConfigError(f"config file not found: {path}")
+    if shipped.is_file():
+        return shipped
+    raise ConfigError(
+        f"--config {name}: no such file, and no shipped config of that name ({', '.join(shipped_configs())})"
+    )
+
+
+def _epilog() -> str:
+    return (
+        f"shipped configs (--config NAME, from any directory): {', '.join(shipped_configs())}\n"
+        f"model presets (model.preset=NAME): {', '.join(sorted(PRESETS))}\n"
+        "overrides: section.key=value, sections model, data, optim, train; every key with its default and meaning "
+        "is in spherenet/train/config.py, and --print-config prints them all as resolved\n"
+        "fine-tune: train.init_from=<run dir | checkpoint | exported dir | Hub id> starts from those weights"
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m recipes.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=None, help=f"TOML config (default: {DEFAULT_CONFIG.name})")
+    p = argparse.ArgumentParser(
+        prog=prog("recipes.train"),
+        description=__doc__.split("\n\n")[0],
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config", default=None, help=f"a TOML file or a shipped config's name (default: {DEFAULT_CONFIG.stem})"
+    )
     p.add_argument("--resume", action="store_true", help="continue from the newest sound checkpoint in train.out_dir")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit (a dry run)")
     p.add_argument("--parallel", choices=["none", "ddp", "fsdp"], help="shortcut for train.parallel")
     p.add_argument("--compile", action="store_true", help="shortcut for train.compile=true")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
@@ -87,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_config(args: argparse.Namespace) -> RunConfig:
     shortcuts = {f"train.parallel={args.parallel}": args.parallel, "train.compile=true": args.compile,
                  "train.progress=false": args.no_progress}  # fmt: skip  # each override beside its flag
-    return load_config(args.config or DEFAULT_CONFIG, [*args.overrides, *(o for o, on in shortcuts.items() if on)])
+    return load_config(resolve_config(args.config), [*args.overrides, *(o for o, on in shortcuts.items() if on)])
 
 
 def batch_geometry(cfg: RunConfig, world_size: int) -> tuple[int, int]:
@@ -138,9 +184,80 @@ def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.
     return model.to(device)
 
 
+def check_resume_target(out_dir: Path, ckpt: CheckpointManager) -> None:
+    """``--resume`` continues a run: refused, naming what is there instead, when ``out_dir``
+    holds none (before the directory is created or locked)."""
+    if ckpt.checkpoints():
+        return  # verified (and a damaged one named) when it is loaded
+    if is_exported(out_dir):
+        raise ConfigError(
+            f"--resume: train.out_dir {out_dir} is an exported model, not a run; to fine-tune from it, "
+            f"train.init_from={out_dir} with another train.out_dir (and no --resume)"
+        )
+    what = "does not exist" if not out_dir.exists() else f"holds no checkpoint (no {ckpt.directory.name}/step_*)"
+    raise ConfigError(
+        f"--resume: train.out_dir {out_dir} {what}: there is no run to continue; drop --resume to start one"
+    )
+
+
+def init_from_weights(model: torch.nn.Module, tokenizer, source: str, is_main: bool) -> None:
+    """Load the weights of ``source`` (``train.init_from``) into the freshly built ``model``:
+    the same tokenizer as the data's, the same class and the same config, field by field, or
+    ``ConfigError`` naming every field that differs and how to set it."""
+    try:
+        given = load_weights(source)
+    except (CheckpointError, DataError) as exc:
+        raise ConfigError(f"train.init_from={source}: {exc}") from None
+    if given.tokenizer.fingerprint != tokenizer.fingerprint:
+        raise ConfigError(
+            f"train.init_from={source} was trained with the {given.tokenizer.name} tokenizer (vocab "
+            f"{given.tokenizer.vocab_size}), the data here is tokenized with {tokenizer.name} (vocab "
+            f"{tokenizer.vocab_size}): set data.tokenizer to the weights' tokenizer"
+        )
+    theirs, ours = model_class_name(given.model), model_class_name(model)
+    if theirs != ours:
+        raise ConfigError(
+            f"train.init_from={source} holds {theirs} weights, but [model] builds a {ours}: set model.preset to "
+            f"one of the {theirs.lower()}-* presets"
+        )
+    saved, built = dataclasses.asdict(given.model.config), dataclasses.asdict(model.config)
+    differ = _differences(saved, built)
+    if differ:
+        raise ConfigError(
+            f"train.init_from={source}: the weights' model config differs from the run's in "
+            + ", ".join(f"{key} ({there!r} there, {here!r} here)" for key, there, here in differ)
+            + "; set "
+            + " ".join(f"model.{key}={_spelled(there)}" for key, there, _ in differ)
+        )
+    model.load_state_dict(given.model.state_dict())  # same class and config: the same tensors
+    if is_main:
+        print(f"init_from: weights of {given.describe()} (a fresh optimizer)", flush=True)
+
+
+def _differences(saved: dict, built: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """``(dotted key, saved value, built value)`` of every field that differs; a table (a
+    scaling) is compared field by field, so that only the fields that differ are named."""
+    out = []
+    for key, here in built.items():
+        there = saved.get(key)
+        if isinstance(here, dict) and isinstance(there, dict):
+            out += _differences(there, here, f"{prefix}{key}.")
+        elif there != here:
+            out.append((f"{prefix}{key}", there, here))
+    return out
+
+
+def _spelled(value) -> str:
+    """A config value as a ``model.key=value`` override spells it."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = build_config(args)
+    if args.print_config:
+        print(to_toml(cfg), end="")
+        return 0
     check_available(cfg.train.loggers)  # a missing tensorboard / wandb package, before any work
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: this machine has no usable CUDA device (torch.cuda.is_available() is False)")
@@ -153,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = CheckpointManager(out_dir / "checkpoints", keep_last=t.keep_last)
     # torchrun --max-restarts: a restarted worker group continues from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if args.resume and not restarted:
+        check_resume_target(out_dir, ckpt)
     _lock = claim_run_directory(out_dir, args.resume or restarted, args.overwrite, info.is_main)  # held to the end
     plan = None
     if args.resume or restarted:  # a refusal costs nothing
@@ -164,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = data.tokenizer()
     torch.manual_seed(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, data.vocab_size, info.device)
+    if plan is None and t.init_from:  # before sharding: the weights are whole tensors
+        init_from_weights(model, tokenizer, t.init_from, info.is_main)
     block = t.block_size or model.config.max_seq_len
     if block > model.config.max_seq_len:
         raise ConfigError(f"train.block_size {block} exceeds the model's max_seq_len {model.config.max_seq_len}")
@@ -238,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"resume: {note}", flush=True)
             if plan.steps_changed and start < t.steps:
                 print(f"resume: learning rate at step {start + 1}: {scheduler.get_last_lr()[0]:.3e}", flush=True)
-    elif (args.resume or restarted) and info.is_main:
-        print(f"--resume: no checkpoint in {ckpt.directory}, starting from step 0", flush=True)
+    elif restarted and info.is_main:  # a restart before the first checkpoint: from the start again
+        print(f"restart: no checkpoint in {ckpt.directory} yet, starting from step 0", flush=True)
 
     n_params = sum(p.numel() for p in model.parameters())
     tokens_per_step = t.batch_size * block

@@ -58,6 +58,11 @@ class Tokenizer(abc.ABC):
     def spec(self) -> dict[str, Any]:
         """A JSON-able description that :func:`build_tokenizer` turns back into this tokenizer."""
 
+    def tokenizer_json(self) -> str:
+        """This tokenizer as a Hugging Face ``tokenizer.json`` (``tokenizers`` / ``transformers``
+        load it); exports write it beside the spec."""
+        raise NotImplementedError(f"{type(self).__name__} has no tokenizer.json form")
+
     @property
     @abc.abstractmethod
     def fingerprint(self) -> str:
@@ -132,6 +137,21 @@ class ByteTokenizer(Tokenizer):
 
     def spec(self) -> dict[str, Any]:
         return {"kind": "byte", "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+
+    def tokenizer_json(self) -> str:
+        """The same tokenizer as a ``tokenizer.json`` that ``tokenizers`` and ``transformers`` load:
+        a BPE model without merges whose 256 tokens ``<0x00>`` ... ``<0xFF>`` are the bytes (every
+        character falls back to its UTF-8 bytes, so token id = byte value), plus
+        ``<|endoftext|>`` as id 256 for the 257-token variant."""
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as _Tokenizers
+        from tokenizers import decoders, models
+
+        tok = _Tokenizers(models.BPE(vocab={f"<0x{i:02X}>": i for i in range(256)}, merges=[], byte_fallback=True))
+        tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+        if self.extra_eos:
+            tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+        return tok.to_str(pretty=True)
 
     @property
     def fingerprint(self) -> str:
@@ -248,13 +268,17 @@ class HFTokenizer(Tokenizer):
         )
         return spec
 
+    def tokenizer_json(self) -> str:
+        """The ``tokenizer.json`` this tokenizer was loaded from (or trained into)."""
+        return self._tok.to_str(pretty=True)
+
     def to_files(self) -> dict[str, str]:
         spec = self.spec()
         if "path" in spec:
             spec["original_path"] = spec.pop("path")
         spec["path"] = TOKENIZER_JSON  # relative to the directory holding the spec
         return {
-            TOKENIZER_JSON: self._tok.to_str(pretty=True),
+            TOKENIZER_JSON: self.tokenizer_json(),
             SPEC_FILE: json.dumps(spec, indent=2, sort_keys=True) + "\n",
         }
 

@@ -176,15 +176,25 @@ class HubMixin:
         force_download: bool = False,
         token: str | None = None,
         local_files_only: bool = False,
+        dtype: torch.dtype | str | None = None,
+        torch_dtype: torch.dtype | str | None = None,
+        device: str | torch.device | None = None,
+        device_map: str | torch.device | None = None,
     ):
         """The model saved at a local directory or a Hub repository id, in eval mode.
 
-        Its tensors keep the dtype they were saved in. Raises :class:`PretrainedFileError`
+        Its tensors keep the dtype they were saved in, unless ``dtype`` (or its Hugging Face
+        spelling ``torch_dtype``) names another: a ``torch.dtype``, its name (``"bfloat16"``) or
+        ``"auto"`` (the saved one). ``device`` (or ``device_map``: one device, or ``"auto"`` for
+        CUDA when available) is where it goes; ``map_location`` is the older name for it.
+        Raises :class:`PretrainedFileError`
         when config.json describes another model or bad values, when model.safetensors misses
         a tensor, has an unexpected one or one of another shape, when any tensor holds NaN or
         inf, and when a sphere weight's rows are not unit vectors.
         """
         safetensors_torch = _require("safetensors.torch")
+        target_dtype = _pick_dtype(dtype=dtype, torch_dtype=torch_dtype)
+        map_location = _pick_device(map_location=map_location, device=device, device_map=device_map)
         download = {
             "revision": revision,
             "cache_dir": cache_dir,
@@ -206,6 +216,8 @@ class HubMixin:
         if len(dtypes) == 1:
             model.to(dtypes.pop())
         model.load_state_dict(tensors, strict=True)
+        if target_dtype is not None:
+            model.to(target_dtype)
         return model.to(map_location).eval()
 
     @classmethod
@@ -230,6 +242,57 @@ class HubMixin:
 
 
 _ARCHITECTURE_HINT = {"ngpt": "NGPT", "gpt": "GPT"}
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float64": torch.float64,
+    "double": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def _pick_dtype(**given) -> torch.dtype | None:
+    """The dtype asked for by ``dtype=`` or ``torch_dtype=`` (None: keep the saved one)."""
+    asked = {name: value for name, value in given.items() if value is not None}
+    if len(asked) == 2 and asked["dtype"] != asked["torch_dtype"]:
+        raise ValueError(f"from_pretrained: dtype={asked['dtype']!r} and torch_dtype={asked['torch_dtype']!r} disagree")
+    if not asked:
+        return None
+    name, value = next(iter(asked.items()))
+    if isinstance(value, torch.dtype):
+        if not value.is_floating_point:
+            raise ValueError(f"from_pretrained: {name}={value} is not a floating-point dtype")
+        return value
+    if value == "auto":
+        return None
+    if isinstance(value, str) and value.removeprefix("torch.") in _DTYPES:
+        return _DTYPES[value.removeprefix("torch.")]
+    raise ValueError(
+        f"from_pretrained: {name}={value!r} is not a dtype; use one of {sorted(_DTYPES)}, 'auto' or a torch.dtype"
+    )
+
+
+def _pick_device(**given) -> torch.device:
+    """Where the model goes: ``device=``, ``device_map=`` (one device or "auto") or ``map_location=``."""
+    location = given.pop("map_location")
+    asked = {name: value for name, value in given.items() if value is not None}
+    if isinstance(asked.get("device_map"), dict):
+        raise ValueError(
+            "from_pretrained: device_map as a dict (parts of the model on different devices) is not supported; "
+            "pass one device, e.g. device_map='cuda'"
+        )
+    if asked.get("device_map") == "auto":
+        asked["device_map"] = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        devices = {name: torch.device(value) for name, value in asked.items()}
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"from_pretrained: {asked} does not name a device: {exc}") from None
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"from_pretrained: {', '.join(f'{k}={v!r}' for k, v in asked.items())} disagree")
+    return next(iter(devices.values())) if devices else torch.device(location)
 
 
 def _resolve(path_or_repo: str | os.PathLike, filename: str, download: dict[str, Any]) -> Path:

@@ -9,6 +9,8 @@ work starts.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import math
 import sys
 from dataclasses import dataclass, field, fields
@@ -29,6 +31,7 @@ __all__ = [
     "RunConfig",
     "load_config",
     "parse_override",
+    "to_toml",
 ]
 
 
@@ -93,6 +96,9 @@ class TrainSection:
     keep_last: int = 3
     seed: int = 1337
     out_dir: str = "runs/default"
+    # Start from these weights (a run directory, a checkpoint, an exported directory or a Hub id)
+    # with a fresh optimizer; "" = random initialization. Ignored on --resume (the run's own checkpoint).
+    init_from: str = ""
     parallel: str = "none"  # none | ddp | fsdp
     compile: bool = False
     activation_checkpointing: bool = False  # recompute each block in backward: less memory, one more forward
@@ -246,15 +252,57 @@ def _set_model(overrides: dict[str, Any], key: str, value: Any) -> None:
 
 def _set(cfg: RunConfig, section: str, key: str, value: Any) -> None:
     if section not in _SECTIONS:
-        raise ConfigError(f"unknown config section [{section}] (valid: {', '.join(_SECTIONS)})")
+        raise ConfigError(
+            f"unknown config section [{section}]{_did_you_mean(section, _SECTIONS)} (valid: {', '.join(_SECTIONS)})"
+        )
     obj = getattr(cfg, section)
     if section == "model" and key != "preset":
         _set_model(obj.overrides, key, value)
         return
     names = {f.name: f for f in fields(obj) if f.name != "overrides"}
     if key not in names:
-        raise ConfigError(f"unknown config key {section}.{key} (valid keys of [{section}]: {', '.join(names)})")
+        raise ConfigError(
+            f"unknown config key {section}.{key}{_did_you_mean(key, names, section)} "
+            f"(valid keys of [{section}]: {', '.join(names)})"
+        )
     setattr(obj, key, _coerce(section, key, value, getattr(obj, key)))
+
+
+def _did_you_mean(word: str, choices, section: str | None = None) -> str:
+    """``"; did you mean optim.lr?"`` for the closest of ``choices``, or "" when none is close. A
+    key of another section is named with its section (``lr`` given under [train]: optim.lr)."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {section + '.' if section else ''}{close[0]}?"
+    if section is not None:
+        for other, cls in _SECTIONS.items():
+            if other != section and word in {f.name for f in fields(cls)} - {"overrides"}:
+                return f"; did you mean {other}.{word}?"
+    return ""
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """``cfg`` as a TOML file that :func:`load_config` reads back into the same config."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v) if not isinstance(v, float) or math.isfinite(v) else ("inf" if v > 0 else "-inf")
+        if isinstance(v, str):
+            return json.dumps(v)  # a TOML basic string is a JSON string
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    lines = []
+    for section, table in cfg.to_dict().items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {value(v)}" for key, v in table.items())
+        lines.append("")
+    return "\n".join(lines)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
