@@ -295,7 +295,9 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         "while GPT's curve no longer falls. Mean ± std over the finite per-seed values. Gap to GPT: the "
         "arm's final loss minus GPT's at the same budget and seed (< 0: the arm is ahead at equal tokens). "
         f"Every arm at its own best rate (bold) of the sweep (seed {args.sweep_seed}) at that budget; "
-        "bracketed: a tried rate on both sides of it. Tokens / param: the nGPT model's parameter count. "
+        "bracketed: a tried rate on both sides of it. The Hyperball arms' rate is `optim.matrix_lr` (the "
+        "angle a step turns a hidden matrix by), their AdamW part at GPT's bold rate at that budget. "
+        "Tokens / param: the nGPT model's parameter count. "
         "This file is rewritten after every run.\n\n" + "\n".join(lines) + "\n"
     )
     if plots:
@@ -389,7 +391,8 @@ def measure(args: argparse.Namespace, steps: int = 40) -> None:
         pargs = study.point_args(pt)
         lr = args.gpt_lr if arm.startswith("gpt") else args.ngpt_lr
         began = time.monotonic()
-        name, _, rc = convergence.train_one(pargs, study.spec(pt, arm, lr), 0, lambda line: None)
+        base = lr if arm in scaling.MATRIX_RATE_ARMS else None  # a timing: any AdamW rate will do
+        name, _, rc = convergence.train_one(pargs, study.spec(pt, arm, lr, base), 0, lambda line: None)
         wall = time.monotonic() - began
         run_dir = pargs.runs / name / "seed0"
         if rc != 0:
@@ -518,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     compare.check_overrides(
         DEFAULT_CONFIG,
         *(
-            [*convergence.shared_overrides(probe.point_args(pt)), *compare.variant_overrides(probe.spec(pt, a, 1e-3), pt.size)[1]]
+            [*convergence.shared_overrides(probe.point_args(pt)), *compare.variant_overrides(probe.spec(pt, a, 1e-3, 1e-3 if a in scaling.MATRIX_RATE_ARMS else None), pt.size)[1]]
             for pt in args.points
             for a in args.arms
         ),

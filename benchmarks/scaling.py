@@ -26,9 +26,13 @@ tokens.
 
 Arms: ``gpt`` (AdamW), ``ngpt-adam_normalize`` (the paper's Adam then renormalize),
 ``ngpt`` (the default RiemannianAdam), ``gpt-muon`` (torch.optim.Muon on the hidden matrices),
-``ngpt-muon`` (SphericalMuon); and at ``--update-point`` the residual updates ``ngpt``
-(LERP), ``ngpt-slerp`` and ``ngpt-riemannian``. A Muon arm's sweep moves ``optim.lr``, which
-sets the AdamW / RiemannianAdam rate and the Muon rate together (``optim.muon_lr = -1``).
+``ngpt-muon`` (SphericalMuon), ``gpt-adamh`` and ``gpt-muonh`` (Hyperball: the hidden matrices
+on whole-matrix spheres); and at ``--update-point`` the residual updates ``ngpt`` (LERP),
+``ngpt-slerp`` and ``ngpt-riemannian``. A Muon arm's sweep moves ``optim.lr``, which sets the
+AdamW / RiemannianAdam rate and the Muon rate together (``optim.muon_lr = -1``: with the
+RMS-matching step the rates transfer). A Hyperball arm's sweep moves ``optim.matrix_lr`` (an
+angle per step, a scale of its own), with its AdamW part at GPT's best rate at the point, so
+GPT's sweep runs first.
 
 Resumable: every finished run is appended as one JSON line (its validation curve) to
 ``RESULTS/runs.jsonl``, and a run found there is not trained again, so a study committed to the
@@ -64,6 +68,13 @@ from _machine import cpu_name  # noqa: E402
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.train import DEFAULT_CONFIG  # noqa: E402
 
+#: Arms whose sweep moves ``optim.matrix_lr`` (the hidden matrices' angle per step), with
+#: ``optim.lr`` (the AdamW part: embeddings, head, gains) at the best rate of the named arm at the
+#: same point and budget; that arm's sweep runs first.
+MATRIX_RATE_ARMS = {"gpt-adamh": "gpt", "gpt-muonh": "gpt"}
+#: Where a matrix-rate sweep starts: an AdamW step of lr on a matrix of init std 0.02 turns it by
+#: about lr / 0.02, so GPT's rates (0.003-0.01) correspond to angles of about 0.15-0.5.
+MATRIX_START_LR = 0.1
 OPTIMIZER_ARMS = ["gpt", "ngpt-adam_normalize", "ngpt", "gpt-muon", "ngpt-muon", "gpt-adamh", "gpt-muonh"]
 UPDATE_ARMS = ["ngpt", "ngpt-slerp", "ngpt-riemannian"]
 DEFAULT_POINTS = ["tiny@64", "tiny@256", "tiny@1024", "cpu@256"]
@@ -193,9 +204,27 @@ class Study:
             threads=a.threads,
         )
 
-    def spec(self, point: Point, arm: str, lr: float) -> str:
+    def base_lr(self, point: Point, arm: str) -> float | None:
+        """For a :data:`MATRIX_RATE_ARMS` arm, the AdamW part's rate: the best rate of the arm it
+        names at this point (its sweep ran first); None for the other arms."""
+        if arm not in MATRIX_RATE_ARMS:
+            return None
+        lr, _ = chosen(self.ledger, str(point), MATRIX_RATE_ARMS[arm], self.args.sweep_seed)
+        if lr is None:
+            raise SystemExit(
+                f"error: {arm} at {point} takes {MATRIX_RATE_ARMS[arm]}'s best rate for its AdamW part, and "
+                f"{MATRIX_RATE_ARMS[arm]} has no sweep there: add {MATRIX_RATE_ARMS[arm]} to --arms"
+            )
+        return lr
+
+    def spec(self, point: Point, arm: str, lr: float, base: float | None = None) -> str:
+        """The run's variant spec; ``base``: the AdamW part's rate of a matrix-rate arm (default:
+        :meth:`base_lr`)."""
         _, items = compare.variant_overrides(arm, point.size)
-        items = [*items, f"optim.lr={lr:g}"]
+        base = self.base_lr(point, arm) if base is None and arm in MATRIX_RATE_ARMS else base
+        items = (
+            [*items, f"optim.lr={lr:g}"] if base is None else [*items, f"optim.lr={base:g}", f"optim.matrix_lr={lr:g}"]
+        )
         if arm.startswith("gpt"):
             items.append(f"optim.warmup_steps={max(1, round(0.05 * self.args.steps))}")
         return f"{arm}_lr{convergence.lr_tag(lr)}:{','.join(items)}"
@@ -223,6 +252,7 @@ class Study:
             "steps": curve.get("steps", []),
             "val_loss": curve.get("val_loss", []),
             "tokens": curve.get("tokens", []),
+            **({"adamw_lr": self.base_lr(point, arm)} if arm in MATRIX_RATE_ARMS else {}),
             "wall_s": round(wall_s, 1),
             "date": datetime.date.today().isoformat(),
         }
@@ -251,28 +281,39 @@ class Study:
         point, ``--jobs`` runs at a time across the arms."""
         print(f"== {point}: {', '.join(arms)}", flush=True)
         seed0 = self.args.sweep_seed
-        default = {arm: self.args.gpt_lr if arm.startswith("gpt") else self.args.ngpt_lr for arm in arms}
+        default = {
+            arm: MATRIX_START_LR
+            if arm in MATRIX_RATE_ARMS
+            else self.args.gpt_lr
+            if arm.startswith("gpt")
+            else self.args.ngpt_lr
+            for arm in arms
+        }
         start = {**default, **getattr(self.args, "start_lr", {})}  # a study may centre each arm's grid
-        grid = {arm: self.args.grid or lr_grid(start[arm]) for arm in arms}
+        grid = {arm: (self.args.grid if arm not in MATRIX_RATE_ARMS else None) or lr_grid(start[arm]) for arm in arms}
         with ThreadPoolExecutor(max_workers=self.args.jobs) as pool:
 
             def run_all(jobs: list[tuple[str, float, int]]) -> None:
                 list(pool.map(lambda job: self.run(point, *job), jobs))
 
-            run_all([(arm, lr, seed0) for arm in arms for lr in grid[arm]])
-            while True:
-                more = []
-                for arm in arms:
-                    finals = self.sweep_finals(point, arm)
-                    extensions = sum(lr not in grid[arm] for lr in finals)
-                    lr = next_lr(finals, extensions, self.args.max_extend)
-                    if lr is not None:
-                        more.append((arm, lr, seed0))
-                if not more:
-                    break
-                if self.bar is not None:
-                    self.bar.total += len(more)
-                run_all(more)
+            def sweep(group: list[str]) -> None:
+                run_all([(arm, lr, seed0) for arm in group for lr in grid[arm]])
+                while True:
+                    more = []
+                    for arm in group:
+                        finals = self.sweep_finals(point, arm)
+                        extensions = sum(lr not in grid[arm] for lr in finals)
+                        lr = next_lr(finals, extensions, self.args.max_extend)
+                        if lr is not None:
+                            more.append((arm, lr, seed0))
+                    if not more:
+                        break
+                    if self.bar is not None:
+                        self.bar.total += len(more)
+                    run_all(more)
+
+            sweep([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
+            sweep([arm for arm in arms if arm in MATRIX_RATE_ARMS])  # their AdamW part: the rate just found
             best = {}
             for arm in arms:
                 finals = self.sweep_finals(point, arm)
@@ -388,7 +429,9 @@ def write_results(args: argparse.Namespace, ledger: Ledger, plots: bool = True) 
         "per seed in parentheses; ≥: the arm was at the target by its first evaluation (step "
         f"{args.eval_every}), so the ratio is a lower bound and {args.steps // args.eval_every}x is the most "
         "this budget can measure. Every arm at its own best rate (bold) of the sweep (seed "
-        f"{args.sweep_seed}); bracketed: a tried rate on both sides of it. Final val loss: at equal tokens, "
+        f"{args.sweep_seed}); bracketed: a tried rate on both sides of it. The Hyperball arms' rate is "
+        "`optim.matrix_lr` (the angle a step turns a hidden matrix by), their AdamW part at GPT's bold rate "
+        "at the point. Final val loss: at equal tokens, "
         "mean ± std over the seeds. This file is rewritten after every run; rows appear as arms finish.\n\n"
         + "\n".join(lines)
         + "\n"
@@ -558,7 +601,9 @@ def main(argv: list[str] | None = None) -> int:
         *(
             [
                 *convergence.shared_overrides(study.point_args(pt)),
-                *compare.variant_overrides(study.spec(pt, a, 1e-3), pt.size)[1],
+                *compare.variant_overrides(study.spec(pt, a, 1e-3, 1e-3 if a in MATRIX_RATE_ARMS else None), pt.size)[
+                    1
+                ],
             ]
             for pt in args.points
             for a in arms_at(args, pt)

@@ -104,6 +104,9 @@ STUDIED_RATES: dict[str, dict[str, dict[int, float]]] = {
 # Variants that take another arm's rates: the same optimizer (the residual update does not move
 # the best rate: the scaling study found one rate for LERP, SLERP and Riemannian at tiny@256).
 RATE_OF = {"ngpt-lerp": "ngpt", "ngpt-adam_normalize": "ngpt", "ngpt-slerp": "ngpt", "ngpt-riemannian": "ngpt"}
+# Variants whose studied rate is optim.matrix_lr (the hidden matrices' angle per step); their
+# AdamW part takes the named arm's studied rate as optim.lr, as in the studies.
+MATRIX_RATE_OF = {"gpt-adamh": "gpt", "gpt-muonh": "gpt"}
 GPT_WARMUP_FRACTION, GPT_WARMUP_MAX = 0.05, 2000
 
 
@@ -129,7 +132,9 @@ def fair_defaults(variants: list[tuple[str, list[str]]], specs: list[str], size:
         own = {o.split("=", 1)[0] for o in extra}
         extra = list(extra)
         builtin = ":" not in spec
-        if "optim.lr" in given | own:
+        if builtin and name in MATRIX_RATE_OF:
+            notes.append(_matrix_rate_defaults(name, size, steps, given | own, extra))
+        elif "optim.lr" in given | own:
             notes.append(f"{name}: lr from the command line")
         elif builtin and (rate := studied_rate(name, size, steps)) is not None:
             extra.append(f"optim.lr={rate[0]:g}")
@@ -142,6 +147,22 @@ def fair_defaults(variants: list[tuple[str, list[str]]], specs: list[str], size:
             notes[-1] += f"; warmup {warmup} steps (5% of {steps}, at most {GPT_WARMUP_MAX})"
         out.append((name, extra))
     return out, notes
+
+
+def _matrix_rate_defaults(name: str, size: str, steps: int, given: set[str], extra: list[str]) -> str:
+    """A Hyperball variant's two rates (appended to ``extra`` unless given): ``optim.lr`` (its
+    AdamW part) at the base arm's studied rate, ``optim.matrix_lr`` at its own; the note says so."""
+    parts = []
+    for key, arm in (("optim.lr", MATRIX_RATE_OF[name]), ("optim.matrix_lr", name)):
+        label = "lr" if key == "optim.lr" else "matrix_lr"
+        if key in given:
+            parts.append(f"{label} from the command line")
+        elif (rate := studied_rate(arm, size, steps)) is not None:
+            extra.append(f"{key}={rate[0]:g}")
+            parts.append(f"{label} {rate[0]:g} ({rate[1]})")
+        else:
+            parts.append(f"{label} of the config (no studied rate for {arm} at size {size})")
+    return f"{name}: " + "; ".join(parts)
 
 
 def check_warmups(config: str | Path, variants: list[tuple[str, list[str]]], shared: list[str]) -> None:

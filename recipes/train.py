@@ -325,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             gradient=o.gradient,
             sphere_kernel=o.sphere_kernel,
             muon_lr=None if o.muon_lr < 0 else o.muon_lr,
+            matrix_lr=None if o.matrix_lr < 0 else o.matrix_lr,
             muon_momentum=o.muon_momentum,
         )
     except (TypeError, ValueError) as exc:

@@ -135,7 +135,10 @@ def raised_in_spherenet(excinfo) -> bool:
 # configuration values (ConfigError before any work; exit 2)
 
 CONFIG_CASES = {
-    "unknown_key": ("train.stepz=3", "unknown config key train.stepz; did you mean train.steps? (valid keys of [train]:"),
+    "unknown_key": (
+        "train.stepz=3",
+        "unknown config key train.stepz; did you mean train.steps? (valid keys of [train]:",
+    ),
     "unknown_section": ("trian.steps=3", "unknown config section [trian]"),
     "no_equals": ("train.steps", "override 'train.steps' is not of the form section.key=value"),
     "no_section": ("steps=3", "override key 'steps' must be section.key"),

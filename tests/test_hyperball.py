@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import math
 import os
 import socket
 
@@ -246,6 +247,28 @@ def test_build_optimizer_trains_gpt_with_every_block_matrix_norm_unchanged(metho
     assert float(loss.detach()) < first - 1.0  # it learns
     worst = max(abs(float(frob(p.detach())) / radius[name] - 1) for name, p, _ in matrices)
     assert worst <= 1e-5, worst
+
+
+@pytest.mark.parametrize("method", ["adamh", "muonh"])
+def test_matrix_lr_is_the_matrices_angle_per_step_and_lr_stays_adamws(method):
+    torch.manual_seed(0)
+    model = from_preset("gpt-tiny", max_seq_len=32)
+    optimizer, _ = build_optimizer(model, method, lr=1e-3, matrix_lr=0.05, total_steps=10, warmup_steps=0)
+    matrix_ids = {id(p) for _, p, _ in declared_matrix_spheres(model)}
+    rates = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    assert {rates[i] for i in matrix_ids} == {0.05}
+    assert {lr for i, lr in rates.items() if i not in matrix_ids} == {1e-3}
+    before = {i: p.detach().clone() for i, p in ((id(p), p) for p in model.parameters()) if i in matrix_ids}
+    data = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(1))
+    nn.functional.cross_entropy(model(data[:, :-1]).flatten(0, 1), data[:, 1:].flatten()).backward()
+    optimizer.step()
+    for p in model.parameters():
+        if id(p) in matrix_ids:  # W <- R Normalize(W - lr R Normalize(u)): a move of norm lr R
+            w0, w1 = before[id(p)].double().flatten(), p.detach().double().flatten()
+            angle = float(torch.arccos((w0 @ w1 / (w0.norm() * w1.norm())).clamp(-1, 1)))
+            assert 0.5 * math.atan(0.05) < angle <= math.asin(0.05) + 1e-9, angle  # asin(lr): the largest turn
+    with pytest.raises(ValueError, match="matrix_lr must be > 0"):
+        build_optimizer(from_preset("gpt-tiny"), method, lr=1e-3, matrix_lr=0.0, total_steps=10, warmup_steps=0)
 
 
 def test_weight_decay_is_refused_on_matrix_sphere_groups():

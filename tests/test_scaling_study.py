@@ -197,3 +197,47 @@ def test_a_ratio_reached_at_the_first_evaluation_is_reported_as_a_lower_bound(sc
     gpt_row = next(line for line in table.splitlines() if "| gpt |" in line)
     assert "≥" not in gpt_row
     assert "3x is the most this budget can measure" in table
+
+
+def test_a_hyperball_arm_sweeps_its_matrix_rate_after_gpt_with_gpts_rate_for_its_adamw_part(
+    scaling, tmp_path, monkeypatch
+):
+    """The runs are faked (their curves a function of the rates); what is real is the order, the
+    overrides each run gets and what the ledger records."""
+    specs = []
+
+    def fake_train_one(pargs, spec, seed, say):
+        name, extra = scaling.compare.variant_overrides(spec, pargs.size)
+        specs.append((name, dict(item.split("=", 1) for item in extra), seed))
+        run_dir = pargs.runs / name / f"seed{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.jsonl").write_text("")
+        return name, seed, 0
+
+    def fake_curve(run_dir):
+        _, extra, _ = next(s for s in specs if s[0] == run_dir.parent.name)
+        rate = float(extra.get("optim.matrix_lr", extra["optim.lr"]))
+        best = 0.1 if "optim.matrix_lr" in extra else 0.01
+        return {"steps": [2, 4], "val_loss": [3.0, 2.0 + abs(math.log(rate / best))], "tokens": [128, 256]}
+
+    monkeypatch.setattr(scaling.convergence, "train_one", fake_train_one)
+    monkeypatch.setattr(scaling.compare, "read_curve", fake_curve)
+    monkeypatch.setattr(scaling.compare, "finished", lambda run_dir: True)
+    argv = ["--points", "tiny@16", "--arms", "gpt-adamh", "gpt", "--update-point", "", "--seeds", "0", "1",
+            "--steps", "4", "--tokens-per-step", "64", "--eval-every", "2", "--eval-batches", "1", "--jobs", "2",
+            "--data", "stdlib", "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results"),
+            "--no-progress"]  # fmt: skip  # options beside their values
+    assert scaling.main(argv) == 0
+    first_adamh = next(i for i, (name, _, _) in enumerate(specs) if name.startswith("gpt-adamh"))
+    gpt_sweep = [i for i, (name, _, seed) in enumerate(specs) if name.startswith("gpt_") and seed == 0]
+    assert max(gpt_sweep) < first_adamh  # GPT's whole sweep first
+    adamh = [extra for name, extra, _ in specs if name.startswith("gpt-adamh")]
+    assert {extra["optim.lr"] for extra in adamh} == {"0.01"}  # GPT's best rate for the AdamW part
+    assert {float(extra["optim.matrix_lr"]) for extra in adamh} >= {0.03, 0.1, 0.3}  # the grid around 0.1
+    rows = [json.loads(line) for line in (tmp_path / "results" / "runs.jsonl").read_text().splitlines()]
+    assert all(r["adamw_lr"] == 0.01 for r in rows if r["arm"] == "gpt-adamh")
+    assert scaling.chosen(scaling.Ledger(tmp_path / "results" / "runs.jsonl"), "tiny@16", "gpt-adamh", 0) == (
+        0.1,
+        True,
+    )
+    assert "`optim.matrix_lr`" in (tmp_path / "results" / "scaling.md").read_text()

@@ -143,9 +143,8 @@ class ByteTokenizer(Tokenizer):
         a BPE model without merges whose 256 tokens ``<0x00>`` ... ``<0xFF>`` are the bytes (every
         character falls back to its UTF-8 bytes, so token id = byte value), plus
         ``<|endoftext|>`` as id 256 for the 257-token variant."""
-        from tokenizers import AddedToken
+        from tokenizers import AddedToken, decoders, models
         from tokenizers import Tokenizer as _Tokenizers
-        from tokenizers import decoders, models
 
         tok = _Tokenizers(models.BPE(vocab={f"<0x{i:02X}>": i for i in range(256)}, merges=[], byte_fallback=True))
         tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])

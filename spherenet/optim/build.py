@@ -31,7 +31,12 @@
   as ``W <- R Normalize(W - lr R Normalize(u))`` with ``u`` Adam's direction; the embeddings,
   the output head and the vectors keep AdamW (Table 3's GPT settings);
 - ``"muonh"``: the same with MuonH: :class:`SphericalMuon` on those matrices (``u`` is Muon's
-  orthogonalized momentum, at ``muon_lr``), AdamW on the rest.
+  orthogonalized momentum), AdamW on the rest.
+
+  In both, ``matrix_lr`` (default ``lr``) is the matrices' rate: the angle, in radians, that a
+  step turns a matrix by at the schedule's peak, a quantity with its own scale (an AdamW step of
+  ``lr`` on a matrix of init std 0.02 turns it by about ``lr / 0.02``); ``lr`` stays the AdamW
+  part's.
 
 The Muon recipes return one :class:`CombinedOptimizer`. Their Muon learning rate
 (``muon_lr``) defaults to ``lr``: with the RMS-matching step size (Liu et al. 2025) the Muon
@@ -120,6 +125,7 @@ def build_optimizer(
     sphere_kernel: str = "auto",
     muon_lr: float | None = None,
     muon_momentum: float = 0.95,
+    matrix_lr: float | None = None,
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
     """Build the optimizer and the LR schedule of one of the paper's recipes (Table 3).
 
@@ -138,8 +144,9 @@ def build_optimizer(
 
     ``muon_lr`` (``None``: ``lr``) and ``muon_momentum`` apply to the Muon methods only: the
     learning rate and momentum of the Muon part (the hidden matrices: every 2-D weight but the
-    embeddings and output layers, see :func:`spherenet.optim.hidden_matrices`); ``lr``, ``betas`` and ``eps`` are the
-    Adam part's.
+    embeddings and output layers, see :func:`spherenet.optim.hidden_matrices`); ``lr``, ``betas``
+    and ``eps`` are the Adam part's. ``matrix_lr`` (``None``: ``lr``) applies to ``"adamh"`` and
+    ``"muonh"``: the hidden matrices' rate (an angle per step); ``muon_momentum`` is MuonH's too.
 
     Raises ``ValueError`` naming the bad value (unknown method, ``lr <= 0``,
     ``total_steps <= 0``, ``warmup_steps >= total_steps``, negative weight decay, betas outside
@@ -177,6 +184,9 @@ def build_optimizer(
     if gradient not in GRADIENTS:
         raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}")
     betas = (float(betas[0]), float(betas[1]))
+    if method in HYPERBALL_METHODS:
+        matrix_lr = lr if matrix_lr is None else matrix_lr
+        check_positive_float("matrix_lr", matrix_lr)
     if method in MUON_METHODS:
         muon_lr = lr if muon_lr is None else muon_lr
         check_positive_float("muon_lr", muon_lr)
@@ -225,7 +235,7 @@ def build_optimizer(
         optimizer = _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, muon_momentum)
     elif method in HYPERBALL_METHODS:
         optimizer = _hyperball(
-            model, method, sphere, weight_decay, lr, betas, eps, gradient, fused, muon_lr, muon_momentum
+            model, method, sphere, weight_decay, lr, betas, eps, gradient, fused, matrix_lr, muon_momentum
         )
     else:
         if sphere:
@@ -315,7 +325,7 @@ def declare_hidden_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Ten
     return hidden
 
 
-def _hyperball(model, method, sphere, weight_decay, lr, betas, eps, gradient, fused, muon_lr, momentum):
+def _hyperball(model, method, sphere, weight_decay, lr, betas, eps, gradient, fused, matrix_lr, momentum):
     """AdamH / MuonH on the hidden matrices (declared on whole-matrix spheres), AdamW on the rest."""
     if sphere:
         raise ValueError(
@@ -331,8 +341,11 @@ def _hyperball(model, method, sphere, weight_decay, lr, betas, eps, gradient, fu
     hidden_ids = {id(p) for _, p in hidden}
     if method == "adamh":
         groups = param_groups(model, weight_decay)  # the matrix_sphere group, then AdamW's groups
+        for group in groups:
+            if group["manifold"] == MATRIX_SPHERE:
+                group["lr"] = matrix_lr
         return RiemannianAdam(groups, lr=lr, betas=betas, eps=eps, gradient=gradient, model=model, fused=fused)
-    muon = SphericalMuon([{"params": hidden, "manifold": MATRIX_SPHERE}], lr=muon_lr, momentum=momentum)
+    muon = SphericalMuon([{"params": hidden, "manifold": MATRIX_SPHERE}], lr=matrix_lr, momentum=momentum)
     rest = _torch_groups(model, weight_decay, fused, exclude=hidden_ids)
     parts: list[torch.optim.Optimizer] = [muon]
     if rest:

@@ -79,8 +79,11 @@ class OptimSection:
     sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | triton | foreach
     grad_clip: float = 0.0  # 0 = off
     reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift
-    muon_lr: float = -1.0  # spherical_muon | muon | muonh: lr of the Muon part; < 0: optim.lr
-    muon_momentum: float = 0.95  # spherical_muon | muon: Muon's momentum, in [0, 1)
+    muon_lr: float = -1.0  # spherical_muon | muon: lr of the Muon part; < 0: optim.lr
+    muon_momentum: float = 0.95  # spherical_muon | muon | muonh: Muon's momentum, in [0, 1)
+    # adamh | muonh: the hidden matrices' rate, the angle (radians) a step turns a matrix by at the
+    # schedule's peak; < 0: optim.lr. optim.lr stays the AdamW part's (embeddings, head, gains).
+    matrix_lr: float = -1.0
 
 
 @dataclass
@@ -188,8 +191,9 @@ class RunConfig:
                 raise ConfigError(f"{section}.{key} must be >= 0, got {value!r}")
         if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
             raise ConfigError(f"optim.beta1/beta2 must be in [0, 1), got {self.optim.beta1}, {self.optim.beta2}")
-        if self.optim.muon_lr == 0:
-            raise ConfigError("optim.muon_lr must be > 0 (or < 0 for optim.lr), got 0.0")
+        for key in ("muon_lr", "matrix_lr"):
+            if getattr(self.optim, key) == 0:
+                raise ConfigError(f"optim.{key} must be > 0 (or < 0 for optim.lr), got 0.0")
         if not 0.0 <= self.optim.muon_momentum < 1.0:
             raise ConfigError(f"optim.muon_momentum must be in [0, 1), got {self.optim.muon_momentum!r}")
         if not 0.0 < self.data.val_fraction < 1.0:
