@@ -39,6 +39,7 @@ from recipes.resume import (
     extend_schedule,
     plan_resume,
     restore_position,
+    run_in_directory,
 )
 from spherenet.analysis import eigen_learning_rates, sphere_norm_error
 from spherenet.checkpoint import (
@@ -184,15 +185,24 @@ def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.
     return model.to(device)
 
 
-def check_resume_target(out_dir: Path, ckpt: CheckpointManager) -> None:
+def check_resume_target(out_dir: Path, ckpt: CheckpointManager, claimed: bool) -> None:
     """``--resume`` continues a run: refused, naming what is there instead, when ``out_dir``
-    holds none (before the directory is created or locked)."""
+    holds none. Before the directory is claimed (``claimed=False``): a missing directory and an
+    exported model; after (the lock taken, so that a directory another trainer is filling is
+    reported as in use): a directory without checkpoints."""
     if ckpt.checkpoints():
         return  # verified (and a damaged one named) when it is loaded
-    if is_exported(out_dir):
+    if not claimed and is_exported(out_dir):
         raise ConfigError(
             f"--resume: train.out_dir {out_dir} is an exported model, not a run; to fine-tune from it, "
             f"train.init_from={out_dir} with another train.out_dir (and no --resume)"
+        )
+    if not claimed and out_dir.exists():
+        return
+    if out_dir.exists() and run_in_directory(out_dir):  # a run that stopped before its first checkpoint
+        raise ConfigError(
+            f"--resume: train.out_dir {out_dir} holds a run's {run_in_directory(out_dir)} but no checkpoint (it "
+            "stopped before its first): nothing to continue; start it afresh with --overwrite (its files move aside)"
         )
     what = "does not exist" if not out_dir.exists() else f"holds no checkpoint (no {ckpt.directory.name}/step_*)"
     raise ConfigError(
@@ -271,8 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     # torchrun --max-restarts: a restarted worker group continues from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if args.resume and not restarted:
-        check_resume_target(out_dir, ckpt)
+        check_resume_target(out_dir, ckpt, claimed=False)  # before the directory is made
     _lock = claim_run_directory(out_dir, args.resume or restarted, args.overwrite, info.is_main)  # held to the end
+    if args.resume and not restarted:
+        check_resume_target(out_dir, ckpt, claimed=True)  # another trainer's run is refused as in use first
     plan = None
     if args.resume or restarted:  # a refusal costs nothing
         found = ckpt.latest_verified()

@@ -374,7 +374,7 @@ def test_analyze_without_extrapolation_and_labels(runs):
 @pytest.mark.parametrize(
     "extra, needle",
     [
-        ([], "no checkpoint found"),
+        ([], "no run directory, checkpoint or exported model"),
         (["--factors", "0"], "--factors"),
     ],
 )

@@ -96,6 +96,12 @@ def test_resume_into_a_directory_without_a_run_is_refused(corpus, run_and_export
     assert not (tmp_path / "empty").exists()  # refused before the directory is made
     assert train(corpus, exported, "--resume") == 2
     assert "is an exported model, not a run" in capsys.readouterr().err
+    stopped = tmp_path / "stopped"  # a run that ended before its first checkpoint
+    stopped.mkdir()
+    (stopped / "metrics.jsonl").write_text('{"event": "start"}\n')
+    assert train(corpus, stopped, "--resume") == 2
+    assert "but no checkpoint (it stopped before its first)" in capsys.readouterr().err
+    assert train(corpus, stopped, "--overwrite") == 0  # and the way out it names works
     assert not (exported / "checkpoints").exists()
 
 

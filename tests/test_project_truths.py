@@ -51,6 +51,16 @@ def _commands(text: str) -> list[list[str]]:
     return commands
 
 
+def _config(name: str) -> Path:
+    """A ``--config`` value as the trainer reads it: a path from the repository root, or the name
+    of a shipped config (``recipes.train.resolve_config``)."""
+    path = ROOT / name
+    if path.is_file():
+        return path
+    shipped = ROOT / "recipes" / "configs" / (name if name.endswith(".toml") else f"{name}.toml")
+    return shipped if "/" not in name else path
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=_doc_id)
 def test_named_configs_exist_and_load(doc):
     text = doc.read_text()
@@ -58,8 +68,9 @@ def test_named_configs_exist_and_load(doc):
     for cmd in _commands(text):
         named.update(cmd[i + 1] for i, word in enumerate(cmd[:-1]) if word == "--config")
     for path in sorted(named):
-        assert (ROOT / path).is_file(), f"{doc.name} names {path}, which does not exist"
-        load_config(ROOT / path)  # a ConfigError names the bad key
+        found = _config(path)
+        assert found.is_file(), f"{doc.name} names {path}, which does not exist"
+        load_config(found)  # a ConfigError names the bad key
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=_doc_id)
@@ -71,7 +82,7 @@ def test_training_commands_parse(doc):
             continue
         config = cmd[cmd.index("--config") + 1] if "--config" in cmd else None
         overrides = [w for w in cmd if re.match(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*=", w)]
-        load_config(ROOT / config if config else None, overrides)
+        load_config(_config(config) if config else None, overrides)
         checked += 1
     if doc.name == "README.md":
         assert checked >= 5  # the scan does see the README's commands
