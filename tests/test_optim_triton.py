@@ -171,3 +171,44 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
     x, m, v = x.float(), m.float(), v.float()
     with pytest.raises(RuntimeError, match="CPU tensors need TRITON_INTERPRET=1"):
         kernel_step(x, torch.zeros_like(x), m, v, 1, False, True)
+
+
+@pytest.mark.parametrize("rows, d", [(2, 7), (37, 64), (130, 33)])
+def test_normalize_rows_matches_the_float64_reference(rows, d):
+    g = torch.Generator().manual_seed(rows * d)
+    x64 = (
+        torch.randn(rows, d, generator=g, dtype=torch.float64)
+        * torch.logspace(-3, 3, rows, dtype=torch.float64)[:, None]
+    )
+    x64[0] = 0.0  # a zero row has no direction: it stays zero
+    x = x64.float().to(DEVICE)
+    triton_kernel.normalize_rows_([x])
+    want = x64.float().double()
+    want = want / want.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    assert torch.equal(x[0].cpu(), torch.zeros(d))
+    assert (x.cpu().double() - want).abs().max() < 1e-6
+    assert ((x[1:].cpu().double().norm(dim=-1) - 1).abs().max()) < 1e-6
+
+
+def test_normalize_hook_takes_the_triton_kernel_where_the_optimizer_does(monkeypatch):
+    """``adam_normalize``'s tail (normalize_) on the Triton kernel under SPHERENET_KERNELS=triton,
+    equal to the _foreach path's result."""
+    from spherenet.models import from_preset
+    from spherenet.optim import kernel_choice, normalize_
+
+    model = from_preset("ngpt-tiny").to(DEVICE)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5).add_(0.01)  # off the sphere
+    reference = from_preset("ngpt-tiny").to(DEVICE)
+    reference.load_state_dict(model.state_dict())
+    calls = []
+    real = triton_kernel.normalize_rows_
+    monkeypatch.setattr(triton_kernel, "normalize_rows_", lambda xs, *a: calls.append(len(xs)) or real(xs, *a))
+    monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", "triton")
+    assert normalize_(model) == len(model.sphere_weights())
+    assert calls == [len(model.sphere_weights())]  # every sphere tensor in the kernel
+    monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", "torch")
+    normalize_(reference)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name

@@ -17,6 +17,9 @@ the algorithm of :mod:`spherenet.optim.riemannian_adam` (whose native CPU kernel
 signature as :func:`sphere_adam_`; ``project``: the riemannian gradient). One launch per tensor. On CPU tensors it runs only under
 Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported), which is how the tests
 run it; its float64 parameters are stepped in float32.
+
+:func:`normalize_rows_` is the paper's renormalization after a Euclidean step (``adam_normalize``,
+:func:`spherenet.optim.normalize_`) as one pass of the same shape: 8 bytes per float32 parameter.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["sphere_adam_"]
+__all__ = ["sphere_adam_", "normalize_rows_"]
 
 ELEMENTS_PER_PROGRAM = 4096
 
@@ -93,3 +96,34 @@ def sphere_adam_(
             x, g, m, v, n_rows, d, step_size, 1.0 / bias2_sqrt, beta1, beta2, eps, tiny,
             ROW_V=row_v, PROJECT=project, BLOCK_D=block_d, ROWS=rows,
         )  # fmt: skip  # one launch
+
+
+@triton.jit
+def _normalize_rows(X, n_rows, d, tiny, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    offs = rows[:, None] * d + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    norm = tl.sqrt(tl.sum(x * x, axis=1))
+    tl.store(X + offs, (x / tl.maximum(norm, tiny)[:, None]).to(X.dtype.element_ty), mask=mask)
+
+
+def normalize_rows_(xs, tiny: float = 1e-30) -> None:
+    """``x <- x / ||x||`` row by row, in place, for every tensor of ``xs`` (the sphere's ``retr``,
+    Section 2.6 step 2): one read and one write per element (8 bytes per float32 parameter),
+    norms in float32, a zero row left zero. Every tensor must be contiguous."""
+    for x in xs:
+        d = x.shape[-1] if x.dim() else 0
+        n_rows = x.numel() // d if d else 0
+        if n_rows == 0:
+            continue
+        if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "normalize_rows_ (Triton): CPU tensors need TRITON_INTERPRET=1 (set before Triton is imported)"
+            )
+        if not x.is_contiguous():
+            raise ValueError(f"normalize_rows_ (Triton): the parameter of shape {tuple(x.shape)} is not contiguous")
+        block_d = triton.next_power_of_2(d)
+        rows = max(1, min(64, ELEMENTS_PER_PROGRAM // block_d))
+        _normalize_rows[(triton.cdiv(n_rows, rows),)](x, n_rows, d, tiny, BLOCK_D=block_d, ROWS=rows)
