@@ -100,6 +100,9 @@ STUDIED_RATES: dict[str, dict[str, dict[int, float]]] = {
     "ngpt-tangent": {"tiny": {100: 1e-1}, "cpu": {100: 3e-2}},
     "gpt-muon": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 1e-2}, "cpu": {100: 3e-2}},
     "ngpt-muon": {"tiny": {100: 3e-2}, "cpu": {100: 3e-2}},
+    # optim.matrix_lr (the hidden matrices' angle per step), with optim.lr at GPT's rate above
+    "gpt-adamh": {"tiny": {100: 1e-1, 400: 1e-1, 1600: 3e-2}, "cpu": {100: 3e-2}},
+    "gpt-muonh": {"tiny": {100: 3e-1, 400: 1e-1, 1600: 3e-2}, "cpu": {100: 1e-1}},
 }
 # Variants that take another arm's rates: the same optimizer (the residual update does not move
 # the best rate: the scaling study found one rate for LERP, SLERP and Riemannian at tiny@256).
@@ -154,12 +157,13 @@ def _matrix_rate_defaults(name: str, size: str, steps: int, given: set[str], ext
     AdamW part) at the base arm's studied rate, ``optim.matrix_lr`` at its own; the note says so."""
     parts = []
     for key, arm in (("optim.lr", MATRIX_RATE_OF[name]), ("optim.matrix_lr", name)):
-        label = "lr" if key == "optim.lr" else "matrix_lr"
+        label = "AdamW lr" if key == "optim.lr" else "matrix_lr"
         if key in given:
             parts.append(f"{label} from the command line")
         elif (rate := studied_rate(arm, size, steps)) is not None:
             extra.append(f"{key}={rate[0]:g}")
-            parts.append(f"{label} {rate[0]:g} ({rate[1]})")
+            via = f"{arm}'s " if arm != name else ""
+            parts.append(f"{label} {rate[0]:g} ({via}{rate[1]})")
         else:
             parts.append(f"{label} of the config (no studied rate for {arm} at size {size})")
     return f"{name}: " + "; ".join(parts)

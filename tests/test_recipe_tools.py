@@ -357,3 +357,14 @@ def test_the_readme_compare_command_runs_as_written(monkeypatch, tmp_path, capsy
     assert set(seen) == {"gpt", "ngpt", "ngpt-slerp", "ngpt-riemannian", "ngpt-adam_normalize"}
     assert all(any(o.startswith("optim.lr=") for o in extra) for extra in seen.values())
     assert "Learning rates: gpt: lr" in (tmp_path / "compare" / "compare.md").read_text()
+
+
+def test_a_hyperball_variant_gets_gpts_rate_for_adamw_and_its_own_matrix_rate():
+    variants = [compare.variant_overrides(v, "tiny") for v in ("gpt", "gpt-adamh")]
+    fair, notes = compare.fair_defaults(variants, ["gpt", "gpt-adamh"], "tiny", [], 1600)
+    assert "optim.lr=0.003" in fair[1][1] and "optim.matrix_lr=0.03" in fair[1][1]
+    assert "AdamW lr 0.003 (gpt's best bracketed rate" in notes[1] and "matrix_lr 0.03 (best bracketed rate" in notes[1]
+    fair, notes = compare.fair_defaults(variants, ["gpt", "gpt-adamh"], "tiny", ["optim.matrix_lr=0.2"], 1600)
+    assert (
+        not any(o.startswith("optim.matrix_lr") for o in fair[1][1]) and "matrix_lr from the command line" in notes[1]
+    )
