@@ -250,3 +250,22 @@ def test_from_preset_model_still_matches_after_its_export(run_and_export):
     fresh = from_preset("ngpt-tiny", max_seq_len=32, vocab_size=256)
     loaded = load_pretrained(exported)
     assert any(not torch.equal(p, q) for p, q in zip(fresh.parameters(), loaded.parameters()))
+
+
+def test_init_from_under_torchrun_fsdp_with_two_gloo_ranks(corpus, run_and_export, tmp_path):
+    """Each rank loads the exported weights before sharding; the FSDP run's first checkpoint,
+    after one step at lr ~ 0, holds them."""
+    _, exported = run_and_export
+    out = tmp_path / "fsdp"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "recipes.train",
+        *TINY, "train.steps=1", "train.checkpoint_every=1", "optim.lr=1e-12", "--parallel", "fsdp", "--device", "cpu",
+        f"train.init_from={exported}", f"train.out_dir={out}", f"data.source={corpus / 'c.txt'}",
+        f"data.cache_dir={corpus / 'cache'}",
+    ]  # fmt: skip  # the launcher's options, then the trainer's
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "init_from: weights of" in done.stdout
+    tuned, start = load_trained(out).model, load_pretrained(exported)
+    for (name, p), q in zip(start.named_parameters(), tuned.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
