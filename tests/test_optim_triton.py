@@ -20,7 +20,7 @@ IDS = ["element-euclidean", "element-riemannian", "row-euclidean", "row-riemanni
 LR, BETAS, EPS, TINY = 1e-2, (0.9, 0.95), 1e-8, 1e-30
 
 
-def reference_step(x, g, m, v, t, row_v, euclidean):
+def reference_step(x, g, m, v, t, row_v, euclidean, lr=LR):
     """One step in float64, as docs/paper.md states it (in place)."""
     b1, b2 = BETAS
     u = g if euclidean else g - (x * g).sum(-1, keepdim=True) * x  # tangent projection
@@ -31,7 +31,7 @@ def reference_step(x, g, m, v, t, row_v, euclidean):
     else:
         v.mul_(b2).add_((1 - b2) * u * u)
         denom = v.sqrt() / math.sqrt(1 - b2**t) + EPS
-    y = x - (LR / (1 - b1**t)) * m / denom
+    y = x - (lr / (1 - b1**t)) * m / denom
     x.copy_(y / y.norm(dim=-1, keepdim=True))
     if row_v and not euclidean:
         m.sub_((x * m).sum(-1, keepdim=True) * x)  # transport by projection
@@ -102,6 +102,54 @@ def test_largest_one_step_move_is_bounded_like_adams(row_v, euclidean):
         step = x - before
         move = step.norm(dim=-1).max().item() if row_v else step.abs().max().item()
         assert move <= 3 * LR, (t, move)
+
+
+@pytest.mark.parametrize("row_v, euclidean", MODES, ids=IDS)
+def test_one_call_over_many_shapes_steps_each_tensor_as_alone(row_v, euclidean, monkeypatch):
+    """Tensors of several shapes and row lengths in one call (a model's sphere matrices): each
+    stepped as the float64 reference steps it alone, with its own step size; one launch per
+    row length."""
+    shapes = [(37, 48), (5, 48), (2, 3, 48), (1, 48), (9, 130), (64, 130), (0, 48)]
+    refs = [start(shape[0] if len(shape) == 2 else shape[0] * shape[1], shape[-1], row_v, seed=i) for i, shape in enumerate(shapes)]  # fmt: skip  # one start per shape
+    refs = [(x.reshape(shape), m.reshape(shape), v.reshape(shape[:-1]) if row_v else v.reshape(shape), gen) for (x, m, v, gen), shape in zip(refs, shapes)]  # fmt: skip  # one reshape per state
+    got = [[t.float().to(DEVICE) for t in ref[:3]] for ref in refs]
+    launches = []
+    kernel = triton_kernel._sphere_adam_rows
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(triton_kernel, "_sphere_adam_rows", Counting())
+    b1, b2 = BETAS
+    for t in range(1, 6):
+        grads = [torch.randn(ref[0].shape, generator=ref[3], dtype=torch.float64) for ref in refs]
+        lrs = [LR * (i + 1) / len(refs) for i in range(len(refs))]  # each tensor its own step size
+        for (x, m, v, _), g, lr in zip(refs, grads, lrs):
+            if x.numel():
+                reference_step(x, g, m, v, t, row_v, euclidean, lr)
+        triton_kernel.sphere_adam_(
+            [a[0] for a in got], [g.float().to(DEVICE) for g in grads], [a[1] for a in got], [a[2] for a in got],
+            [lr / (1 - b1**t) for lr in lrs], [math.sqrt(1 - b2**t)] * len(refs), b1, b2, EPS, TINY, row_v, not euclidean,
+        )  # fmt: skip  # the kernel's argument order
+    assert len(launches) == 5 * 2  # two row lengths, five steps
+    for shape, ref, ours in zip(shapes, refs, got):
+        assert ours[0].shape == shape
+        torch.testing.assert_close(ours[0].double().cpu(), ref[0], rtol=0, atol=2e-5, msg=str(shape))
+        torch.testing.assert_close(ours[1].double().cpu(), ref[1], rtol=1e-4, atol=1e-6, msg=str(shape))
+        torch.testing.assert_close(ours[2].double().cpu(), ref[2], rtol=1e-4, atol=1e-10, msg=str(shape))
+
+
+def test_states_of_another_dtype_or_unequal_lists_are_refused():
+    x, m, v, _ = start(4, 16, False)
+    x, m = x.float(), m.float()
+    with pytest.raises(
+        ValueError, match=r"the exp_avg_sq of shape \(4, 16\) is torch.float64 on cpu, its parameter torch.float32"
+    ):
+        kernel_step(x, torch.zeros_like(x), m, v, 1, False, True)
+    with pytest.raises(ValueError, match=r"lists of unequal lengths \[1, 1, 1, 1, 2, 1\]"):
+        triton_kernel.sphere_adam_([x], [x], [m], [m], [LR, LR], [1.0], 0.9, 0.95, EPS, TINY, False, False)
 
 
 def test_non_contiguous_state_is_refused():

@@ -114,8 +114,9 @@ class RiemannianAdam(Optimizer):
             rounding; :mod:`spherenet.optim.kernel_choice`). ``"native"``: one fused C++ pass
             per row for contiguous CPU tensors (built on first use, see
             :mod:`spherenet.optim._native`; other tensors take the foreach path), a
-            ``RuntimeError`` if it cannot be built. ``"triton"``: one Triton kernel per tensor
-            (:mod:`spherenet.optim.triton_kernel`; CPU tensors only under ``TRITON_INTERPRET=1``).
+            ``RuntimeError`` if it cannot be built. ``"triton"``: one Triton launch per dtype and row
+            length over all of a group's sphere tensors (:mod:`spherenet.optim.triton_kernel`;
+            CPU tensors only under ``TRITON_INTERPRET=1``).
             ``"foreach"``: ``torch._foreach_*`` passes over cache-sized blocks of rows (any
             device), the readable reference. ``"auto"`` (default): native for CPU tensors when
             it builds, Triton for CUDA tensors when Triton is installed (else foreach, with one
