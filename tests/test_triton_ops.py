@@ -13,7 +13,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from spherenet.layers import ops, triton_ops  # noqa: E402
-from spherenet.manifolds import lerp, normalize, riemannian_update  # noqa: E402
+from spherenet.manifolds import lerp, normalize, riemannian_update, slerp  # noqa: E402
 from spherenet.models import preset_config  # noqa: E402
 from spherenet.models.ngpt import NGPT  # noqa: E402
 
@@ -96,6 +96,49 @@ def test_residual_updates_are_eq_10_11_and_24_26(update, alpha_shape):
     # and the library's own definitions agree with the equations
     library = lerp if update == "lerp" else riemannian_update
     torch.testing.assert_close(library(h, b, alpha), reference(h, b, alpha), rtol=1e-12, atol=1e-12)
+
+
+def slerp_eq_6(h, b, alpha):
+    """Eq. 6 with per-dimension coefficients, then Norm: sin((1 - alpha) theta) / sin(theta) h +
+    sin(alpha theta) / sin(theta) b, theta = arccos(h . b) (float64; h, b apart and not antipodal)."""
+    theta = torch.arccos((h * b).sum(-1, keepdim=True).clamp(-1, 1))
+    return normalize((torch.sin((1 - alpha) * theta) * h + torch.sin(alpha * theta) * b) / torch.sin(theta))
+
+
+@pytest.mark.parametrize("alpha_shape", [(48,), (1,)], ids=["per_dimension", "scalar"])
+@pytest.mark.parametrize("alpha_scale", [0.4, 3.0], ids=["small", "large"])
+def test_slerp_is_eq_6(alpha_shape, alpha_scale):
+    h, b = unit(6, 7, 48, seed=13), unit(6, 7, 48, seed=14)
+    alpha = torch.rand(*alpha_shape, generator=_gen(15), dtype=torch.float64) * alpha_scale
+    got = triton_ops.slerp_normalize(h.float().to(DEVICE), b.float().to(DEVICE), alpha.float().to(DEVICE))
+    torch.testing.assert_close(got.double().cpu(), slerp_eq_6(h, b, alpha), **FP32)
+    torch.testing.assert_close(slerp(h, b, alpha), slerp_eq_6(h, b, alpha), rtol=1e-12, atol=1e-12)
+    # gradients: the library's float64 autograd (eq. 6 and the library's angle agree on the sphere,
+    # not in their derivatives off it, which reach the inputs' radial components)
+    check(triton_ops.slerp_normalize, slerp, [h, b, alpha])
+
+
+@pytest.mark.parametrize("apart", [0.0, 1e-6, 1e-3, 0.3], ids=["equal", "1e-6", "1e-3", "0.3"])
+def test_slerp_of_near_and_equal_points_is_the_librarys(apart):
+    """theta -> 0, where sin(alpha theta) / sin(theta) and its derivative are evaluated by
+    series: the values and gradients of the float64 library function (eq. 6's arccos form loses
+    the digits there)."""
+    h = unit(9, 40, seed=16)
+    b = normalize(h + apart * torch.randn(9, 40, generator=_gen(17), dtype=torch.float64))
+    alpha = torch.rand(40, generator=_gen(18), dtype=torch.float64)
+    check(triton_ops.slerp_normalize, slerp, [h, b, alpha])
+
+
+def test_slerp_of_antipodal_points_turns_towards_the_fallback_axis():
+    """h_block = -h: no unique geodesic; the library's rule (turn towards the axis on which h is
+    smallest) in value and gradient, in float32 and float64, and alpha = 1 lands on -h."""
+    h = unit(5, 16, seed=19)
+    alpha = torch.rand(16, generator=_gen(20), dtype=torch.float64)
+    check(triton_ops.slerp_normalize, slerp, [h, -h, alpha], ref_dtype=torch.float32)
+    check(triton_ops.slerp_normalize, slerp, [h, -h, alpha])
+    one = torch.ones(16, device=DEVICE)
+    landed = triton_ops.slerp_normalize(h.float().to(DEVICE), -h.float().to(DEVICE), one)
+    torch.testing.assert_close(landed.cpu(), -h.float(), rtol=0, atol=1e-6)
 
 
 def test_antipodal_inputs_stay_finite():

@@ -10,8 +10,9 @@ values and the same signature:
 - ``"torch"`` (the default): the fused autograd functions of :mod:`spherenet.layers.fused`,
   which keep fewer activations and fold the scalings s_u, s_v, s_z into the weights.
 - ``"triton"``: the Triton kernels of :mod:`spherenet.layers.triton_ops` for Norm, q/k Norm
-  times s_qk, the LERP and Riemannian updates and SwiGLU (the ``"torch"`` functions for SLERP,
-  the scaled projections and float64 tensors). Loaded on first use; on CPU tensors it needs
+  times s_qk, the LERP, SLERP and Riemannian updates and SwiGLU (the ``"torch"`` functions for
+  the scaled projections, whose scale is folded into the weight and so into the matmul, and for
+  float64 tensors). Loaded on first use; on CPU tensors it needs
   Triton's interpreter (``TRITON_INTERPRET=1``).
 
 An implementation is a row of :data:`IMPLEMENTATIONS` (an :class:`Implementation`, or a function
@@ -116,7 +117,7 @@ def _triton() -> Implementation:
         qk_normalize=lambda x, s_qk, qk_norm=True: triton_ops.scaled_normalize(x, s_qk) if qk_norm else x * s_qk,
         residual_updates={
             "lerp": triton_ops.lerp_normalize,
-            "slerp": fused.slerp_normalize,
+            "slerp": triton_ops.slerp_normalize,
             "riemannian": triton_ops.riemannian_normalize,
         },
         swiglu=triton_ops.swiglu,
