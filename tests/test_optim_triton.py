@@ -260,3 +260,61 @@ def test_normalize_hook_takes_the_triton_kernel_where_the_optimizer_does(monkeyp
     normalize_(reference)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert torch.allclose(p, q, atol=1e-6), name
+
+
+# --------------------------------------------------------------------------------- SphericalMuon's tail
+
+
+@pytest.mark.parametrize("project_update", [True, False])
+@pytest.mark.parametrize("rows, d", [(37, 48), (3, 130)])
+def test_muon_tail_matches_the_float64_reference(project_update, rows, d):
+    """Steps 4-6 of SphericalMuon (project O, step, Norm, project M at the new point) in one
+    pass, against those steps written out in float64."""
+    gen = torch.Generator().manual_seed(rows + d)
+    x = torch.randn(rows, d, generator=gen, dtype=torch.float64)
+    x /= x.norm(dim=-1, keepdim=True)
+    o = torch.randn(rows, d, generator=gen, dtype=torch.float64) / math.sqrt(d)
+    m = torch.randn(rows, d, generator=gen, dtype=torch.float64)
+    step = 0.05
+    got = [t.float().to(DEVICE) for t in (x, o, m)]
+    triton_kernel.sphere_muon_tail_([got[0]], [got[1]], [got[2]], [step], project_update)
+    if project_update:
+        o = o - (x * o).sum(-1, keepdim=True) * x
+    y = x - step * o
+    x = y / y.norm(dim=-1, keepdim=True)
+    m = m - (x * m).sum(-1, keepdim=True) * x
+    torch.testing.assert_close(got[0].double().cpu(), x, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got[2].double().cpu(), m, rtol=1e-5, atol=1e-6)
+    assert ((got[0].cpu().double() * got[2].cpu().double()).sum(-1).abs().max()) < 1e-5  # M tangent at the new x
+
+
+def test_spherical_muon_takes_the_triton_tail_under_spherenet_kernels_triton(monkeypatch):
+    """SphericalMuon with the Triton tail equals its foreach path over several steps, and the
+    tail ran once per matrix per step."""
+    from spherenet.models import from_preset
+    from spherenet.optim import SphericalMuon, kernel_choice, muon
+
+    def trained(environment: str, calls: list):
+        monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", environment)
+        torch.manual_seed(0)
+        model = from_preset("ngpt-tiny", vocab_size=64, n_layers=1, max_seq_len=16).to(DEVICE)
+        matrices = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n and "head" not in n]  # fmt: skip  # the blocks' matrices
+        opt = SphericalMuon(matrices, lr=0.02, ns_dtype="float32")  # bf16 would amplify rounding
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            ids = torch.randint(0, 64, (4, 16), generator=gen).to(DEVICE)
+            loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.roll(-1, 1).flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return model, len(matrices)
+
+    calls = []
+    real = muon._triton_tail()
+    monkeypatch.setattr(muon, "_triton_tail", lambda: lambda *a: calls.append(1) or real(*a))
+    triton_model, n_matrices = trained("triton", calls)
+    assert len(calls) == 4 * n_matrices
+    foreach_model, _ = trained("torch", calls)
+    assert len(calls) == 4 * n_matrices  # the plain path took no Triton tail
+    for (name, a), b in zip(triton_model.named_parameters(), foreach_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5, msg=name)

@@ -16,7 +16,7 @@ import os
 
 import torch
 
-__all__ = ["SPHERE_KERNELS", "resolve_sphere_kernel", "split_fused", "triton_status"]
+__all__ = ["SPHERE_KERNELS", "resolve_sphere_kernel", "split_fused", "triton_status", "takes_triton_rows"]
 
 SPHERE_KERNELS = ("auto", "native", "triton", "foreach")
 _FUSED_DEVICES = ("cpu", "cuda", "xpu")
@@ -49,6 +49,17 @@ def resolve_sphere_kernel(choice: str, device_type: str) -> str:
     if choice == "native" and device_type != "cpu":
         return "foreach"
     return choice
+
+
+def takes_triton_rows(*tensors: torch.Tensor) -> bool:
+    """Whether the row kernels outside ``RiemannianAdam`` (``normalize_``, ``SphericalMuon``'s
+    tail) take Triton for these tensors: the sphere optimizer's ``"auto"`` choice for their device
+    is Triton, Triton is installed, and every tensor is contiguous float32/bf16/fp16."""
+    return (
+        resolve_sphere_kernel("auto", tensors[0].device.type) == "triton"
+        and all(t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.is_contiguous() for t in tensors)
+        and triton_status()[0]
+    )
 
 
 def split_fused(option, tensors: list[torch.Tensor]) -> list[bool]:

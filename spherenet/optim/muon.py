@@ -48,7 +48,9 @@ so no element moves more than about ``1.21 * lr * s`` per step (plus rounding).
 
 Newton-Schulz needs the whole matrix. Under FSDP2 (rows sharded over ranks) the Nesterov
 direction is all-gathered (``DTensor.full_tensor()``), every rank orthogonalizes the full
-matrix and keeps its own rows; all other stages are row-local. Embeddings, the output head and
+matrix and keeps its own rows; all other stages are row-local. Steps 4-6 are one Triton pass
+(:func:`spherenet.optim.triton_kernel.sphere_muon_tail_`) wherever the sphere optimizer takes its
+Triton kernel (CUDA, or ``SPHERENET_KERNELS=triton``), ``_foreach`` passes elsewhere. Embeddings, the output head and
 vectors are not for Muon (Jordan et al.; Bernstein & Newhouse: their natural norms are not the
 spectral norm): :func:`spherenet.optim.build_optimizer` sends them to (Riemannian) Adam.
 """
@@ -65,6 +67,7 @@ from ..manifolds import geometry_for
 from ._checks import check_off_sphere, check_positive_float, ensure_on_sphere
 from ._row_kernels import RowOps, check_sphere_layout, is_dtensor, local
 from .groups import EUCLIDEAN, SPHERE, _names_of, known_manifolds
+from .kernel_choice import takes_triton_rows
 
 __all__ = [
     "SphericalMuon",
@@ -343,10 +346,14 @@ class SphericalMuon(Optimizer):
             )
             if is_dtensor(p):
                 o = _own_rows(o, p)
-            o = o.to(x.dtype)
+            o = o.to(x.dtype).contiguous()  # NS returns tall matrices transposed
+            step_size = lr * update_scale(p.shape, group["adjust_lr"])
+            if takes_triton_rows(x, o, m):  # 4.-6. in one pass
+                _triton_tail()([x], [o], [m], [step_size], group["project_update"])
+                continue
             if group["project_update"]:
                 rows.proju_([x], [o])  # 4. O <- P_X(O)
-            x.add_(o, alpha=-(lr * update_scale(p.shape, group["adjust_lr"])))
+            x.add_(o, alpha=-step_size)
             rows.retr_([x])  # 5. X <- Norm(X - lr s O)
             rows.proju_([x], [m])  # 6. M <- P_X(M) at the new point
 
@@ -371,6 +378,12 @@ class SphericalMuon(Optimizer):
             if is_dtensor(p):
                 o = _own_rows(o, p)
             geometry.step_(x, o.to(x.dtype), lr, state, like=p)
+
+
+def _triton_tail():
+    from .triton_kernel import sphere_muon_tail_  # imports Triton: only when it is used
+
+    return sphere_muon_tail_
 
 
 def _gather_rows(local_rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from torch.optim import Optimizer
 
 from ..manifolds import named_sphere_parameters
 from ._row_kernels import RowOps, check_sphere_layout, local
-from .kernel_choice import resolve_sphere_kernel, triton_status
+from .kernel_choice import takes_triton_rows
 
 __all__ = ["normalize_", "add_normalize_hook"]
 
@@ -30,8 +30,8 @@ def normalize_(model: nn.Module) -> int:
     Works on FSDP2 shards (rows are whole on each rank; no communication). A zero row stays
     zero (it has no direction). Eager even under ``torch.compile``. Where the sphere optimizer
     takes its Triton kernel (CUDA, or any device under ``SPHERENET_KERNELS=triton``), contiguous
-    float32/bf16/fp16 tensors are renormalized by one Triton pass each (one read, one write);
-    the others by ``_foreach`` passes.
+    float32/bf16/fp16 tensors are renormalized by Triton (one read and one write, one launch
+    per dtype and row length); the others by ``_foreach`` passes.
     """
     named = named_sphere_parameters(model)
     xs = []
@@ -39,24 +39,13 @@ def normalize_(model: nn.Module) -> int:
         check_sphere_layout(p, name)
         xs.append(local(p))
     with torch.no_grad():
-        by_kernel = [x for x in xs if _triton_normalizes(x)]
+        by_kernel = [x for x in xs if takes_triton_rows(x)]
         if by_kernel:
             from .triton_kernel import normalize_rows_  # imports Triton: only when it is used
 
             normalize_rows_(by_kernel)
-        _ROWS.retr_([x for x in xs if not _triton_normalizes(x)])
+        _ROWS.retr_([x for x in xs if not takes_triton_rows(x)])
     return len(xs)
-
-
-def _triton_normalizes(x: torch.Tensor) -> bool:
-    """Whether :func:`normalize_` takes the Triton kernel for ``x`` (the sphere optimizer's choice
-    of kernel for its device, Triton installed, a dtype the kernel computes, contiguous)."""
-    return (
-        resolve_sphere_kernel("auto", x.device.type) == "triton"
-        and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
-        and x.is_contiguous()
-        and triton_status()[0]
-    )
 
 
 def add_normalize_hook(optimizer: Optimizer, model: nn.Module):

@@ -24,7 +24,8 @@ only under Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is importe
 the tests run them; float64 parameters are stepped in float32.
 
 :func:`normalize_rows_` is the paper's renormalization after a Euclidean step (``adam_normalize``,
-:func:`spherenet.optim.normalize_`) as one pass of the same shape: 8 bytes per float32 parameter.
+:func:`spherenet.optim.normalize_`) as one pass of the same shape: 8 bytes per float32 parameter;
+:func:`sphere_muon_tail_` is :class:`spherenet.optim.SphericalMuon`'s step after Newton-Schulz.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["sphere_adam_", "normalize_rows_", "launch_groups"]
+__all__ = ["sphere_adam_", "sphere_muon_tail_", "normalize_rows_", "launch_groups"]
 
 ELEMENTS_PER_PROGRAM = 4096
 
@@ -97,6 +98,28 @@ def _sphere_adam_rows(
     x = y / tl.maximum(tl.sqrt(tl.sum(y * y, axis=1)), tiny)[:, None]
     if ROW_V and PROJECT:
         m = m - tl.sum(x * m, axis=1)[:, None] * x
+    tl.store(X + offs, x.to(DTYPE), mask=mask)
+    tl.store(M + offs, m.to(DTYPE), mask=mask)
+
+
+@triton.jit
+def _muon_tail_rows(
+    TABLE, WORK, SCALARS, d, tiny, DTYPE: tl.constexpr, PROJECT: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS: tl.constexpr,
+):  # fmt: skip  # the table's arguments first, as in _sphere_adam_rows
+    tensor, rows, live, mask, offs = _work_item(WORK, TABLE, 4, ROWS, BLOCK_D, d)
+    X = tl.load(TABLE + tensor * 4).to(tl.pointer_type(DTYPE))
+    UPDATE = tl.load(TABLE + tensor * 4 + 1).to(tl.pointer_type(DTYPE))
+    M = tl.load(TABLE + tensor * 4 + 2).to(tl.pointer_type(DTYPE))
+    step_size = tl.load(SCALARS + tensor)
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    o = tl.load(UPDATE + offs, mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
+    if PROJECT:
+        o = o - tl.sum(x * o, axis=1)[:, None] * x
+    y = x - step_size * o
+    x = y / tl.maximum(tl.sqrt(tl.sum(y * y, axis=1)), tiny)[:, None]
+    m = m - tl.sum(x * m, axis=1)[:, None] * x
     tl.store(X + offs, x.to(DTYPE), mask=mask)
     tl.store(M + offs, m.to(DTYPE), mask=mask)
 
@@ -183,6 +206,36 @@ def sphere_adam_(
         _launch(
             _sphere_adam_rows, device, d, addresses, rows, scalars, d, beta1, beta2, eps, tiny,
             DTYPE=_TRITON_TYPES[dtype], ROW_V=row_v, PROJECT=project,
+        )  # fmt: skip  # one launch per group
+
+
+def sphere_muon_tail_(xs, updates, ms, step_sizes, project_update: bool, tiny: float = 1e-30) -> None:
+    """The element-wise tail of :class:`spherenet.optim.SphericalMuon`'s step, after
+    Newton-Schulz, in one pass (read x, O, M; write x, M: 20 bytes per float32 parameter, where
+    the ``_foreach`` passes move about 64)::
+
+        O = O - <x, O> x      (project_update)
+        x = Norm(x - step_size O)
+        M = M - <x, M> x      the momentum at the new point
+
+    ``updates`` (the orthogonalized ``O``) are read only. Every tensor must be contiguous and of
+    its parameter's dtype. One launch per (device, dtype, row length)."""
+    for (device, dtype, d), idx in launch_groups(xs).items():
+        for i in idx:
+            named = (("update", updates[i]), ("momentum", ms[i]), ("parameter", xs[i]))
+            _check("sphere_muon_tail_", "", named)
+            for label, t in named[:2]:
+                if t.dtype != dtype or t.device != device or t.shape != xs[i].shape:
+                    raise ValueError(
+                        f"sphere_muon_tail_ (Triton): the {label} is {t.dtype} {tuple(t.shape)} on {t.device}, "
+                        f"its parameter {dtype} {tuple(xs[i].shape)} on {device}"
+                    )
+        scalars = torch.tensor([step_sizes[i] for i in idx], dtype=torch.float32).to(device, non_blocking=True)
+        addresses = [[t.data_ptr() for t in (xs[i], updates[i], ms[i])] for i in idx]
+        rows = [xs[i].numel() // d for i in idx]
+        _launch(
+            _muon_tail_rows, device, d, addresses, rows, scalars, d, tiny, DTYPE=_TRITON_TYPES[dtype],
+            PROJECT=project_update,
         )  # fmt: skip  # one launch per group
 
 
