@@ -58,11 +58,14 @@ from bench_step import (  # the same models, data and step
     MODE_LABEL,
     RECIPE,
     add_step_args,
+    baseline_notes,
     baseline_of,
     build,
+    check_triton_variant,
     config_for,
     contenders_of,
     make_step,
+    modes_for,
     random_batch,
     selected_variants,
 )
@@ -147,10 +150,10 @@ def worker(args) -> dict:
     device = pick_device(args.device)
     family, mode = args.worker
     model, optimizer, scheduler = build(family, args, device, mode)
-    runner = torch.compile(model) if mode == "compiled" else model
+    runner = torch.compile(model) if mode.startswith("compiled") else model
     x, y = random_batch(model.config.vocab_size, args.batch, model.config.max_seq_len, device)
     step = make_step(runner, optimizer, scheduler, x, y, device, args.dtype, mode)
-    eager = mode != "compiled"
+    eager = not mode.startswith("compiled")
     result = {"family": family, "mode": mode, "n_params": sum(p.numel() for p in model.parameters())}
     try:
         step()  # warm-up: optimizer state exists from here on (and the graph is compiled)
@@ -219,7 +222,12 @@ def main(argv=None) -> int:
         return 0
     device = pick_device(args.device)  # fail here, not in every worker
 
-    modes = ["eager", *selected_variants(args.variants), *(("compiled",) if args.compile else ())]
+    variants = selected_variants(args.variants)
+    problem = check_triton_variant(variants, device)
+    if problem:
+        print(f"bench_memory.py: {problem}", file=sys.stderr)
+        return 2
+    modes = modes_for(variants, args.compile)
     rows = {(f, m): run_worker(args, f, m) for f, m in contenders_of(modes)}
     emit(report(args, device, modes, rows, argv), args.markdown)
     return 0
@@ -282,8 +290,7 @@ def report(args, device, modes, rows, argv) -> str:
             f"| {MODE_LABEL[mode]} | {ratio(n['step_peak'], b['step_peak'])} | {ratio(total(n), total(b))} | "
             f"{ratio(n.get('saved'), b.get('saved'))} | {ratio(n['process'], b['process'])} |"
         )
-    if "plain" in modes:
-        lines += ["", 'GPT has no fused functions: the "plain autograd" row compares with its eager step.']
+    lines += baseline_notes(modes, device, timed=False)
     return "\n".join(lines) + "\n"
 
 

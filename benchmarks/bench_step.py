@@ -30,6 +30,7 @@ precision. ``--threads`` sets torch's CPU threads (meaningless for the GPU's ker
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -58,15 +59,40 @@ MODE_LABEL = {
     "eager": "eager",
     "plain": "eager, plain autograd",
     "checkpointed": "eager, activation checkpointing",
+    "triton": "eager, Triton kernels",
     "compiled": "torch.compile",
+    "compiled-triton": "torch.compile, Triton kernels",
 }
-VARIANTS = ("plain", "checkpointed")
+VARIANTS = ("plain", "checkpointed", "triton")
+NGPT_ONLY = ("plain", "triton", "compiled-triton")  # modes that change only nGPT's element-wise ops
+IMPLEMENTATION = {"plain": "reference", "triton": "triton", "compiled-triton": "triton"}  # else "torch"
 
 
 def contenders_of(modes) -> list[tuple[str, str]]:
-    """(family, mode) pairs: every family in every mode, except GPT in "plain" (GPT has no fused
-    functions: its plain autograd is its eager)."""
-    return [(f, m) for m in modes for f in RECIPE if (f, m) != ("GPT", "plain")]
+    """(family, mode) pairs: every family in every mode, except GPT in the modes that change only
+    nGPT's element-wise operations (plain autograd, Triton kernels: GPT has neither)."""
+    return [(f, m) for m in modes for f in RECIPE if not (f == "GPT" and m in NGPT_ONLY)]
+
+
+def modes_for(variants: tuple[str, ...], compile: bool) -> list[str]:
+    """The modes to measure: eager, the variants asked for, then compiled (and compiled with the
+    Triton kernels when the "triton" variant is asked for)."""
+    compiled = ["compiled", *(["compiled-triton"] if "triton" in variants else [])] if compile else []
+    return ["eager", *variants, *compiled]
+
+
+def check_triton_variant(variants, device: torch.device) -> str | None:
+    """Why the "triton" variant cannot run here (None: it can)."""
+    if "triton" not in variants:
+        return None
+    from spherenet.optim.kernel_choice import triton_status
+
+    available, reason = triton_status()
+    if not available:
+        return f"--variants triton: {reason}"
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "--variants triton on CPU needs TRITON_INTERPRET=1 (Triton's interpreter: it runs the path, its times mean nothing)"
+    return None
 
 
 def selected_variants(asked: list[str] | None) -> tuple[str, ...]:
@@ -77,8 +103,9 @@ def selected_variants(asked: list[str] | None) -> tuple[str, ...]:
 
 
 def baseline_of(mode: str) -> tuple[str, str]:
-    """The GPT contender an nGPT contender in ``mode`` is compared with."""
-    return ("GPT", "eager" if mode == "plain" else mode)
+    """The GPT contender an nGPT contender in ``mode`` is compared with: GPT's step of the same
+    kind, eager or compiled."""
+    return ("GPT", "compiled" if mode.startswith("compiled") else "eager" if mode in NGPT_ONLY else mode)
 
 
 def config_for(family: str, args):
@@ -107,11 +134,12 @@ def random_batch(vocab_size: int, batch: int, ctx: int, device: torch.device) ->
 
 
 def make_step(model, optimizer, scheduler, x, y, device, dtype, mode: str = "eager"):
-    """One training step of ``model``; in ``mode`` "plain" with nGPT's fused functions off."""
+    """One training step of ``model``, nGPT's element-wise operations by the implementation of
+    ``mode`` (plain autograd, Triton kernels, else the fused torch functions)."""
     autocast = "bf16" if dtype == "bf16" else "off"
 
     def step():
-        with ops.use("reference" if mode == "plain" else "torch"):
+        with ops.use(IMPLEMENTATION.get(mode, "torch")):
             with autocast_context(autocast, device):
                 logits = model(x)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
@@ -135,7 +163,8 @@ def add_step_args(p: argparse.ArgumentParser) -> None:
         choices=VARIANTS,
         metavar="VARIANT",
         help="also these contenders (alone: all): plain = nGPT with plain autograd, "
-        "checkpointed = both models with activation checkpointing",
+        "checkpointed = both models with activation checkpointing, triton = nGPT with the Triton "
+        "kernels of its element-wise operations (eager, and compiled unless --no-compile)",
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument(
@@ -175,13 +204,18 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    modes = ["eager", *selected_variants(args.variants), *(() if args.no_compile else ("compiled",))]
+    variants = selected_variants(args.variants)
+    problem = check_triton_variant(variants, device)
+    if problem:
+        print(f"bench_step.py: {problem}", file=sys.stderr)
+        return 2
+    modes = modes_for(variants, not args.no_compile)
     contenders, n_params, config = {}, {}, None
     for family, mode in contenders_of(modes):
         model, opt, sched = build(family, args, device, mode)
         config = model.config
         n_params[family] = sum(p.numel() for p in model.parameters())
-        runner = torch.compile(model) if mode == "compiled" else model
+        runner = torch.compile(model) if mode.startswith("compiled") else model
         x, y = random_batch(config.vocab_size, args.batch, config.max_seq_len, device)
         contenders[(family, mode)] = make_step(runner, opt, sched, x, y, device, args.dtype, mode)
 
@@ -216,6 +250,21 @@ def main(argv=None) -> int:
     return 0
 
 
+def baseline_notes(modes, device: torch.device, timed: bool = True) -> list[str]:
+    """What the rows of nGPT-only modes are compared with (and, for times, where a Triton row
+    ran under the interpreter)."""
+    notes = []
+    if timed and "triton" in modes and device.type == "cpu":
+        notes.append("The Triton rows ran under Triton's interpreter on CPU: a check of the path, not a time.")
+    if "plain" in modes:
+        notes.append('GPT has no fused functions: the "plain autograd" row compares with its eager step.')
+    if "triton" in modes:
+        notes.append(
+            "GPT has no Triton kernels: the Triton rows compare with its step of the same kind, eager or compiled."
+        )
+    return ["", *notes] if notes else []
+
+
 def report(args, device, config, n_params, modes, times, warmup_s, peak, argv) -> str:
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     spread = {k: (min(v) * 1e3, max(v) * 1e3) for k, v in times.items()}
@@ -242,8 +291,7 @@ def report(args, device, config, n_params, modes, times, warmup_s, peak, argv) -
         paired = statistics.median(a / c for a, c in zip(times[("nGPT", mode)], times[gpt]))
         cells = [f"{n:.1f} ({n0:.1f}–{n1:.1f})", f"{b:.1f} ({b0:.1f}–{b1:.1f})", f"{n / b:.2f}", f"{paired:.2f}"]
         lines.append(f"| {MODE_LABEL[mode]} | " + " | ".join(cells) + " |")
-    if "plain" in modes:
-        lines += ["", 'GPT has no fused functions: the "plain autograd" row compares with its eager step.']
+    lines += baseline_notes(modes, device)
     lines += [
         "",
         "| model | "

@@ -4,17 +4,17 @@
 # context 1024 and 4096, batch 8; and the optimizer step on the full 0.5B nGPT (fp32 and bf16
 # parameters). Every table goes to one markdown file and to stdout.
 #
-# Usage: bash benchmarks/gpu.sh [OUT.md]    (default benchmarks/results/gpu.md; 4.5 min on an H200)
+# Usage: bash benchmarks/gpu.sh [OUT.md]    (default benchmarks/results/gpu.md; 4.5 min on an H200 before the Triton contenders were added)
 #
 # Needs torch with CUDA, einops and geoopt; the project need not be installed (PYTHONPATH is set
 # here). PYTHON picks the interpreter (default python3). Each benchmark run is stopped after
-# LIMIT seconds (default 150); a run that fails or is stopped leaves a line in OUT.md, the
+# LIMIT seconds (default 300); a run that fails or is stopped leaves a line in OUT.md, the
 # others still run, and the script then exits 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_MD=${1:-benchmarks/results/gpu.md}
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
-LIMIT=${LIMIT:-150}
+LIMIT=${LIMIT:-300}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export SPHERENET_NATIVE=0  # the native kernel is CPU-only: nothing to build on a GPU machine
 export PYTHONUNBUFFERED=1
@@ -65,12 +65,13 @@ run() { # run one benchmark under the time limit; a failure is noted in the file
 }
 
 SHAPE=(--size 0.5b --n-layers 8 --batch 8)
-run benchmarks/bench_step.py --device cuda --dtype bf16 "${SHAPE[@]}" --ctx 1024 --rounds 5 --steps 3 --warmup 2
-run benchmarks/bench_memory.py --device cuda --dtype bf16 "${SHAPE[@]}" --ctx 1024 --compile
+# --variants triton: nGPT with the Triton kernels of its element-wise operations, eager and compiled
+run benchmarks/bench_step.py --device cuda --dtype bf16 "${SHAPE[@]}" --ctx 1024 --rounds 5 --steps 3 --warmup 2 --variants triton
+run benchmarks/bench_memory.py --device cuda --dtype bf16 "${SHAPE[@]}" --ctx 1024 --compile --variants triton
 run benchmarks/bench_optimizer.py --device cuda --dtype fp32 --size 0.5b --rounds 10 --steps 5
 run benchmarks/bench_optimizer.py --device cuda --dtype bf16 --size 0.5b --rounds 10 --steps 5
-run benchmarks/bench_step.py --device cuda --dtype bf16 "${SHAPE[@]}" --ctx 4096 --rounds 5 --steps 2 --warmup 2
-run benchmarks/bench_memory.py --device cuda --dtype bf16 "${SHAPE[@]}" --ctx 4096
+run benchmarks/bench_step.py --device cuda --dtype bf16 "${SHAPE[@]}" --ctx 4096 --rounds 5 --steps 2 --warmup 2 --variants triton
+run benchmarks/bench_memory.py --device cuda --dtype bf16 "${SHAPE[@]}" --ctx 4096 --variants triton
 
 echo "all tables in $OUT_MD ($SECONDS s)" >&2
 [ "$FAILED" -eq 0 ] || { echo "benchmarks/gpu.sh: $FAILED benchmark run(s) failed or were stopped" >&2; exit 1; }
