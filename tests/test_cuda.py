@@ -137,3 +137,78 @@ def test_cuda_triton_sphere_kernel_matches_foreach(second_moment, gradient):
         err = (a.detach() - b.detach()).abs().max().item()
         assert err < 1e-5, f"{name}: triton and foreach differ by {err:.3g}"
     assert _max_row_error(models[0]) < 1e-6
+
+
+@pytest.mark.parametrize("second_moment", ["element", "row"])
+def test_cuda_triton_sphere_kernel_steps_bf16_parameters_in_fp32(second_moment):
+    """bf16 parameters and states: the Triton kernel computes in fp32 and rounds once per store,
+    so after a step it is within bf16 rounding of the same step taken in fp32 from the same
+    values, and its rows stay on the sphere to bf16 rounding."""
+    torch.manual_seed(0)
+    bf16 = from_preset("ngpt-tiny").cuda().to(torch.bfloat16)
+    fp32 = from_preset("ngpt-tiny").cuda()
+    fp32.load_state_dict({k: v.float() for k, v in bf16.state_dict().items()})
+    opts = [RiemannianAdam(m, lr=1e-2, second_moment=second_moment, sphere_kernel="triton") for m in (bf16, fp32)]
+    x, y = _batch(bf16.config.vocab_size, "cuda")
+    for model, opt in zip((bf16, fp32), opts):
+        lm_loss(model(x), y).backward()
+    for a, b in zip(bf16.parameters(), fp32.parameters()):
+        b.grad = a.grad.float()  # the same gradient for both
+    for opt in opts:
+        opt.step()
+    for (name, a), b in zip(bf16.named_parameters(), fp32.parameters()):
+        err = (a.detach().float() - b.detach()).abs().max().item()
+        assert err <= 2 * 2**-8 * b.detach().abs().max().item() + 1e-6, f"{name}: {err:.3g}"
+    assert _max_row_error(bf16) < 2e-2
+
+
+@pytest.mark.parametrize("update", ["lerp", "slerp", "riemannian"])
+def test_cuda_triton_layer_kernels_under_bf16_autocast_match_the_default(update):
+    """nGPT's element-wise operations as Triton kernels (bf16 activations, fp32 arithmetic)
+    against the default fused torch functions, loss and gradients, under bf16 autocast, eager
+    and compiled."""
+    from spherenet.layers import ops
+
+    torch.manual_seed(0)
+    model = from_preset("ngpt-tiny", update=update).cuda()
+    x, y = _batch(model.config.vocab_size, "cuda")
+
+    def loss_and_grads(implementation, runner):
+        model.zero_grad()
+        with ops.use(implementation), torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = lm_loss(runner(x), y)
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+    want_loss, want = loss_and_grads("torch", model)
+    for runner in (model, torch.compile(model, fullgraph=True)):
+        loss, grads = loss_and_grads("triton", runner)
+        assert abs(loss - want_loss) < 2e-2 * abs(want_loss)
+        for (name, _), g, w in zip(model.named_parameters(), grads, want):
+            err = (g - w).abs().max().item()
+            assert err < 5e-2 * w.abs().max().item() + 1e-5, f"{name}: {err:.3g}"
+
+
+def test_cuda_spherical_muon_triton_tail_matches_foreach():
+    """SphericalMuon's tail (steps 4-6) by Triton, the CUDA default, against the foreach passes."""
+    from spherenet.optim import SphericalMuon, kernel_choice
+
+    results = []
+    for environment in ("triton", "torch"):
+        previous, kernel_choice._ENVIRONMENT = kernel_choice._ENVIRONMENT, environment
+        try:
+            torch.manual_seed(0)
+            model = from_preset("ngpt-tiny").cuda()
+            matrices = [p for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2]
+            opt = SphericalMuon(matrices, lr=0.02, ns_dtype="float32")
+            for step in range(5):
+                x, y = _batch(model.config.vocab_size, "cuda", seed=step)
+                opt.zero_grad()
+                lm_loss(model(x), y).backward()
+                opt.step()
+        finally:
+            kernel_choice._ENVIRONMENT = previous
+        results.append(model)
+    for (name, a), b in zip(results[0].named_parameters(), results[1].parameters()):
+        err = (a.detach() - b.detach()).abs().max().item()
+        assert err < 1e-4, f"{name}: triton and foreach differ by {err:.3g}"

@@ -141,6 +141,24 @@ def test_one_call_over_many_shapes_steps_each_tensor_as_alone(row_v, euclidean, 
         torch.testing.assert_close(ours[2].double().cpu(), ref[2], rtol=1e-4, atol=1e-10, msg=str(shape))
 
 
+@pytest.mark.parametrize("row_v, euclidean", MODES, ids=IDS)
+def test_bf16_parameters_and_states_are_stepped_in_fp32_and_stored_once(row_v, euclidean):
+    """bf16 parameter, gradient and states: the kernel loads them into fp32, steps and stores
+    each once, so the result is the fp32 step from the same bf16 values, within one bf16 unit in
+    the last place (the interpreter truncates on the store, a GPU rounds to nearest)."""
+    x, m, v, gen = start(12, 40, row_v, seed=3)
+    bf16 = [t.bfloat16().to(DEVICE) for t in (x, m, v)]
+    fp32 = [t.float() for t in bf16]
+    for t in range(1, 4):
+        g = torch.randn(12, 40, generator=gen).bfloat16().to(DEVICE)
+        kernel_step(bf16[0], g, bf16[1], bf16[2], t, row_v, euclidean)
+        kernel_step(fp32[0], g.float(), fp32[1], fp32[2], t, row_v, euclidean)
+        ulp = 2.0 ** (torch.frexp(fp32[0].abs())[1].float() - 8)  # one bf16 ulp at each element
+        assert ((bf16[0].float() - fp32[0]).abs() <= ulp).all(), t
+        fp32 = [a.float() for a in bf16]  # go on from the stored bf16 values
+    assert all(a.dtype == torch.bfloat16 for a in bf16)
+
+
 def test_states_of_another_dtype_or_unequal_lists_are_refused():
     x, m, v, _ = start(4, 16, False)
     x, m = x.float(), m.float()
