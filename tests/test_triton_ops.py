@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from spherenet.layers import ops, triton_ops  # noqa: E402
+from spherenet.layers import ops, triton_ops, triton_slerp  # noqa: E402
 from spherenet.manifolds import lerp, normalize, riemannian_update, slerp  # noqa: E402
 from spherenet.models import preset_config  # noqa: E402
 from spherenet.models.ngpt import NGPT  # noqa: E402
@@ -110,12 +110,12 @@ def slerp_eq_6(h, b, alpha):
 def test_slerp_is_eq_6(alpha_shape, alpha_scale):
     h, b = unit(6, 7, 48, seed=13), unit(6, 7, 48, seed=14)
     alpha = torch.rand(*alpha_shape, generator=_gen(15), dtype=torch.float64) * alpha_scale
-    got = triton_ops.slerp_normalize(h.float().to(DEVICE), b.float().to(DEVICE), alpha.float().to(DEVICE))
+    got = triton_slerp.slerp_normalize(h.float().to(DEVICE), b.float().to(DEVICE), alpha.float().to(DEVICE))
     torch.testing.assert_close(got.double().cpu(), slerp_eq_6(h, b, alpha), **FP32)
     torch.testing.assert_close(slerp(h, b, alpha), slerp_eq_6(h, b, alpha), rtol=1e-12, atol=1e-12)
     # gradients: the library's float64 autograd (eq. 6 and the library's angle agree on the sphere,
     # not in their derivatives off it, which reach the inputs' radial components)
-    check(triton_ops.slerp_normalize, slerp, [h, b, alpha])
+    check(triton_slerp.slerp_normalize, slerp, [h, b, alpha])
 
 
 @pytest.mark.parametrize("apart", [0.0, 1e-6, 1e-3, 0.3], ids=["equal", "1e-6", "1e-3", "0.3"])
@@ -126,7 +126,7 @@ def test_slerp_of_near_and_equal_points_is_the_librarys(apart):
     h = unit(9, 40, seed=16)
     b = normalize(h + apart * torch.randn(9, 40, generator=_gen(17), dtype=torch.float64))
     alpha = torch.rand(40, generator=_gen(18), dtype=torch.float64)
-    check(triton_ops.slerp_normalize, slerp, [h, b, alpha])
+    check(triton_slerp.slerp_normalize, slerp, [h, b, alpha])
 
 
 def test_slerp_of_antipodal_points_turns_towards_the_fallback_axis():
@@ -134,10 +134,10 @@ def test_slerp_of_antipodal_points_turns_towards_the_fallback_axis():
     smallest) in value and gradient, in float32 and float64, and alpha = 1 lands on -h."""
     h = unit(5, 16, seed=19)
     alpha = torch.rand(16, generator=_gen(20), dtype=torch.float64)
-    check(triton_ops.slerp_normalize, slerp, [h, -h, alpha], ref_dtype=torch.float32)
-    check(triton_ops.slerp_normalize, slerp, [h, -h, alpha])
+    check(triton_slerp.slerp_normalize, slerp, [h, -h, alpha], ref_dtype=torch.float32)
+    check(triton_slerp.slerp_normalize, slerp, [h, -h, alpha])
     one = torch.ones(16, device=DEVICE)
-    landed = triton_ops.slerp_normalize(h.float().to(DEVICE), -h.float().to(DEVICE), one)
+    landed = triton_slerp.slerp_normalize(h.float().to(DEVICE), -h.float().to(DEVICE), one)
     torch.testing.assert_close(landed.cpu(), -h.float(), rtol=0, atol=1e-6)
 
 

@@ -10,7 +10,8 @@ values and the same signature:
 - ``"torch"`` (the default): the fused autograd functions of :mod:`spherenet.layers.fused`,
   which keep fewer activations and fold the scalings s_u, s_v, s_z into the weights.
 - ``"triton"``: the Triton kernels of :mod:`spherenet.layers.triton_ops` for Norm, q/k Norm
-  times s_qk, the LERP, SLERP and Riemannian updates and SwiGLU (the ``"torch"`` functions for
+  times s_qk, the LERP and Riemannian updates and SwiGLU, and of
+  :mod:`spherenet.layers.triton_slerp` for the SLERP update (the ``"torch"`` functions for
   the scaled projections, whose scale is folded into the weight and so into the matmul, and for
   float64 tensors). Loaded on first use; on CPU tensors it needs
   Triton's interpreter (``TRITON_INTERPRET=1``).
@@ -110,14 +111,14 @@ IMPLEMENTATIONS: dict[str, Implementation | Callable[[], Implementation]] = {
 
 
 def _triton() -> Implementation:
-    from . import triton_ops  # imports Triton: only when this implementation is used
+    from . import triton_ops, triton_slerp  # import Triton: only when this implementation is used
 
     return Implementation(
         normalize=triton_ops.normalize,
         qk_normalize=lambda x, s_qk, qk_norm=True: triton_ops.scaled_normalize(x, s_qk) if qk_norm else x * s_qk,
         residual_updates={
             "lerp": triton_ops.lerp_normalize,
-            "slerp": triton_ops.slerp_normalize,
+            "slerp": triton_slerp.slerp_normalize,
             "riemannian": triton_ops.riemannian_normalize,
         },
         swiglu=triton_ops.swiglu,

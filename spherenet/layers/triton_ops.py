@@ -16,6 +16,9 @@ autograd formula, so ``torch.compile(fullgraph=True)`` traces through it as one 
 On CPU tensors the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1``, set
 before Triton is imported), which is how the tests run them.
 
+The SLERP update's kernels are in :mod:`spherenet.layers.triton_slerp`, which builds on the
+helpers here.
+
 Equation numbers are those of Loshchilov et al., "nGPT" (2024).
 """
 
@@ -29,7 +32,7 @@ import triton.language as tl
 
 from . import fused
 
-__all__ = ["normalize", "scaled_normalize", "lerp_normalize", "riemannian_normalize", "slerp_normalize", "swiglu"]
+__all__ = ["normalize", "scaled_normalize", "lerp_normalize", "riemannian_normalize", "swiglu"]
 
 EPS = 1e-30  # ‖x‖ is clamped at this in float32, as spherenet.manifolds does
 ELEMENTS_PER_PROGRAM = 4096
@@ -153,135 +156,6 @@ def _residual_bwd(G, H, B, ALPHA, Y, NORM, GH, GB, GALPHA, n_rows, d, eps, RIEMA
     tl.store(GH + offs, grad_h.to(GH.dtype.element_ty), mask=mask)
     tl.store(GB + offs, grad_b.to(GB.dtype.element_ty), mask=mask)
     tl.store(GALPHA + pid * d + cols, tl.sum(grad_alpha, axis=0), mask=cols < d)  # this program's rows
-
-
-# SLERP (eq. 6, then Norm). The angle is 2 atan2(‖a - b‖, ‖a + b‖) as in spherenet.manifolds.angle;
-# Triton's core language has no atan2 (only its CUDA math library, which the interpreter lacks),
-# so atan on [0, 1] is a series after the reduction atan(r) = pi/4 + atan((r - 1) / (r + 1)) for
-# r > tan(pi/8): |z| <= 0.4143, and terms to z^21 leave an error below 1e-9.
-PI = 3.141592653589793
-ANTIPODAL_SIN = 1e-5  # sin(theta) below which a and b are antipodal, as spherenet.manifolds in float32
-
-
-@triton.jit
-def _atan_unit(r):
-    """atan(r) for 0 <= r <= 1."""
-    big = r > 0.41421356237309503
-    z = tl.where(big, (r - 1.0) / (r + 1.0), r)
-    z2 = z * z
-    series = 1.0 / 21.0
-    series = -1.0 / 19.0 + z2 * series
-    series = 1.0 / 17.0 + z2 * series
-    series = -1.0 / 15.0 + z2 * series
-    series = 1.0 / 13.0 + z2 * series
-    series = -1.0 / 11.0 + z2 * series
-    series = 1.0 / 9.0 + z2 * series
-    series = -1.0 / 7.0 + z2 * series
-    series = 1.0 / 5.0 + z2 * series
-    series = -1.0 / 3.0 + z2 * series
-    series = 1.0 + z2 * series
-    return tl.where(big, 0.7853981633974483 + z * series, z * series)
-
-
-@triton.jit
-def _sinc(x):
-    """sin(x) / x, 1 at 0."""
-    small = tl.abs(x) < 1e-3
-    safe = tl.where(small, 1.0, x)
-    return tl.where(small, 1.0 - x * x / 6.0, tl.sin(safe) / safe)
-
-
-@triton.jit
-def _sinc_derivative(x):
-    """d/dx sin(x) / x = (x cos x - sin x) / x^2, by its series below |x| = 0.5 (the direct form
-    cancels there)."""
-    small = tl.abs(x) < 0.5
-    safe = tl.where(small, 1.0, x)
-    x2 = x * x
-    series = x * (-1.0 / 3.0 + x2 * (1.0 / 30.0 + x2 * (-1.0 / 840.0 + x2 * (1.0 / 45360.0 - x2 / 3991680.0))))
-    return tl.where(small, series, (safe * tl.cos(safe) - tl.sin(safe)) / (safe * safe))
-
-
-@triton.jit
-def _slerp_parts(a, b, cols, mask, eps):
-    """Per row of the tile: the angle theta = angle(a, b) and the norms it comes from, a . b, the
-    tangent u = b - (a . b) a, whether the row is antipodal, the index of the fallback axis, the
-    fallback direction f and the norm of its unnormalized w (spherenet.manifolds.slerp)."""
-    dot = tl.sum(a * b, axis=1)
-    u = b - dot[:, None] * a
-    sin_theta = tl.sqrt(tl.sum(u * u, axis=1))
-    diff = tl.sqrt(tl.sum((a - b) * (a - b), axis=1))
-    total = tl.sqrt(tl.sum((a + b) * (a + b), axis=1))
-    ratio = tl.minimum(diff, total) / tl.maximum(tl.maximum(diff, total), eps)
-    half = _atan_unit(ratio)
-    theta = 2.0 * tl.where(diff > total, PI / 2 - half, half)
-    antipodal = (sin_theta < ANTIPODAL_SIN) & (theta > PI / 2)
-    axis = tl.argmin(tl.where(mask, tl.abs(a), float("inf")), axis=1)
-    e = tl.where(cols[None, :] == axis[:, None], 1.0, 0.0)
-    a_axis = tl.sum(a * e, axis=1)
-    w = e - a_axis[:, None] * a
-    w_norm = tl.maximum(tl.sqrt(tl.sum(w * w, axis=1)), eps)
-    return theta, diff, total, dot, u, antipodal, e, a_axis, w / w_norm[:, None], w_norm
-
-
-@triton.jit
-def _slerp_fwd(H, B, ALPHA, Y, NORM, n_rows, d, eps, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
-    rows, cols, offs, mask = _tile(tl.program_id(0), n_rows, d, BLOCK_D, ROWS)
-    a = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-    alpha = tl.load(ALPHA + cols, mask=cols < d, other=0.0)[None, :]
-    theta, _diff, _total, _dot, u, antipodal, _e, _a_axis, f, _w_norm = _slerp_parts(a, b, cols, mask, eps)
-    theta_safe = tl.where(antipodal, 0.0, theta)[:, None]  # the regular branch's angle
-    turn = alpha * theta[:, None]
-    regular = tl.cos(turn) * a + (alpha * _sinc(alpha * theta_safe) / _sinc(theta_safe)) * u
-    along = tl.cos(turn) * a + tl.sin(turn) * f
-    s = tl.where(mask, tl.where(antipodal[:, None], along, regular), 0.0)
-    norm = tl.sqrt(tl.sum(s * s, axis=1))
-    tl.store(Y + offs, (s / tl.maximum(norm, eps)[:, None]).to(Y.dtype.element_ty), mask=mask)
-    tl.store(NORM + rows, norm, mask=rows < n_rows)
-
-
-@triton.jit
-def _slerp_bwd(G, H, B, ALPHA, Y, NORM, GH, GB, GALPHA, n_rows, d, eps, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip  # one signature line per kernel
-    pid = tl.program_id(0)
-    rows, cols, offs, mask = _tile(pid, n_rows, d, BLOCK_D, ROWS)
-    a = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    norm = tl.load(NORM + rows, mask=rows < n_rows, other=1.0)
-    alpha = tl.load(ALPHA + cols, mask=cols < d, other=0.0)[None, :]
-    theta, diff, total, dot, u, antipodal, e, a_axis, f, w_norm = _slerp_parts(a, b, cols, mask, eps)
-    gs = tl.where(mask, _norm_grad(g, y, norm, eps), 0.0)  # the gradient of the unnormalized step
-    anti = antipodal[:, None]
-    theta_safe = tl.where(antipodal, 0.0, theta)[:, None]
-    th = theta[:, None]
-    turn = alpha * th
-    cos_turn, sin_turn = tl.cos(turn), tl.sin(turn)
-    sinc_theta = _sinc(theta_safe)
-    sinc_turn = _sinc(alpha * theta_safe)
-    ratio = alpha * sinc_turn / sinc_theta
-    # d step / d theta and d step / d alpha, per element, in each branch
-    d_ratio_d_theta = alpha * (alpha * _sinc_derivative(alpha * theta_safe) * sinc_theta - sinc_turn * _sinc_derivative(theta_safe)) / (sinc_theta * sinc_theta)  # fmt: skip  # the quotient rule in one line
-    d_theta = tl.where(anti, -alpha * sin_turn * a + alpha * cos_turn * f, -alpha * sin_turn * a + d_ratio_d_theta * u)
-    d_alpha = tl.where(anti, th * (cos_turn * f - sin_turn * a), -th * sin_turn * a + cos_turn / sinc_theta * u)
-    grad_theta = tl.sum(gs * d_theta, axis=1)
-    # the regular branch through u = b - (a . b) a, the fallback one through f = w / |w|, w = e - a_k a
-    grad_u = tl.where(anti, 0.0, ratio * gs)
-    grad_f = tl.where(anti, sin_turn * gs, 0.0)
-    grad_w = (grad_f - f * tl.sum(f * grad_f, axis=1)[:, None]) / w_norm[:, None]
-    grad_dot = -tl.sum(grad_u * a, axis=1)[:, None]
-    grad_a = cos_turn * gs - dot[:, None] * grad_u + grad_dot * b - a_axis[:, None] * grad_w - e * tl.sum(a * grad_w, axis=1)[:, None]  # fmt: skip  # every path to a, in the order above
-    grad_b = grad_u + grad_dot * a
-    # theta = 2 atan2(|a - b|, |a + b|)
-    scale = 2.0 * grad_theta / tl.maximum(diff * diff + total * total, eps)
-    along_diff = tl.where(diff > 0, total / tl.where(diff > 0, diff, 1.0), 0.0)[:, None] * scale[:, None] * (a - b)
-    along_total = tl.where(total > 0, diff / tl.where(total > 0, total, 1.0), 0.0)[:, None] * scale[:, None] * (a + b)
-    grad_a += along_diff - along_total
-    grad_b += -along_diff - along_total
-    tl.store(GH + offs, grad_a.to(GH.dtype.element_ty), mask=mask)
-    tl.store(GB + offs, grad_b.to(GB.dtype.element_ty), mask=mask)
-    tl.store(GALPHA + pid * d + cols, tl.sum(tl.where(mask, gs * d_alpha, 0.0), axis=0), mask=cols < d)
 
 
 @triton.jit
@@ -485,63 +359,6 @@ def riemannian_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha) -> torch
     """``Norm(h - alpha (h (h · h_block) - h_block))`` (eq. 24-26); reference
     :func:`spherenet.layers.fused.riemannian_normalize`."""
     return _residual(h, h_block, alpha, True, fused.riemannian_normalize)
-
-
-@torch.library.custom_op("spherenet::slerp_update", mutates_args=())
-def _slerp_op(h: torch.Tensor, h_block: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    d = h.shape[-1]
-    h2, b2 = h.contiguous().view(-1, d), h_block.contiguous().view(-1, d)
-    y, norm = torch.empty_like(h2), h2.new_empty(h2.shape[0], dtype=torch.float32)
-    block_d, rows = _blocks(d)
-    _slerp_fwd[_grid(h2.shape[0], rows)](h2, b2, alpha, y, norm, h2.shape[0], d, EPS, BLOCK_D=block_d, ROWS=rows)
-    return y.view(h.shape), norm
-
-
-@torch.library.custom_op("spherenet::slerp_update_backward", mutates_args=())
-def _slerp_backward_op(grad: torch.Tensor, h: torch.Tensor, h_block: torch.Tensor, alpha: torch.Tensor, y: torch.Tensor, norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip  # one signature line per op
-    d = h.shape[-1]
-    h2, b2 = h.contiguous().view(-1, d), h_block.contiguous().view(-1, d)
-    g2, y2 = grad.contiguous().view(-1, d), y.contiguous().view(-1, d)
-    grad_h, grad_b = torch.empty_like(h2), torch.empty_like(b2)
-    block_d, rows = _blocks(d)
-    grid = _grid(h2.shape[0], rows)
-    partial = h2.new_empty((grid[0], d), dtype=torch.float32)
-    _slerp_bwd[grid](g2, h2, b2, alpha, y2, norm, grad_h, grad_b, partial, h2.shape[0], d, EPS, BLOCK_D=block_d, ROWS=rows)  # fmt: skip  # one launch
-    return grad_h.view(h.shape), grad_b.view(h_block.shape), partial.sum(0)
-
-
-@_slerp_op.register_fake
-def _(h, h_block, alpha):
-    return torch.empty_like(h), h.new_empty(h.numel() // h.shape[-1], dtype=torch.float32)
-
-
-@_slerp_backward_op.register_fake
-def _(grad, h, h_block, alpha, y, norm):
-    return torch.empty_like(h), torch.empty_like(h_block), alpha.new_empty(alpha.shape)
-
-
-def _slerp_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs, *output)
-
-
-def _slerp_grad(ctx, grad, _grad_norm):
-    return _slerp_backward_op(grad, *ctx.saved_tensors)
-
-
-_slerp_op.register_autograd(_slerp_grad, setup_context=_slerp_setup)
-
-
-def slerp_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha) -> torch.Tensor:
-    """The SLERP residual update (eq. 6, then ``Norm``) with per-dimension ``alpha``, antipodal
-    rows included; reference :func:`spherenet.layers.fused.slerp_normalize`
-    (:func:`spherenet.manifolds.slerp`). Keeps what :func:`lerp_normalize` keeps and recomputes
-    the angle, sines and tangent in the backward pass."""
-    if torch.float64 in (h.dtype, h_block.dtype) or not isinstance(alpha, torch.Tensor) or alpha.dtype == torch.float64:
-        return fused.slerp_normalize(h, h_block, alpha)
-    _check_device(h, h_block)
-    d = h.shape[-1]
-    per_column = alpha.float().expand(d).contiguous() if alpha.numel() == 1 else alpha.float().reshape(d)
-    return _slerp_op(h, h_block.to(h.dtype), per_column)[0]
 
 
 @torch.library.custom_op("spherenet::swiglu", mutates_args=())
