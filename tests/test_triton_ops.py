@@ -205,3 +205,40 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         pytest.skip("the check is for CPU tensors")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         triton_ops.normalize(torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("update", ["lerp", "riemannian", "slerp"])
+def test_backward_of_many_row_blocks_on_few_programs_sums_alpha_over_all(update, monkeypatch):
+    """The backward kernels with per-column partial sums run at most MAX_PROGRAMS programs, each
+    looping over every n-th block of rows: with 2 programs over many blocks every row's gradient
+    and alpha's whole sum are still those of eq. 6, 10-11 and 24-26."""
+    monkeypatch.setattr(triton_ops, "MAX_PROGRAMS", 2)
+    kernel = {"lerp": triton_ops.lerp_normalize, "riemannian": triton_ops.riemannian_normalize}
+    reference = {"lerp": lerp, "riemannian": riemannian_update, "slerp": slerp}[update]
+    rows, d = 203, 16  # 64 rows a program: 4 blocks, the last one part-filled, on 2 programs
+    alpha = 0.05 + 0.1 * torch.rand(d, generator=_gen(21), dtype=torch.float64)
+    check(
+        lambda h, b, a: kernel.get(update, triton_slerp.slerp_normalize)(h, b, a),
+        lambda h, b, a: normalize(reference(h, b, a)),
+        [unit(rows, d, seed=22), unit(rows, d, seed=23), alpha],
+    )
+
+
+@pytest.mark.parametrize(
+    "op, make",
+    [
+        (triton_ops._normalize_op, lambda x: (x,)),
+        (triton_ops._scaled_normalize_op, lambda x: (x, torch.rand(x.shape[1], x.shape[3]))),
+        (triton_ops._residual_op, lambda x: (x, x.flip(0), torch.rand(x.shape[-1]), True)),
+        (triton_slerp._slerp_op, lambda x: (x, x.flip(0), torch.rand(x.shape[-1]))),
+        (triton_ops._swiglu_op, lambda x: (x, x.flip(0))),
+    ],
+    ids=["normalize", "scaled_normalize", "residual_update", "slerp_update", "swiglu"],
+)
+def test_fake_implementations_report_what_the_kernels_return_for_strided_inputs(op, make):
+    """torch.compile plans with the fake implementations: for an input that is a transposed view
+    (as q and k of cross-attention are) they must give the kernels' contiguous outputs, or
+    compiling fails on a stride mismatch. torch.library.opcheck compares the two."""
+    x = torch.randn(2, 6, 3, 8, generator=_gen(31)).transpose(1, 2).to(DEVICE)  # (2, 3, 6, 8), strided
+    assert not x.is_contiguous()
+    torch.library.opcheck(op, make(x), test_utils=("test_schema", "test_faketensor"))

@@ -24,6 +24,7 @@ Equation numbers are those of Loshchilov et al., "nGPT" (2024).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -36,12 +37,20 @@ __all__ = ["normalize", "scaled_normalize", "lerp_normalize", "riemannian_normal
 
 EPS = 1e-30  # ‖x‖ is clamped at this in float32, as spherenet.manifolds does
 ELEMENTS_PER_PROGRAM = 4096
+WARP_ELEMENTS = 512  # elements of a program per warp: 16 per thread
+MAX_PROGRAMS = 1024  # backward kernels with per-column partial sums (a few per SM of a large GPU)
 
 
-def _blocks(d: int) -> tuple[int, int]:
+def _blocks(d: int, elements: int = ELEMENTS_PER_PROGRAM) -> tuple[int, int]:
     """(BLOCK_D, ROWS): the row padded to a power of two, and rows per program."""
     block_d = triton.next_power_of_2(d)
-    return block_d, max(1, min(64, ELEMENTS_PER_PROGRAM // block_d))
+    return block_d, max(1, min(64, elements // block_d))
+
+
+def _warps(elements: int, per_warp: int = WARP_ELEMENTS) -> int:
+    """Warps for a program of ``elements`` (a power of two): enough threads that each holds a
+    few values per tensor in registers (no spilling at the tiles used; tests/test_triton_compile.py)."""
+    return max(4, min(16, elements // per_warp))
 
 
 def _check_device(*tensors: torch.Tensor) -> None:
@@ -50,6 +59,24 @@ def _check_device(*tensors: torch.Tensor) -> None:
             "the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 (set before Triton is imported) "
             "to run on CPU tensors"
         )
+
+
+def _on_device_of(t: torch.Tensor):
+    """Triton launches on the current CUDA device: make it ``t``'s for the launch."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def _contiguous_like(t: torch.Tensor) -> torch.Tensor:
+    """What a kernel returns for an input like ``t``: a new contiguous tensor (the fake
+    implementations must report the real strides, which ``empty_like`` of a view does not)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _programs(n_blocks: int) -> int:
+    """Programs of a backward kernel that sums a per-column gradient: at most
+    ``MAX_PROGRAMS``, each taking every ``n``-th block of rows, so the partial sums are
+    ``programs x d`` floats however many rows there are."""
+    return max(1, min(n_blocks, MAX_PROGRAMS))
 
 
 # ---------------------------------------------------------------- kernels
@@ -134,33 +161,37 @@ def _residual_fwd(H, B, ALPHA, Y, NORM, n_rows, d, eps, RIEMANNIAN: tl.constexpr
 @triton.jit
 def _residual_bwd(G, H, B, ALPHA, Y, NORM, GH, GB, GALPHA, n_rows, d, eps, RIEMANNIAN: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip  # one signature line per kernel
     pid = tl.program_id(0)
-    rows, cols, offs, mask = _tile(pid, n_rows, d, BLOCK_D, ROWS)
-    h = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    norm = tl.load(NORM + rows, mask=rows < n_rows, other=1.0)
+    cols = tl.arange(0, BLOCK_D)
     alpha = tl.load(ALPHA + cols, mask=cols < d, other=0.0)[None, :]
-    gs = _norm_grad(g, y, norm, eps)  # the gradient of the un-normalized step s
-    if RIEMANNIAN:
-        cos = tl.sum(h * b, axis=1)[:, None]
-        alpha_gs = gs * alpha
-        w = tl.sum(alpha_gs * h, axis=1)[:, None]
-        grad_h = gs - alpha_gs * cos - b * w
-        grad_b = alpha_gs - h * w
-        grad_alpha = gs * (b - h * cos)
-    else:
-        grad_h = gs * (1.0 - alpha)
-        grad_b = gs * alpha
-        grad_alpha = gs * (b - h)
-    tl.store(GH + offs, grad_h.to(GH.dtype.element_ty), mask=mask)
-    tl.store(GB + offs, grad_b.to(GB.dtype.element_ty), mask=mask)
-    tl.store(GALPHA + pid * d + cols, tl.sum(grad_alpha, axis=0), mask=cols < d)  # this program's rows
+    grad_alpha_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for block in range(pid, tl.cdiv(n_rows, ROWS), tl.num_programs(0)):  # every n-th block of rows
+        rows, cols, offs, mask = _tile(block, n_rows, d, BLOCK_D, ROWS)
+        h = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+        norm = tl.load(NORM + rows, mask=rows < n_rows, other=1.0)
+        gs = _norm_grad(g, y, norm, eps)  # the gradient of the un-normalized step s
+        if RIEMANNIAN:
+            cos = tl.sum(h * b, axis=1)[:, None]
+            alpha_gs = gs * alpha
+            w = tl.sum(alpha_gs * h, axis=1)[:, None]
+            grad_h = gs - alpha_gs * cos - b * w
+            grad_b = alpha_gs - h * w
+            grad_alpha = gs * (b - h * cos)
+        else:
+            grad_h = gs * (1.0 - alpha)
+            grad_b = gs * alpha
+            grad_alpha = gs * (b - h)
+        tl.store(GH + offs, grad_h.to(GH.dtype.element_ty), mask=mask)
+        tl.store(GB + offs, grad_b.to(GB.dtype.element_ty), mask=mask)
+        grad_alpha_sum += tl.sum(grad_alpha, axis=0)
+    tl.store(GALPHA + pid.to(tl.int64) * d + cols, grad_alpha_sum, mask=cols < d)  # this program's rows
 
 
 @triton.jit
 def _swiglu_fwd(U, V, OUT, n, BLOCK: tl.constexpr):
-    offs = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
@@ -169,7 +200,7 @@ def _swiglu_fwd(U, V, OUT, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _swiglu_bwd(G, U, V, GU, GV, n, BLOCK: tl.constexpr):
-    offs = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
@@ -191,7 +222,10 @@ def _normalize_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x2 = x.contiguous().view(-1, x.shape[-1])
     y, norm = torch.empty_like(x2), x2.new_empty(x2.shape[0], dtype=torch.float32)
     block_d, rows = _blocks(x2.shape[1])
-    _normalize_fwd[_grid(x2.shape[0], rows)](x2, y, norm, x2.shape[0], x2.shape[1], EPS, BLOCK_D=block_d, ROWS=rows)
+    with _on_device_of(x2):
+        _normalize_fwd[_grid(x2.shape[0], rows)](
+            x2, y, norm, x2.shape[0], x2.shape[1], EPS, BLOCK_D=block_d, ROWS=rows, num_warps=_warps(block_d * rows)
+        )
     return y.view(x.shape), norm
 
 
@@ -200,18 +234,19 @@ def _normalize_backward_op(grad: torch.Tensor, y: torch.Tensor, norm: torch.Tens
     g2, y2 = grad.contiguous().view(-1, y.shape[-1]), y.contiguous().view(-1, y.shape[-1])
     gx = torch.empty_like(y2)
     block_d, rows = _blocks(y2.shape[1])
-    _normalize_bwd[_grid(y2.shape[0], rows)](g2, y2, norm, gx, y2.shape[0], y2.shape[1], EPS, BLOCK_D=block_d, ROWS=rows)  # fmt: skip  # one launch
+    with _on_device_of(g2):
+        _normalize_bwd[_grid(y2.shape[0], rows)](g2, y2, norm, gx, y2.shape[0], y2.shape[1], EPS, BLOCK_D=block_d, ROWS=rows, num_warps=_warps(block_d * rows))  # fmt: skip  # one launch
     return gx.view(y.shape)
 
 
 @_normalize_op.register_fake
 def _(x):
-    return torch.empty_like(x), x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
+    return _contiguous_like(x), x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
 
 
 @_normalize_backward_op.register_fake
 def _(grad, y, norm):
-    return torch.empty_like(y)
+    return _contiguous_like(y)
 
 
 def _normalize_setup(ctx, inputs, output):
@@ -241,7 +276,8 @@ def _scaled_normalize_op(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Te
     out = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, scale.dtype), device=x.device)
     norm = x2.new_empty(x2.shape[0], dtype=torch.float32)
     block_d, rows = _blocks(d)
-    _scaled_normalize_fwd[_grid(x2.shape[0], rows)](x2, scale, y, out, norm, x2.shape[0], d, tokens, heads, EPS, BLOCK_D=block_d, ROWS=rows)  # fmt: skip  # one launch
+    with _on_device_of(x2):
+        _scaled_normalize_fwd[_grid(x2.shape[0], rows)](x2, scale, y, out, norm, x2.shape[0], d, tokens, heads, EPS, BLOCK_D=block_d, ROWS=rows, num_warps=_warps(block_d * rows))  # fmt: skip  # one launch
     return out.view(x.shape), y.view(x.shape), norm
 
 
@@ -253,19 +289,20 @@ def _scaled_normalize_backward_op(
     g2, y2 = grad.contiguous().view(-1, d), y.contiguous().view(-1, d)
     gx = torch.empty_like(y2)
     block_d, rows = _blocks(d)
-    _scaled_normalize_bwd[_grid(y2.shape[0], rows)](g2, y2, norm, scale, gx, y2.shape[0], d, tokens, heads, EPS, BLOCK_D=block_d, ROWS=rows)  # fmt: skip  # one launch
+    with _on_device_of(g2):
+        _scaled_normalize_bwd[_grid(y2.shape[0], rows)](g2, y2, norm, scale, gx, y2.shape[0], d, tokens, heads, EPS, BLOCK_D=block_d, ROWS=rows, num_warps=_warps(block_d * rows))  # fmt: skip  # one launch
     return gx.view(y.shape)
 
 
 @_scaled_normalize_op.register_fake
 def _(x, scale):
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, scale.dtype), device=x.device)
-    return out, torch.empty_like(x), x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
+    return out, _contiguous_like(x), x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
 
 
 @_scaled_normalize_backward_op.register_fake
 def _(grad, y, norm, scale):
-    return torch.empty_like(y)
+    return _contiguous_like(y)
 
 
 def _scaled_normalize_setup(ctx, inputs, output):
@@ -299,7 +336,8 @@ def _residual_op(h: torch.Tensor, h_block: torch.Tensor, alpha: torch.Tensor, ri
     h2, b2 = h.contiguous().view(-1, d), h_block.contiguous().view(-1, d)
     y, norm = torch.empty_like(h2), h2.new_empty(h2.shape[0], dtype=torch.float32)
     block_d, rows = _blocks(d)
-    _residual_fwd[_grid(h2.shape[0], rows)](h2, b2, alpha, y, norm, h2.shape[0], d, EPS, RIEMANNIAN=riemannian, BLOCK_D=block_d, ROWS=rows)  # fmt: skip  # one launch
+    with _on_device_of(h2):
+        _residual_fwd[_grid(h2.shape[0], rows)](h2, b2, alpha, y, norm, h2.shape[0], d, EPS, RIEMANNIAN=riemannian, BLOCK_D=block_d, ROWS=rows, num_warps=_warps(block_d * rows))  # fmt: skip  # one launch
     return y.view(h.shape), norm
 
 
@@ -310,20 +348,21 @@ def _residual_backward_op(grad: torch.Tensor, h: torch.Tensor, h_block: torch.Te
     g2, y2 = grad.contiguous().view(-1, d), y.contiguous().view(-1, d)
     grad_h, grad_b = torch.empty_like(h2), torch.empty_like(b2)
     block_d, rows = _blocks(d)
-    grid = _grid(h2.shape[0], rows)
-    partial = h2.new_empty((grid[0], d), dtype=torch.float32)
-    _residual_bwd[grid](g2, h2, b2, alpha, y2, norm, grad_h, grad_b, partial, h2.shape[0], d, EPS, RIEMANNIAN=riemannian, BLOCK_D=block_d, ROWS=rows)  # fmt: skip  # one launch
+    programs = _programs(_grid(h2.shape[0], rows)[0])
+    partial = h2.new_empty((programs, d), dtype=torch.float32)
+    with _on_device_of(h2):
+        _residual_bwd[(programs,)](g2, h2, b2, alpha, y2, norm, grad_h, grad_b, partial, h2.shape[0], d, EPS, RIEMANNIAN=riemannian, BLOCK_D=block_d, ROWS=rows, num_warps=_warps(block_d * rows))  # fmt: skip  # one launch
     return grad_h.view(h.shape), grad_b.view(h_block.shape), partial.sum(0)
 
 
 @_residual_op.register_fake
 def _(h, h_block, alpha, riemannian):
-    return torch.empty_like(h), h.new_empty(h.numel() // h.shape[-1], dtype=torch.float32)
+    return _contiguous_like(h), h.new_empty(h.numel() // h.shape[-1], dtype=torch.float32)
 
 
 @_residual_backward_op.register_fake
 def _(grad, h, h_block, alpha, y, norm, riemannian):
-    return torch.empty_like(h), torch.empty_like(h_block), alpha.new_empty(alpha.shape)
+    return _contiguous_like(h), _contiguous_like(h_block), alpha.new_empty(alpha.shape)
 
 
 def _residual_setup(ctx, inputs, output):
@@ -365,7 +404,10 @@ def riemannian_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha) -> torch
 def _swiglu_op(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     u1, v1 = u.contiguous().view(-1), v.contiguous().view(-1)
     out = torch.empty(u1.shape, dtype=torch.promote_types(u.dtype, v.dtype), device=u.device)
-    _swiglu_fwd[(triton.cdiv(u1.numel(), ELEMENTS_PER_PROGRAM),)](u1, v1, out, u1.numel(), BLOCK=ELEMENTS_PER_PROGRAM)
+    with _on_device_of(u1):
+        _swiglu_fwd[(triton.cdiv(u1.numel(), ELEMENTS_PER_PROGRAM),)](
+            u1, v1, out, u1.numel(), BLOCK=ELEMENTS_PER_PROGRAM
+        )
     return out.view(u.shape)
 
 
@@ -373,7 +415,8 @@ def _swiglu_op(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def _swiglu_backward_op(grad: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     g1, u1, v1 = grad.contiguous().view(-1), u.contiguous().view(-1), v.contiguous().view(-1)
     grad_u, grad_v = torch.empty_like(u1), torch.empty_like(v1)
-    _swiglu_bwd[(triton.cdiv(u1.numel(), ELEMENTS_PER_PROGRAM),)](g1, u1, v1, grad_u, grad_v, u1.numel(), BLOCK=ELEMENTS_PER_PROGRAM)  # fmt: skip  # one launch
+    with _on_device_of(g1):
+        _swiglu_bwd[(triton.cdiv(u1.numel(), ELEMENTS_PER_PROGRAM),)](g1, u1, v1, grad_u, grad_v, u1.numel(), BLOCK=ELEMENTS_PER_PROGRAM, num_warps=_warps(ELEMENTS_PER_PROGRAM))  # fmt: skip  # one launch
     return grad_u.view(u.shape), grad_v.view(v.shape)
 
 
@@ -384,7 +427,7 @@ def _(u, v):
 
 @_swiglu_backward_op.register_fake
 def _(grad, u, v):
-    return torch.empty_like(u), torch.empty_like(v)
+    return _contiguous_like(u), _contiguous_like(v)
 
 
 def _swiglu_setup(ctx, inputs, output):

@@ -17,7 +17,18 @@ import triton
 import triton.language as tl
 
 from . import fused
-from .triton_ops import EPS, _blocks, _check_device, _grid, _norm_grad, _tile
+from .triton_ops import (
+    EPS,
+    _blocks,
+    _check_device,
+    _contiguous_like,
+    _grid,
+    _norm_grad,
+    _on_device_of,
+    _programs,
+    _tile,
+    _warps,
+)
 
 __all__ = ["slerp_normalize"]
 
@@ -25,8 +36,10 @@ __all__ = ["slerp_normalize"]
 # Triton's core language has no atan2 (only its CUDA math library, which the interpreter lacks),
 # so atan on [0, 1] is a series after the reduction atan(r) = pi/4 + atan((r - 1) / (r + 1)) for
 # r > tan(pi/8): |z| <= 0.4143, and terms to z^21 leave an error below 1e-9.
-PI = 3.141592653589793
-ANTIPODAL_SIN = 1e-5  # sin(theta) below which a and b are antipodal, as spherenet.manifolds in float32
+# Globals a kernel reads must be tl.constexpr: the interpreter reads any Python float, the compiler
+# for a GPU refuses the rest.
+PI = tl.constexpr(3.141592653589793)
+ANTIPODAL_SIN = tl.constexpr(1e-5)  # sin(theta) below which a and b are antipodal, as spherenet.manifolds in float32
 
 
 @triton.jit
@@ -110,44 +123,63 @@ def _slerp_fwd(H, B, ALPHA, Y, NORM, n_rows, d, eps, BLOCK_D: tl.constexpr, ROWS
 @triton.jit
 def _slerp_bwd(G, H, B, ALPHA, Y, NORM, GH, GB, GALPHA, n_rows, d, eps, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip  # one signature line per kernel
     pid = tl.program_id(0)
-    rows, cols, offs, mask = _tile(pid, n_rows, d, BLOCK_D, ROWS)
-    a = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    norm = tl.load(NORM + rows, mask=rows < n_rows, other=1.0)
+    cols = tl.arange(0, BLOCK_D)
     alpha = tl.load(ALPHA + cols, mask=cols < d, other=0.0)[None, :]
-    theta, diff, total, dot, u, antipodal, e, a_axis, f, w_norm = _slerp_parts(a, b, cols, mask, eps)
-    gs = tl.where(mask, _norm_grad(g, y, norm, eps), 0.0)  # the gradient of the unnormalized step
-    anti = antipodal[:, None]
-    theta_safe = tl.where(antipodal, 0.0, theta)[:, None]
-    th = theta[:, None]
-    turn = alpha * th
-    cos_turn, sin_turn = tl.cos(turn), tl.sin(turn)
-    sinc_theta = _sinc(theta_safe)
-    sinc_turn = _sinc(alpha * theta_safe)
-    ratio = alpha * sinc_turn / sinc_theta
-    # d step / d theta and d step / d alpha, per element, in each branch
-    d_ratio_d_theta = alpha * (alpha * _sinc_derivative(alpha * theta_safe) * sinc_theta - sinc_turn * _sinc_derivative(theta_safe)) / (sinc_theta * sinc_theta)  # fmt: skip  # the quotient rule in one line
-    d_theta = tl.where(anti, -alpha * sin_turn * a + alpha * cos_turn * f, -alpha * sin_turn * a + d_ratio_d_theta * u)
-    d_alpha = tl.where(anti, th * (cos_turn * f - sin_turn * a), -th * sin_turn * a + cos_turn / sinc_theta * u)
-    grad_theta = tl.sum(gs * d_theta, axis=1)
-    # the regular branch through u = b - (a . b) a, the fallback one through f = w / |w|, w = e - a_k a
-    grad_u = tl.where(anti, 0.0, ratio * gs)
-    grad_f = tl.where(anti, sin_turn * gs, 0.0)
-    grad_w = (grad_f - f * tl.sum(f * grad_f, axis=1)[:, None]) / w_norm[:, None]
-    grad_dot = -tl.sum(grad_u * a, axis=1)[:, None]
-    grad_a = cos_turn * gs - dot[:, None] * grad_u + grad_dot * b - a_axis[:, None] * grad_w - e * tl.sum(a * grad_w, axis=1)[:, None]  # fmt: skip  # every path to a, in the order above
-    grad_b = grad_u + grad_dot * a
-    # theta = 2 atan2(|a - b|, |a + b|)
-    scale = 2.0 * grad_theta / tl.maximum(diff * diff + total * total, eps)
-    along_diff = tl.where(diff > 0, total / tl.where(diff > 0, diff, 1.0), 0.0)[:, None] * scale[:, None] * (a - b)
-    along_total = tl.where(total > 0, diff / tl.where(total > 0, total, 1.0), 0.0)[:, None] * scale[:, None] * (a + b)
-    grad_a += along_diff - along_total
-    grad_b += -along_diff - along_total
-    tl.store(GH + offs, grad_a.to(GH.dtype.element_ty), mask=mask)
-    tl.store(GB + offs, grad_b.to(GB.dtype.element_ty), mask=mask)
-    tl.store(GALPHA + pid * d + cols, tl.sum(tl.where(mask, gs * d_alpha, 0.0), axis=0), mask=cols < d)
+    grad_alpha_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for block in range(pid, tl.cdiv(n_rows, ROWS), tl.num_programs(0)):  # every n-th block of rows
+        rows, cols, offs, mask = _tile(block, n_rows, d, BLOCK_D, ROWS)
+        a = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+        norm = tl.load(NORM + rows, mask=rows < n_rows, other=1.0)
+        theta, diff, total, dot, u, antipodal, e, a_axis, f, w_norm = _slerp_parts(a, b, cols, mask, eps)
+        gs = tl.where(mask, _norm_grad(g, y, norm, eps), 0.0)  # the gradient of the unnormalized step
+        anti = antipodal[:, None]
+        theta_safe = tl.where(antipodal, 0.0, theta)[:, None]
+        th = theta[:, None]
+        turn = alpha * th
+        cos_turn, sin_turn = tl.cos(turn), tl.sin(turn)
+        sinc_theta = _sinc(theta_safe)
+        sinc_turn = _sinc(alpha * theta_safe)
+        ratio = alpha * sinc_turn / sinc_theta
+        # d step / d theta and d step / d alpha, per element, in each branch
+        d_ratio_d_theta = alpha * (alpha * _sinc_derivative(alpha * theta_safe) * sinc_theta - sinc_turn * _sinc_derivative(theta_safe)) / (sinc_theta * sinc_theta)  # fmt: skip  # the quotient rule in one line
+        d_theta = tl.where(
+            anti, -alpha * sin_turn * a + alpha * cos_turn * f, -alpha * sin_turn * a + d_ratio_d_theta * u
+        )
+        d_alpha = tl.where(anti, th * (cos_turn * f - sin_turn * a), -th * sin_turn * a + cos_turn / sinc_theta * u)
+        grad_theta = tl.sum(gs * d_theta, axis=1)
+        # the regular branch through u = b - (a . b) a, the fallback one through f = w / |w|, w = e - a_k a
+        grad_u = tl.where(anti, 0.0, ratio * gs)
+        grad_f = tl.where(anti, sin_turn * gs, 0.0)
+        grad_w = (grad_f - f * tl.sum(f * grad_f, axis=1)[:, None]) / w_norm[:, None]
+        grad_dot = -tl.sum(grad_u * a, axis=1)[:, None]
+        grad_a = cos_turn * gs - dot[:, None] * grad_u + grad_dot * b - a_axis[:, None] * grad_w - e * tl.sum(a * grad_w, axis=1)[:, None]  # fmt: skip  # every path to a, in the order above
+        grad_b = grad_u + grad_dot * a
+        # theta = 2 atan2(|a - b|, |a + b|)
+        scale = 2.0 * grad_theta / tl.maximum(diff * diff + total * total, eps)
+        along_diff = tl.where(diff > 0, total / tl.where(diff > 0, diff, 1.0), 0.0)[:, None] * scale[:, None] * (a - b)
+        along_total = (
+            tl.where(total > 0, diff / tl.where(total > 0, total, 1.0), 0.0)[:, None] * scale[:, None] * (a + b)
+        )
+        grad_a += along_diff - along_total
+        grad_b += -along_diff - along_total
+        tl.store(GH + offs, grad_a.to(GH.dtype.element_ty), mask=mask)
+        tl.store(GB + offs, grad_b.to(GB.dtype.element_ty), mask=mask)
+        grad_alpha_sum += tl.sum(tl.where(mask, gs * d_alpha, 0.0), axis=0)
+    tl.store(GALPHA + pid.to(tl.int64) * d + cols, grad_alpha_sum, mask=cols < d)
+
+
+# The backward keeps about 20 values per element live: smaller tiles, and 8 elements a thread.
+BACKWARD_ELEMENTS = 1024
+BACKWARD_WARP_ELEMENTS = 256
+
+
+def _backward_blocks(d: int) -> tuple[int, int, int]:
+    """(BLOCK_D, ROWS, warps) of the backward kernel."""
+    block_d, rows = _blocks(d, BACKWARD_ELEMENTS)
+    return block_d, rows, _warps(block_d * rows, BACKWARD_WARP_ELEMENTS)
 
 
 @torch.library.custom_op("spherenet::slerp_update", mutates_args=())
@@ -156,7 +188,10 @@ def _slerp_op(h: torch.Tensor, h_block: torch.Tensor, alpha: torch.Tensor) -> tu
     h2, b2 = h.contiguous().view(-1, d), h_block.contiguous().view(-1, d)
     y, norm = torch.empty_like(h2), h2.new_empty(h2.shape[0], dtype=torch.float32)
     block_d, rows = _blocks(d)
-    _slerp_fwd[_grid(h2.shape[0], rows)](h2, b2, alpha, y, norm, h2.shape[0], d, EPS, BLOCK_D=block_d, ROWS=rows)
+    with _on_device_of(h2):
+        _slerp_fwd[_grid(h2.shape[0], rows)](
+            h2, b2, alpha, y, norm, h2.shape[0], d, EPS, BLOCK_D=block_d, ROWS=rows, num_warps=_warps(block_d * rows)
+        )
     return y.view(h.shape), norm
 
 
@@ -166,21 +201,22 @@ def _slerp_backward_op(grad: torch.Tensor, h: torch.Tensor, h_block: torch.Tenso
     h2, b2 = h.contiguous().view(-1, d), h_block.contiguous().view(-1, d)
     g2, y2 = grad.contiguous().view(-1, d), y.contiguous().view(-1, d)
     grad_h, grad_b = torch.empty_like(h2), torch.empty_like(b2)
-    block_d, rows = _blocks(d)
-    grid = _grid(h2.shape[0], rows)
-    partial = h2.new_empty((grid[0], d), dtype=torch.float32)
-    _slerp_bwd[grid](g2, h2, b2, alpha, y2, norm, grad_h, grad_b, partial, h2.shape[0], d, EPS, BLOCK_D=block_d, ROWS=rows)  # fmt: skip  # one launch
+    block_d, rows, warps = _backward_blocks(d)
+    programs = _programs(_grid(h2.shape[0], rows)[0])
+    partial = h2.new_empty((programs, d), dtype=torch.float32)
+    with _on_device_of(g2):
+        _slerp_bwd[(programs,)](g2, h2, b2, alpha, y2, norm, grad_h, grad_b, partial, h2.shape[0], d, EPS, BLOCK_D=block_d, ROWS=rows, num_warps=warps)  # fmt: skip  # one launch
     return grad_h.view(h.shape), grad_b.view(h_block.shape), partial.sum(0)
 
 
 @_slerp_op.register_fake
 def _(h, h_block, alpha):
-    return torch.empty_like(h), h.new_empty(h.numel() // h.shape[-1], dtype=torch.float32)
+    return _contiguous_like(h), h.new_empty(h.numel() // h.shape[-1], dtype=torch.float32)
 
 
 @_slerp_backward_op.register_fake
 def _(grad, h, h_block, alpha, y, norm):
-    return torch.empty_like(h), torch.empty_like(h_block), alpha.new_empty(alpha.shape)
+    return _contiguous_like(h), _contiguous_like(h_block), alpha.new_empty(alpha.shape)
 
 
 def _slerp_setup(ctx, inputs, output):
