@@ -336,3 +336,71 @@ def test_spherical_muon_takes_the_triton_tail_under_spherenet_kernels_triton(mon
     assert len(calls) == 4 * n_matrices  # the plain path took no Triton tail
     for (name, a), b in zip(triton_model.named_parameters(), foreach_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5, msg=name)
+
+
+def test_work_items_are_built_once_per_set_of_row_counts_and_name_every_block():
+    triton_kernel._work_items.cache_clear()
+    work = triton_kernel._work_items(torch.device("cpu"), 4, (9, 1, 0, 4))
+    assert work.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [3, 0]]  # (tensor, block of rows)
+    x, m, v, _ = start(9, 16, False)
+    xs = [x.float().to(DEVICE)]
+    args = ([torch.zeros_like(xs[0])], [m.float().to(DEVICE)], [v.float().to(DEVICE)], [LR], [1.0])
+    for _ in range(3):
+        triton_kernel.sphere_adam_(xs, *args, *BETAS, EPS, TINY, False, False)
+    assert triton_kernel._work_items.cache_info().misses == 2  # the call above and the first step
+
+
+def test_launcher_says_aligned_only_when_every_row_starts_on_16_bytes(monkeypatch):
+    """The kernel's wide loads rest on the launcher's word (tests/test_triton_compile.py): a
+    tensor that starts off a 16-byte boundary, or rows of a length that leaves one, must be
+    launched as unaligned, and is stepped as the float64 reference steps it either way."""
+    seen = []
+    kernel = triton_kernel._sphere_adam_rows
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                seen.append(meta["ALIGNED"])
+                return kernel[grid](*args, **meta)
+
+            return launch
+
+    monkeypatch.setattr(triton_kernel, "_sphere_adam_rows", Recording())
+    for offset, d, aligned in ((0, 16, True), (1, 16, False), (0, 18, False)):
+        x, m, v, gen = start(5, d, False)
+        storage = torch.zeros(offset + x.numel(), dtype=torch.float32, device=DEVICE)
+        ours = storage[offset:].view(5, d)  # data_ptr() 4 * offset bytes past the allocation
+        ours.copy_(x)
+        got_m, got_v = m.float().to(DEVICE), v.float().to(DEVICE)
+        g = torch.randn(5, d, generator=gen, dtype=torch.float64)
+        reference_step(x, g, m, v, 1, False, True)
+        kernel_step(ours, g.float().to(DEVICE), got_m, got_v, 1, False, True)
+        assert seen[-1] is aligned, (offset, d)
+        torch.testing.assert_close(ours.double().cpu(), x, rtol=0, atol=2e-6)
+
+
+def test_auto_leaves_float64_parameters_to_the_float64_foreach_step(monkeypatch):
+    """The Triton kernel computes in float32: under "auto" (the CUDA default, and every device's
+    with SPHERENET_KERNELS=triton) float64 parameters take the foreach path and keep float64
+    precision; asking for sphere_kernel="triton" by name still steps them there, in float32."""
+    from spherenet.manifolds import declare_sphere
+    from spherenet.optim import kernel_choice
+    from spherenet.optim.riemannian_adam import RiemannianAdam
+
+    monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", "triton")  # "auto" picks Triton on CPU too
+    layer = torch.nn.Linear(16, 12, bias=False).double()
+    declare_sphere(layer, "weight")
+    with torch.no_grad():
+        layer.weight.copy_(layer.weight / layer.weight.norm(dim=-1, keepdim=True))
+    start_weight = layer.weight.detach().clone()
+    results = {}
+    for kernel in ("auto", "triton", "foreach"):
+        with torch.no_grad():
+            layer.weight.copy_(start_weight)
+        opt = RiemannianAdam(layer, lr=1e-2, sphere_kernel=kernel)
+        layer.weight.grad = torch.linspace(-1, 1, 16 * 12, dtype=torch.float64).reshape(12, 16)
+        opt.step()
+        results[kernel] = layer.weight.detach().clone()
+    assert torch.equal(results["auto"], results["foreach"])
+    assert not torch.equal(results["triton"], results["foreach"])  # stepped in float32
+    torch.testing.assert_close(results["triton"], results["foreach"], rtol=0, atol=1e-6)

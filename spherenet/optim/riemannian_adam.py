@@ -424,7 +424,10 @@ class RiemannianAdam(Optimizer):
         """Per tensor: does ``kernel`` ("native" or "triton") update it? (Chosen for its device,
         a supported dtype, every tensor contiguous and of the parameter's dtype.) Under
         ``"auto"`` a kernel that cannot run is warned about once and left to foreach."""
-        dtypes = _native.NATIVE_DTYPES if kernel == "native" else _TRITON_DTYPES
+        if kernel == "native":
+            dtypes = _native.NATIVE_DTYPES
+        else:  # float64 is stepped in float32 there: only when asked for by name
+            dtypes = _TRITON_DTYPES if self.sphere_kernel == "triton" else _TRITON_DTYPES[1:]
         eligible = [
             resolve_sphere_kernel(self.sphere_kernel, x.device.type) == kernel
             and x.dtype in dtypes
@@ -467,7 +470,7 @@ class RiemannianAdam(Optimizer):
         torch._foreach_addcmul_(xs, ms, coef)
 
 
-_TRITON_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_TRITON_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
 def _triton_kernel():

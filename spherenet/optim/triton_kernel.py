@@ -30,6 +30,8 @@ the tests run them; float64 parameters are stepped in float32.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from collections import defaultdict
 
@@ -65,20 +67,32 @@ def _work_item(WORK, TABLE, FIELDS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
+def _elements(TABLE, tensor, FIELDS: tl.constexpr, FIELD: tl.constexpr, DTYPE: tl.constexpr, offs, ALIGNED: tl.constexpr):  # fmt: skip  # one signature line
+    """Pointers to the elements ``offs`` of the tensor at column ``FIELD`` of ``TABLE``'s row
+    ``tensor``. A pointer read from a table has no known alignment, so the loads would be one
+    element wide; ``ALIGNED`` (every address and row 16-byte aligned, checked by the launcher)
+    says so, and the loads and stores become 16 bytes wide."""
+    pointers = tl.load(TABLE + tensor * FIELDS + FIELD).to(tl.pointer_type(DTYPE)) + offs
+    if ALIGNED:
+        pointers = tl.multiple_of(pointers, [1, 16])
+    return pointers
+
+
+@triton.jit
 def _sphere_adam_rows(
     TABLE, WORK, SCALARS, d, beta1, beta2, eps, tiny, DTYPE: tl.constexpr,
-    ROW_V: tl.constexpr, PROJECT: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    ROW_V: tl.constexpr, PROJECT: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, ALIGNED: tl.constexpr,
 ):  # fmt: skip  # the arguments in the order of the header's formulas
     tensor, rows, live, mask, offs = _work_item(WORK, TABLE, 5, ROWS, BLOCK_D, d)
-    X = tl.load(TABLE + tensor * 5).to(tl.pointer_type(DTYPE))
-    G = tl.load(TABLE + tensor * 5 + 1).to(tl.pointer_type(DTYPE))
-    M = tl.load(TABLE + tensor * 5 + 2).to(tl.pointer_type(DTYPE))
-    V = tl.load(TABLE + tensor * 5 + 3).to(tl.pointer_type(DTYPE))
+    X = _elements(TABLE, tensor, 5, 0, DTYPE, offs, ALIGNED)
+    G = _elements(TABLE, tensor, 5, 1, DTYPE, offs, ALIGNED)
+    M = _elements(TABLE, tensor, 5, 2, DTYPE, offs, ALIGNED)
+    V = tl.load(TABLE + tensor * 5 + 3).to(tl.pointer_type(DTYPE))  # per element (below) or per row
     step_size = tl.load(SCALARS + 2 * tensor)
     inv_bias2_sqrt = tl.load(SCALARS + 2 * tensor + 1)
-    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G, mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(M, mask=mask, other=0.0).to(tl.float32)
     if PROJECT:
         u = g - tl.sum(x * g, axis=1)[:, None] * x
     else:
@@ -90,53 +104,59 @@ def _sphere_adam_rows(
         y = x - (step_size / (tl.sqrt(v) * inv_bias2_sqrt + eps))[:, None] * m
         tl.store(V + rows, v.to(DTYPE), mask=live)
     else:
-        v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
+        V = _elements(TABLE, tensor, 5, 3, DTYPE, offs, ALIGNED)
+        v = tl.load(V, mask=mask, other=0.0).to(tl.float32)
         v = beta2 * v + (1.0 - beta2) * u * u
         y = x - step_size * m / (tl.sqrt(v) * inv_bias2_sqrt + eps)
-        tl.store(V + offs, v.to(DTYPE), mask=mask)
+        tl.store(V, v.to(DTYPE), mask=mask)
     y = tl.where(mask, y, 0.0)
     x = y / tl.maximum(tl.sqrt(tl.sum(y * y, axis=1)), tiny)[:, None]
     if ROW_V and PROJECT:
         m = m - tl.sum(x * m, axis=1)[:, None] * x
-    tl.store(X + offs, x.to(DTYPE), mask=mask)
-    tl.store(M + offs, m.to(DTYPE), mask=mask)
+    tl.store(X, x.to(DTYPE), mask=mask)
+    tl.store(M, m.to(DTYPE), mask=mask)
 
 
 @triton.jit
 def _muon_tail_rows(
     TABLE, WORK, SCALARS, d, tiny, DTYPE: tl.constexpr, PROJECT: tl.constexpr, BLOCK_D: tl.constexpr,
-    ROWS: tl.constexpr,
+    ROWS: tl.constexpr, ALIGNED: tl.constexpr,
 ):  # fmt: skip  # the table's arguments first, as in _sphere_adam_rows
     tensor, rows, live, mask, offs = _work_item(WORK, TABLE, 4, ROWS, BLOCK_D, d)
-    X = tl.load(TABLE + tensor * 4).to(tl.pointer_type(DTYPE))
-    UPDATE = tl.load(TABLE + tensor * 4 + 1).to(tl.pointer_type(DTYPE))
-    M = tl.load(TABLE + tensor * 4 + 2).to(tl.pointer_type(DTYPE))
+    X = _elements(TABLE, tensor, 4, 0, DTYPE, offs, ALIGNED)
+    UPDATE = _elements(TABLE, tensor, 4, 1, DTYPE, offs, ALIGNED)
+    M = _elements(TABLE, tensor, 4, 2, DTYPE, offs, ALIGNED)
     step_size = tl.load(SCALARS + tensor)
-    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-    o = tl.load(UPDATE + offs, mask=mask, other=0.0).to(tl.float32)
-    m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X, mask=mask, other=0.0).to(tl.float32)
+    o = tl.load(UPDATE, mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(M, mask=mask, other=0.0).to(tl.float32)
     if PROJECT:
         o = o - tl.sum(x * o, axis=1)[:, None] * x
     y = x - step_size * o
     x = y / tl.maximum(tl.sqrt(tl.sum(y * y, axis=1)), tiny)[:, None]
     m = m - tl.sum(x * m, axis=1)[:, None] * x
-    tl.store(X + offs, x.to(DTYPE), mask=mask)
-    tl.store(M + offs, m.to(DTYPE), mask=mask)
+    tl.store(X, x.to(DTYPE), mask=mask)
+    tl.store(M, m.to(DTYPE), mask=mask)
 
 
 @triton.jit
-def _normalize_rows(TABLE, WORK, d, tiny, DTYPE: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+def _normalize_rows(
+    TABLE, WORK, d, tiny, DTYPE: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, ALIGNED: tl.constexpr
+):
     tensor, rows, live, mask, offs = _work_item(WORK, TABLE, 2, ROWS, BLOCK_D, d)
-    X = tl.load(TABLE + tensor * 2).to(tl.pointer_type(DTYPE))
-    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    X = _elements(TABLE, tensor, 2, 0, DTYPE, offs, ALIGNED)
+    x = tl.load(X, mask=mask, other=0.0).to(tl.float32)
     norm = tl.sqrt(tl.sum(x * x, axis=1))
-    tl.store(X + offs, (x / tl.maximum(norm, tiny)[:, None]).to(DTYPE), mask=mask)
+    tl.store(X, (x / tl.maximum(norm, tiny)[:, None]).to(DTYPE), mask=mask)
 
 
-def _blocks(d: int) -> tuple[int, int]:
-    """The padded row length and the rows per program for rows of length ``d``."""
+def _blocks(d: int) -> tuple[int, int, int]:
+    """The padded row length, the rows per program and the warps per program for rows of length
+    ``d``: 8 warps for a tile of 4096 elements (about 16 per thread and tensor, which fits the
+    registers without spilling; tests/test_triton_compile.py), more for longer rows."""
     block_d = triton.next_power_of_2(d)
-    return block_d, max(1, min(64, ELEMENTS_PER_PROGRAM // block_d))
+    rows = max(1, min(64, ELEMENTS_PER_PROGRAM // block_d))
+    return block_d, rows, max(8, min(32, block_d // 512))
 
 
 def launch_groups(xs) -> dict[tuple, list[int]]:
@@ -150,31 +170,46 @@ def launch_groups(xs) -> dict[tuple, list[int]]:
     return dict(groups)
 
 
-def _check(name: str, what: str, tensors) -> None:
+def _check(name: str, what: str, device: torch.device, tensors) -> None:
+    """Refuse CPU tensors outside the interpreter (``what`` says what to use instead) and any
+    tensor of ``tensors`` (``(label, tensor)`` pairs) that is not contiguous. The environment is
+    read once per launch: this runs at every optimizer step."""
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            f"{name} (Triton): CPU tensors need TRITON_INTERPRET=1 (set before Triton is imported){what}"
+        )
     for label, t in tensors:
-        if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError(
-                f"{name} (Triton): CPU tensors need TRITON_INTERPRET=1 (set before Triton is imported){what}"
-            )
         if not t.is_contiguous():
             raise ValueError(f"{name} (Triton): the {label} of shape {tuple(t.shape)} is not contiguous")
 
 
-def _launch(kernel, device, d: int, addresses: list[list[int]], rows: list[int], *args, **meta) -> None:
-    """One launch of ``kernel`` over every block of rows of the tensors whose addresses are
-    ``addresses`` (one list per tensor) and row counts ``rows``."""
-    block_d, rows_per_program = _blocks(d)
-    table = torch.tensor([a + [n] for a, n in zip(addresses, rows)], dtype=torch.int64)
-    blocks = [triton.cdiv(n, rows_per_program) for n in rows]
-    work = torch.stack(
-        [
-            torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(blocks)),
-            torch.cat([torch.arange(b) for b in blocks]),
-        ],
-        dim=1,
-    ).to(torch.int32)
-    table, work = table.to(device, non_blocking=True), work.to(device, non_blocking=True)
-    kernel[(work.shape[0],)](table, work, *args, **meta, BLOCK_D=block_d, ROWS=rows_per_program)
+@functools.lru_cache(maxsize=64)
+def _work_items(device: torch.device, rows_per_program: int, rows: tuple[int, ...]) -> torch.Tensor:
+    """The (tensor, block of rows) pairs of a launch, on ``device``. They depend on the row counts
+    alone, which a model's parameters keep from step to step: built once, not at every step."""
+    blocks = torch.tensor([triton.cdiv(n, rows_per_program) for n in rows])
+    tensor = torch.repeat_interleave(torch.arange(len(rows)), blocks)
+    first = torch.repeat_interleave(torch.cumsum(blocks, 0) - blocks, blocks)
+    work = torch.stack([tensor, torch.arange(int(blocks.sum())) - first], dim=1)
+    return work.to(torch.int32).to(device)
+
+
+def _launch(kernel, device, d: int, tensors: list[list[torch.Tensor]], *args, **meta) -> None:
+    """One launch of ``kernel`` over every block of rows of ``tensors`` (one list per work item:
+    the tensors the kernel's table holds for it, of row length ``d``, the first of them setting
+    the row count)."""
+    block_d, rows_per_program, warps = _blocks(d)
+    rows = tuple(ts[0].numel() // d for ts in tensors)
+    addresses = [[t.data_ptr() for t in ts] for ts in tensors]
+    itemsize = tensors[0][0].element_size()
+    aligned = (d * itemsize) % 16 == 0 and all(a % 16 == 0 for row in addresses for a in row)
+    table = torch.tensor([a + [n] for a, n in zip(addresses, rows)], dtype=torch.int64).to(device, non_blocking=True)
+    work = _work_items(device, rows_per_program, rows)
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:  # Triton launches on the current device
+        kernel[(work.shape[0],)](
+            table, work, *args, **meta, BLOCK_D=block_d, ROWS=rows_per_program, ALIGNED=aligned, num_warps=warps
+        )
 
 
 def sphere_adam_(
@@ -189,10 +224,15 @@ def sphere_adam_(
     if len({len(lst) for lst in lists}) != 1:
         raise ValueError(f"sphere_adam_ (Triton): lists of unequal lengths {[len(lst) for lst in lists]}")
     for (device, dtype, d), idx in launch_groups(xs).items():
-        for i in idx:
-            named = (("gradient", gs[i]), ("exp_avg", ms[i]), ("exp_avg_sq", vs[i]), ("parameter", xs[i]))
-            _check("sphere_adam_", "; use sphere_kernel='native' or 'foreach' on CPU", named)
-            for label, t in named[:3]:
+        named = [[("gradient", gs[i]), ("exp_avg", ms[i]), ("exp_avg_sq", vs[i]), ("parameter", xs[i])] for i in idx]
+        _check(
+            "sphere_adam_",
+            "; use sphere_kernel='native' or 'foreach' on CPU",
+            device,
+            [pair for tensors in named for pair in tensors],
+        )
+        for tensors in named:
+            for label, t in tensors[:3]:
                 if t.dtype != dtype or t.device != device:
                     raise ValueError(
                         f"sphere_adam_ (Triton): the {label} of shape {tuple(t.shape)} is {t.dtype} on {t.device}, "
@@ -201,11 +241,9 @@ def sphere_adam_(
         scalars = torch.tensor([[step_sizes[i], 1.0 / bias2_sqrts[i]] for i in idx], dtype=torch.float32).to(
             device, non_blocking=True
         )
-        addresses = [[t.data_ptr() for t in (xs[i], gs[i], ms[i], vs[i])] for i in idx]
-        rows = [xs[i].numel() // d for i in idx]
         _launch(
-            _sphere_adam_rows, device, d, addresses, rows, scalars, d, beta1, beta2, eps, tiny,
-            DTYPE=_TRITON_TYPES[dtype], ROW_V=row_v, PROJECT=project,
+            _sphere_adam_rows, device, d, [[xs[i], gs[i], ms[i], vs[i]] for i in idx], scalars, d, beta1, beta2,
+            eps, tiny, DTYPE=_TRITON_TYPES[dtype], ROW_V=row_v, PROJECT=project,
         )  # fmt: skip  # one launch per group
 
 
@@ -221,21 +259,18 @@ def sphere_muon_tail_(xs, updates, ms, step_sizes, project_update: bool, tiny: f
     ``updates`` (the orthogonalized ``O``) are read only. Every tensor must be contiguous and of
     its parameter's dtype. One launch per (device, dtype, row length)."""
     for (device, dtype, d), idx in launch_groups(xs).items():
+        _check("sphere_muon_tail_", "", device, [(label, t[i]) for label, t in (("update", updates), ("momentum", ms), ("parameter", xs)) for i in idx])  # fmt: skip  # one check per launch
         for i in idx:
-            named = (("update", updates[i]), ("momentum", ms[i]), ("parameter", xs[i]))
-            _check("sphere_muon_tail_", "", named)
-            for label, t in named[:2]:
+            for label, t in (("update", updates[i]), ("momentum", ms[i])):
                 if t.dtype != dtype or t.device != device or t.shape != xs[i].shape:
                     raise ValueError(
                         f"sphere_muon_tail_ (Triton): the {label} is {t.dtype} {tuple(t.shape)} on {t.device}, "
                         f"its parameter {dtype} {tuple(xs[i].shape)} on {device}"
                     )
         scalars = torch.tensor([step_sizes[i] for i in idx], dtype=torch.float32).to(device, non_blocking=True)
-        addresses = [[t.data_ptr() for t in (xs[i], updates[i], ms[i])] for i in idx]
-        rows = [xs[i].numel() // d for i in idx]
         _launch(
-            _muon_tail_rows, device, d, addresses, rows, scalars, d, tiny, DTYPE=_TRITON_TYPES[dtype],
-            PROJECT=project_update,
+            _muon_tail_rows, device, d, [[xs[i], updates[i], ms[i]] for i in idx], scalars, d, tiny,
+            DTYPE=_TRITON_TYPES[dtype], PROJECT=project_update,
         )  # fmt: skip  # one launch per group
 
 
@@ -245,7 +280,5 @@ def normalize_rows_(xs, tiny: float = 1e-30) -> None:
     norms in float32, a zero row left zero. Every tensor must be contiguous. One launch per
     (device, dtype, row length)."""
     for (device, dtype, d), idx in launch_groups(xs).items():
-        _check("normalize_rows_", "", [("parameter", xs[i]) for i in idx])
-        addresses = [[xs[i].data_ptr()] for i in idx]
-        rows = [xs[i].numel() // d for i in idx]
-        _launch(_normalize_rows, device, d, addresses, rows, d, tiny, DTYPE=_TRITON_TYPES[dtype])
+        _check("normalize_rows_", "", device, [("parameter", xs[i]) for i in idx])
+        _launch(_normalize_rows, device, d, [[xs[i]] for i in idx], d, tiny, DTYPE=_TRITON_TYPES[dtype])
