@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # SLERP's backward keeps about 20 values per element live; a row of 4096 in one program cannot
-# fit the registers without a loop over column chunks, so it spills there (docs/architecture.md).
+# fit the registers without a loop over column chunks, so it spills there (BENCHMARKS.md).
 KNOWN_SPILLS = {("_slerp_bwd", 4096)}
 
 
