@@ -408,3 +408,21 @@ def _declared_fixed_sum(example):
     model = nn.Sequential(nn.Linear(3, 3))
     declare_manifold(model[0], "weight", example["FixedSum"]())
     return model
+
+
+def test_the_wrapper_steps_a_whole_matrix_group_added_later_by_its_geometry():
+    """``Riemannian.add_param_group`` with ``manifold="matrix_sphere"``: the group is stepped by
+    the geometry (its norm held), as one given at construction is; weight decay there is refused."""
+    layer, other = _module(), _module()
+    declare_matrix_sphere(layer)
+    opt = Riemannian(torch.optim.Adam(other.parameters(), lr=1e-2))
+    with pytest.raises(ValueError, match="weight decay in a matrix_sphere param group"):
+        opt.add_param_group({"params": [layer.weight], "manifold": MATRIX_SPHERE, "weight_decay": 0.1})
+    opt.add_param_group({"params": [layer.weight], "manifold": MATRIX_SPHERE})
+    norm = layer.weight.norm().item()
+    for step in range(10):
+        layer.weight.grad = torch.randn(
+            layer.weight.shape, generator=torch.Generator().manual_seed(step), dtype=torch.float64
+        )
+        opt.step()
+    assert layer.weight.norm().item() == pytest.approx(norm, rel=1e-5)

@@ -375,3 +375,23 @@ def test_gradient_normal_to_the_sphere_has_no_tangent_part(dtype, row_v):
     assert float(m.abs().max()) <= 8 * ulp  # (1 - b1) u, u = 3x - <x, 3x> x ~ rounding
     assert float(v.abs().max()) <= (8 * ulp) ** 2 * (40 if row_v else 1)
     assert float((x - before).abs().max()) <= 4 * ulp
+
+
+def test_a_library_built_before_is_loaded_without_torchs_builder():
+    """torch's builder holds a lock file in the build folder while it checks a build, and a
+    process killed then leaves it behind: every later builder would wait on it forever. A
+    library already built under this source's, flags' and torch's name is loaded directly."""
+    ok, why = _native.native_status()  # builds it here if need be
+    if not ok:
+        pytest.skip(f"native kernel unavailable: {why}")
+    code = (
+        "import torch.utils.cpp_extension as builder\n"
+        "def refuse(*args, **kwargs):\n"
+        "    raise SystemExit('the builder was called')\n"
+        "builder.load = refuse\n"
+        "from spherenet.optim import _native\n"
+        "print(_native.native_status())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "(True, None)"

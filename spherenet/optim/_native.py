@@ -10,7 +10,11 @@ It is built with ``torch.utils.cpp_extension`` (a C++17 compiler and ninja are n
 ``~/.cache/torch_extensions``), once per machine: about 15 s on 2 cores. Building is skipped,
 and the optimizers use their ``_foreach`` path, when ``SPHERENET_NATIVE=0`` is set.
 The module name carries the CPU instruction set torch selected (``AVX2``, ``AVX512``, ...), so
-one cache directory shared by different machines never loads code built for another CPU.
+one cache directory shared by different machines never loads code built for another CPU, and a
+hash of the source, the flags and the torch version, so a library found there under that name
+is this build's: it is loaded directly, without torch's builder. (The builder holds a lock file
+in the build folder while it checks the build; a process killed meanwhile leaves the file behind,
+and every later builder waits on it forever.)
 """
 
 from __future__ import annotations
@@ -81,14 +85,22 @@ def _build():
             return None, "ninja was not found (pip install ninja)"
         if not _SOURCE.is_file():
             return None, f"kernel source {_SOURCE} is missing from the installation"
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import _get_build_directory, load
 
         capability = _cpu_capability()
         flags = ["-O3", "-fopenmp", "-fno-math-errno", *_isa_flags(capability)]
-        # The source's hash in the name: checkouts of different versions (and the ISA flags) build
-        # into their own folders of torch's extension cache, never over each other's library.
-        digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
-        name = f"spherenet_sphere_adam_{capability.lower()}_{digest}"
+        # The source's hash in the name: checkouts of different versions (and the ISA flags, and
+        # torch versions) build into their own folders of torch's extension cache, never over
+        # each other's library.
+        key = _SOURCE.read_bytes() + " ".join(flags + [torch.__version__]).encode()
+        name = f"spherenet_sphere_adam_{capability.lower()}_{hashlib.sha256(key).hexdigest()[:12]}"
+        built = Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
+        if built.is_file():
+            try:
+                torch.ops.load_library(str(built))
+                return torch.ops.spherenet.sphere_adam_, None
+            except (OSError, RuntimeError, AttributeError) as exc:  # a truncated file: build again
+                log.warning("spherenet: could not load %s (%s); building it again", built, exc)
         log.info("spherenet: building the native sphere-Adam kernel %s (once per machine)", name)
         path = os.environ.get("PATH", "")
         if ninja_folder:  # torch runs `ninja` from PATH: extend it for the build only

@@ -241,10 +241,17 @@ class Riemannian(Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         if not self._wrapped:  # Optimizer.__init__'s placeholder group
             return super().add_param_group(param_group)
-        if param_group.get("manifold") == SPHERE:
+        manifold = param_group.get("manifold", EUCLIDEAN)
+        if manifold != EUCLIDEAN:
+            if manifold not in known_manifolds():
+                raise ValueError(f"Riemannian: group manifold must be one of {known_manifolds()}, got {manifold!r}")
             if param_group.get("weight_decay", 0):
-                raise ValueError("Riemannian: weight decay in a sphere param group")
-            self._sphere_ids |= {id(_tensor(p)) for p in _listed(param_group["params"])}
+                raise ValueError(f"Riemannian: weight decay in a {manifold} param group")
+            ids = {id(_tensor(p)) for p in _listed(param_group["params"])}
+            if manifold == SPHERE:
+                self._sphere_ids |= ids
+            else:  # a registered geometry steps it, as for the groups given at construction
+                self._geometry_of.update(dict.fromkeys(ids, manifold))
         self.base.add_param_group(param_group)
         self.param_groups = self.base.param_groups
 
