@@ -256,7 +256,7 @@ def ddp_reference(tmp_path_factory, cache, text_file) -> dict[int, float]:
     out = tmp_path_factory.mktemp("ddp_reference")
     log = out / "torchrun.log"
     with launched(torchrun_cmd(2, *ddp_args(out / "run", cache, text_file)), log) as proc:
-        text = finish(proc, log, timeout=80)
+        text = finish(proc, log, timeout=240)
     assert proc.returncode == 0, text[-3000:]
     losses = last_losses(out / "run")
     assert sorted(losses) == list(range(1, KILL_STEPS + 1))
@@ -280,7 +280,7 @@ def test_sigkill_one_worker_torchrun_restarts_and_losses_match(tmp_path, cache, 
         assert all(environ(pid)["TORCHELASTIC_RESTART_COUNT"] == "0" for pid in workers.values())
         os.kill(workers[str(victim)], signal.SIGKILL)
         step_at_kill = max_step(out)
-        text = finish(proc, log, timeout=80)
+        text = finish(proc, log, timeout=240)
     assert proc.returncode == 0, text[-3000:]
     assert step_at_kill < KILL_STEPS, "the kill must land mid-run"
 
@@ -305,7 +305,7 @@ def test_sigterm_to_torchrun_checkpoints_and_resume_is_exact(tmp_path, cache, te
     with launched(torchrun_cmd(2, *ddp_args(out, cache, text_file)), log) as proc:
         wait_until(lambda: max_step(out) >= 3, proc, log, 60, "step 3")
         proc.send_signal(signal.SIGTERM)
-        text = finish(proc, log, timeout=60)
+        text = finish(proc, log, timeout=240)
     # (torchrun itself exits non-zero after a signal, whatever its workers did)
     m = re.search(r"stop requested \(SIGTERM\): checkpoint saved at step (\d+)", text)
     assert m, text[-3000:]
@@ -316,7 +316,7 @@ def test_sigterm_to_torchrun_checkpoints_and_resume_is_exact(tmp_path, cache, te
 
     log2 = tmp_path / "resume.log"
     with launched(torchrun_cmd(2, *ddp_args(out, cache, text_file), "--resume"), log2) as proc:
-        text = finish(proc, log2, timeout=80)
+        text = finish(proc, log2, timeout=240)
     assert proc.returncode == 0, text[-3000:]
     assert f"at step {stop}" in text
     assert_same_losses(last_losses(out), ddp_reference)
@@ -339,7 +339,7 @@ def test_signal_checkpoints_at_the_stop_step_and_resume_is_exact(sig, tmp_path, 
     with launched([sys.executable, "-m", "recipes.train", *args(out, cache, text_file, *common)], log) as proc:
         wait_until(lambda: max_step(out) >= 3, proc, log, 60, "step 3")
         proc.send_signal(sig)
-        text = finish(proc, log, timeout=60)
+        text = finish(proc, log, timeout=240)
     assert proc.returncode == 0, text[-3000:]
     m = re.search(rf"stop requested \({sig.name}\): checkpoint saved at step (\d+)", text)
     assert m, text[-3000:]
@@ -574,7 +574,7 @@ def _signal_during_save(tmp_path, cache, text_file, action) -> tuple[subprocess.
     with launched(cmd, log) as proc:
         wait_until(lambda: (out / "checkpoints" / "step_00000002").is_dir(), proc, log, 120, "checkpoint 2")
         action(proc, out)
-        text = finish(proc, log, timeout=60)
+        text = finish(proc, log, timeout=240)
     return proc, text, out
 
 
