@@ -12,6 +12,13 @@ settings.register_profile("spherenet", max_examples=60, deadline=None)
 settings.register_profile("ci", parent=settings.get_profile("spherenet"), derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "spherenet")
 
+# Under pytest-xdist ("-n auto": one worker per core) each worker, and every process a test
+# starts, gets one intra-op thread: with torch's default of one thread per core in every worker,
+# the cores are oversubscribed and small-tensor kernels run many times slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Without a GPU the Triton kernels run on CPU tensors under Triton's interpreter, which must be
 # chosen before Triton is first imported (tests/test_triton_ops.py).
 if not torch.cuda.is_available():

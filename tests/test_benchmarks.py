@@ -116,6 +116,7 @@ def test_bench_optimizer_quick_markdown(tmp_path):
     assert rows[0][2] == "1.00"
 
 
+@pytest.mark.slow
 def test_benches_refuse_cuda_without_a_device(tmp_path):
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_optimizer.py"), "--quick", "--device", "cuda"]
     done = subprocess.run(cmd, cwd=REPO, env=bench_env(), capture_output=True, text=True, timeout=120)
@@ -123,6 +124,7 @@ def test_benches_refuse_cuda_without_a_device(tmp_path):
     assert "--device cuda: no CUDA device" in done.stderr
 
 
+@pytest.mark.slow
 def test_gpu_script_fails_fast_without_cuda(tmp_path):
     out = tmp_path / "gpu.md"
     done = subprocess.run(

@@ -111,6 +111,7 @@ def fake_train_one(calls):
     return train_one
 
 
+@pytest.mark.slow
 def test_study_sweeps_each_budget_from_the_last_rate_reports_the_multiplier_and_resumes(budget, tmp_path, monkeypatch):
     calls: list = []
     monkeypatch.setattr(budget.convergence, "train_one", fake_train_one(calls))

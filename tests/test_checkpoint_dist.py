@@ -233,6 +233,7 @@ def _worker(rank: int, root: str):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 def test_two_process_fsdp2_and_ddp_checkpoints(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)

@@ -50,6 +50,10 @@ TINY = [
     "train.progress=false",
 ]
 TOL = 1e-6  # per-step loss, resumed vs uninterrupted (they agree bitwise on one machine)
+# Seconds a subprocess gets to reach a point or to finish before the test calls it hung. Only a
+# guard: the jobs take seconds alone, but CI runs them beside the rest of the suite on 2 cores,
+# where starting torchrun and its workers alone has taken over a minute.
+HANG_GUARD = 300
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,13 +260,14 @@ def ddp_reference(tmp_path_factory, cache, text_file) -> dict[int, float]:
     out = tmp_path_factory.mktemp("ddp_reference")
     log = out / "torchrun.log"
     with launched(torchrun_cmd(2, *ddp_args(out / "run", cache, text_file)), log) as proc:
-        text = finish(proc, log, timeout=240)
+        text = finish(proc, log, timeout=HANG_GUARD)
     assert proc.returncode == 0, text[-3000:]
     losses = last_losses(out / "run")
     assert sorted(losses) == list(range(1, KILL_STEPS + 1))
     return losses
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @needs_proc
 @pytest.mark.parametrize("victim", [0, 1], ids=["rank0", "rank1"])
@@ -274,13 +279,13 @@ def test_sigkill_one_worker_torchrun_restarts_and_losses_match(tmp_path, cache, 
     out, log = tmp_path / "run", tmp_path / "torchrun.log"
     with launched(torchrun_cmd(2, *ddp_args(out, cache, text_file), max_restarts=1), log) as proc:
         # Past the first checkpoint by a few steps, so the restart has steps to redo.
-        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= KILL_EVERY + 3, proc, log, 60, "step 13")
+        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= KILL_EVERY + 3, proc, log, HANG_GUARD, "step 13")
         workers = {env["RANK"]: pid for pid in children(proc.pid) if "RANK" in (env := environ(pid))}
         assert set(workers) == {"0", "1"}, workers
         assert all(environ(pid)["TORCHELASTIC_RESTART_COUNT"] == "0" for pid in workers.values())
         os.kill(workers[str(victim)], signal.SIGKILL)
         step_at_kill = max_step(out)
-        text = finish(proc, log, timeout=240)
+        text = finish(proc, log, timeout=HANG_GUARD)
     assert proc.returncode == 0, text[-3000:]
     assert step_at_kill < KILL_STEPS, "the kill must land mid-run"
 
@@ -297,15 +302,16 @@ def test_sigkill_one_worker_torchrun_restarts_and_losses_match(tmp_path, cache, 
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step_{s:08d}" for s in (80, 90, 100)]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_sigterm_to_torchrun_checkpoints_and_resume_is_exact(tmp_path, cache, text_file, ddp_reference):
     """Preemption of a torchrun job: torchrun passes SIGTERM to its workers, which finish the
     step together, checkpoint it and exit; ``--resume`` later continues exactly."""
     out, log = tmp_path / "run", tmp_path / "torchrun.log"
     with launched(torchrun_cmd(2, *ddp_args(out, cache, text_file)), log) as proc:
-        wait_until(lambda: max_step(out) >= 3, proc, log, 60, "step 3")
+        wait_until(lambda: max_step(out) >= 3, proc, log, HANG_GUARD, "step 3")
         proc.send_signal(signal.SIGTERM)
-        text = finish(proc, log, timeout=240)
+        text = finish(proc, log, timeout=HANG_GUARD)
     # (torchrun itself exits non-zero after a signal, whatever its workers did)
     m = re.search(r"stop requested \(SIGTERM\): checkpoint saved at step (\d+)", text)
     assert m, text[-3000:]
@@ -316,7 +322,7 @@ def test_sigterm_to_torchrun_checkpoints_and_resume_is_exact(tmp_path, cache, te
 
     log2 = tmp_path / "resume.log"
     with launched(torchrun_cmd(2, *ddp_args(out, cache, text_file), "--resume"), log2) as proc:
-        text = finish(proc, log2, timeout=240)
+        text = finish(proc, log2, timeout=HANG_GUARD)
     assert proc.returncode == 0, text[-3000:]
     assert f"at step {stop}" in text
     assert_same_losses(last_losses(out), ddp_reference)
@@ -328,6 +334,7 @@ def test_sigterm_to_torchrun_checkpoints_and_resume_is_exact(tmp_path, cache, te
 TERM_STEPS = 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_checkpoints_at_the_stop_step_and_resume_is_exact(sig, tmp_path, cache, text_file, capsys):
     """SIGTERM (preemption) and Ctrl-C (SIGINT) both finish the step, checkpoint and exit 0."""
@@ -337,9 +344,9 @@ def test_signal_checkpoints_at_the_stop_step_and_resume_is_exact(sig, tmp_path, 
 
     out, log = tmp_path / "run", tmp_path / "run.log"
     with launched([sys.executable, "-m", "recipes.train", *args(out, cache, text_file, *common)], log) as proc:
-        wait_until(lambda: max_step(out) >= 3, proc, log, 60, "step 3")
+        wait_until(lambda: max_step(out) >= 3, proc, log, HANG_GUARD, "step 3")
         proc.send_signal(sig)
-        text = finish(proc, log, timeout=240)
+        text = finish(proc, log, timeout=HANG_GUARD)
     assert proc.returncode == 0, text[-3000:]
     m = re.search(rf"stop requested \({sig.name}\): checkpoint saved at step (\d+)", text)
     assert m, text[-3000:]
@@ -572,17 +579,18 @@ def _signal_during_save(tmp_path, cache, text_file, action) -> tuple[subprocess.
         *args(out, cache, text_file, *SLOW_SAVE, "train.steps=40", "train.checkpoint_every=2"),
     ]
     with launched(cmd, log) as proc:
-        wait_until(lambda: (out / "checkpoints" / "step_00000002").is_dir(), proc, log, 120, "checkpoint 2")
+        wait_until(lambda: (out / "checkpoints" / "step_00000002").is_dir(), proc, log, HANG_GUARD, "checkpoint 2")
         action(proc, out)
-        text = finish(proc, log, timeout=240)
+        text = finish(proc, log, timeout=HANG_GUARD)
     return proc, text, out
 
 
+@pytest.mark.slow
 @needs_proc
 def test_kill_9_while_a_checkpoint_is_written_keeps_the_previous_one(tmp_path, cache, text_file):
     def kill_inside_the_write(proc, out):
         tmp = out / "checkpoints" / ".tmp-step_00000004"
-        wait_until(lambda: (tmp / "state.pt").is_file(), proc, out / "../train.log", 60, "the write of step 4")
+        wait_until(lambda: (tmp / "state.pt").is_file(), proc, out / "../train.log", HANG_GUARD, "the write of step 4")
         proc.send_signal(signal.SIGKILL)
 
     proc, _, out = _signal_during_save(tmp_path, cache, text_file, kill_inside_the_write)
@@ -599,6 +607,7 @@ def test_kill_9_while_a_checkpoint_is_written_keeps_the_previous_one(tmp_path, c
     ]
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_second_ctrl_c_aborts_at_once_and_the_last_checkpoint_stays(tmp_path, cache, text_file):
     def two_ctrl_cs(proc, out):
@@ -621,11 +630,12 @@ def fsdp_reference(tmp_path_factory, cache, text_file) -> dict[int, float]:
     log = out / "torchrun.log"
     fsdp = ddp_args(out / "run", cache, text_file)[:-1] + ["train.parallel=fsdp", "train.steps=30"]
     with launched(torchrun_cmd(2, *fsdp), log) as proc:
-        text = finish(proc, log, timeout=120)
+        text = finish(proc, log, timeout=HANG_GUARD)
     assert proc.returncode == 0, text[-3000:]
     return last_losses(out / "run")
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @needs_proc
 def test_sigkill_one_fsdp_worker_restarts_from_the_sharded_checkpoint(tmp_path, cache, text_file, fsdp_reference):
@@ -634,11 +644,11 @@ def test_sigkill_one_fsdp_worker_restarts_from_the_sharded_checkpoint(tmp_path, 
     out, log = tmp_path / "run", tmp_path / "torchrun.log"
     fsdp = ddp_args(out, cache, text_file)[:-1] + ["train.parallel=fsdp", "train.steps=30"]
     with launched(torchrun_cmd(2, *fsdp, max_restarts=1), log) as proc:
-        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= KILL_EVERY + 3, proc, log, 90, "step 13")
+        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= KILL_EVERY + 3, proc, log, HANG_GUARD, "step 13")
         workers = {env["RANK"]: pid for pid in children(proc.pid) if "RANK" in (env := environ(pid))}
         os.kill(workers["1"], signal.SIGKILL)
         step_at_kill = max_step(out)
-        text = finish(proc, log, timeout=120)
+        text = finish(proc, log, timeout=HANG_GUARD)
     assert proc.returncode == 0, text[-3000:]
     assert step_at_kill < 30
     starts = [r for r in read_log(out) if r.get("event") == "start"]
@@ -682,6 +692,7 @@ def _train_on_tmpfs(tmp_path, cache, text_file, options: str, *extra: str, cache
     return done.returncode, done.stderr, left / ("cache" if cache_there else "run")
 
 
+@pytest.mark.slow
 @needs_tmpfs
 def test_a_disk_that_fills_mid_save_keeps_the_previous_checkpoint_and_says_no_space(tmp_path, cache, text_file):
     """A real ENOSPC: a 3 MB tmpfs holds one checkpoint of the tiny model (2 MB) but not a second
@@ -698,6 +709,7 @@ def test_a_disk_that_fills_mid_save_keeps_the_previous_checkpoint_and_says_no_sp
     assert all(isinstance(r, dict) for r in read_log(run))  # every line whole
 
 
+@pytest.mark.slow
 @needs_tmpfs
 def test_a_disk_full_at_start_is_one_error_line(tmp_path, cache, text_file):
     """One 4 KiB page: the lock file takes it, the first metrics record does not fit."""
@@ -708,6 +720,7 @@ def test_a_disk_full_at_start_is_one_error_line(tmp_path, cache, text_file):
     assert (run / "metrics.jsonl").read_bytes() == b""  # nothing half-written
 
 
+@pytest.mark.slow
 @needs_tmpfs
 @pytest.mark.parametrize("size", ["60k", "200k"], ids=["datasets_arrow_files", "token_files"])
 def test_a_full_data_cache_is_one_error_line_and_keeps_nothing(tmp_path, cache, text_file, size):
@@ -721,6 +734,7 @@ def test_a_full_data_cache_is_one_error_line_and_keeps_nothing(tmp_path, cache, 
     assert list(left.iterdir()) == []  # the temporary directory is gone
 
 
+@pytest.mark.slow
 @needs_tmpfs
 def test_an_unwritable_out_dir_is_one_error_line(tmp_path, cache, text_file):
     rc, err, _ = _train_on_tmpfs(tmp_path, cache, text_file, "ro", "train.steps=2")
@@ -729,13 +743,14 @@ def test_an_unwritable_out_dir_is_one_error_line(tmp_path, cache, text_file):
     ], err
 
 
+@pytest.mark.slow
 def test_a_second_trainer_on_a_running_directory_is_refused_and_the_first_runs_on(tmp_path, cache, text_file, capsys):
     out, log = tmp_path / "run", tmp_path / "first.log"
     first = [sys.executable, "-m", "recipes.train", *args(out, cache, text_file, "train.steps=200")]
     with launched(first, log) as proc:
-        wait_until(lambda: max_step(out) >= 2, proc, log, 60, "step 2 of the first trainer")
+        wait_until(lambda: max_step(out) >= 2, proc, log, HANG_GUARD, "step 2 of the first trainer")
         assert cli(args(out, cache, text_file, "train.steps=200", "optim.lr=0.5", "--resume")) == 2
-        text = finish(proc, log, timeout=120)
+        text = finish(proc, log, timeout=HANG_GUARD)
     err = capsys.readouterr().err
     assert f"is in use by another trainer (pid {proc.pid} on " in err
     assert proc.returncode == 0 and "done: step 200" in text

@@ -199,6 +199,7 @@ def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
     assert calls == ["normalize", "qk_normalize", "lerp", "slerp", "riemannian", "swiglu", "scaled_linear"]
 
 
+@pytest.mark.slow
 def test_the_environment_chooses_the_implementation_at_import():
     code = "import spherenet.layers.ops as ops; print(ops.active())"
     env = dict(os.environ, SPHERENET_KERNELS="reference")

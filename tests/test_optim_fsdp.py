@@ -140,6 +140,7 @@ def _checks(rank: int) -> None:
         raise AssertionError("an optimizer built before fully_shard stepped silently")
 
 
+@pytest.mark.slow
 def test_fsdp2_sharded_training_matches_single_process():
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")

@@ -311,6 +311,7 @@ def test_unavailable_kernel_native_refuses_auto_warns_once(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
 
 
+@pytest.mark.slow
 def test_environment_switch_disables_the_build():
     code = "from spherenet.optim import _native; ok, why = _native.native_status(); print(ok); print(why)"
     env = dict(os.environ, SPHERENET_NATIVE="0")
@@ -340,6 +341,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capability", ["AVX2", "DEFAULT"])
 def test_kernel_built_for_another_cpu_capability(capability, tmp_path):
     """The kernel is compiled per CPU capability (different Vectorized<T> widths, the portable
@@ -377,6 +379,7 @@ def test_gradient_normal_to_the_sphere_has_no_tangent_part(dtype, row_v):
     assert float((x - before).abs().max()) <= 4 * ulp
 
 
+@pytest.mark.slow
 def test_a_library_built_before_is_loaded_without_torchs_builder():
     """torch's builder holds a lock file in the build folder while it checks a build, and a
     process killed then leaves it behind: every later builder would wait on it forever. A

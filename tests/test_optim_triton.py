@@ -209,6 +209,7 @@ def test_riemannian_adam_with_the_triton_kernel_matches_foreach(second_moment, g
     assert steps == {float(s["step"]) for s in foreach_opt.state.values()}
 
 
+@pytest.mark.slow
 def test_spherenet_kernels_triton_makes_auto_pick_the_triton_kernel():
     import subprocess
     import sys

@@ -212,6 +212,7 @@ def test_train_help_lists_configs_presets_and_where_keys_are(capsys):
 # -- one CLI -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_console_scripts_use_their_own_names_and_one_error_line(tmp_path):
     bin_dir = Path(sys.executable).parent
     scripts = {
@@ -252,6 +253,7 @@ def test_from_preset_model_still_matches_after_its_export(run_and_export):
     assert any(not torch.equal(p, q) for p, q in zip(fresh.parameters(), loaded.parameters()))
 
 
+@pytest.mark.slow
 def test_init_from_under_torchrun_fsdp_with_two_gloo_ranks(corpus, run_and_export, tmp_path):
     """Each rank loads the exported weights before sharding; the FSDP run's first checkpoint,
     after one step at lr ~ 0, holds them."""

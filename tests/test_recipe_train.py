@@ -261,6 +261,7 @@ def torchrun(nproc: int, args: list[str], timeout: int = 240) -> subprocess.Comp
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_processes_match_one(tmp_path, cache, text_file, parallel):

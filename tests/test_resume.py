@@ -247,6 +247,7 @@ def test_extend_schedule_recomputes_the_rate_over_the_new_total():
 # ---------------------------------------------------------------- one run, one directory
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_frees_the_directory(tmp_path):
     """A real second process holds the lock; this one is refused with its PID. kill -9 the holder
     and the directory is free again (the OS releases the lock)."""

@@ -142,6 +142,7 @@ def test_progress_bar_on_a_terminal_unless_no_progress(scaling, tmp_path, monkey
         assert "scaling study" in shown and "3/3" in shown  # the sweep's three runs, all planned
 
 
+@pytest.mark.slow
 def test_one_real_training_through_the_study(scaling, tmp_path):
     """The study drives convergence.train_one, a real recipes.train process, as it is today:
     one GPT run of a few steps lands in the ledger with its validation curve."""

@@ -88,6 +88,7 @@ def _worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 def test_nonfinite_on_one_rank_skips_the_step_on_every_rank():
     mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
