@@ -203,7 +203,7 @@ def launched(cmd: list[str], log: Path):
             proc.wait(timeout=30)
 
 
-def wait_until(condition, proc: subprocess.Popen, log: Path, timeout: float, what: str) -> None:
+def wait_until(condition, proc: subprocess.Popen, log: Path, what: str, timeout: float = HANG_GUARD) -> None:
     """Poll ``condition`` every 10 ms; fail when ``proc`` ends first or time runs out."""
     deadline = time.monotonic() + timeout
     while not condition():
@@ -214,7 +214,7 @@ def wait_until(condition, proc: subprocess.Popen, log: Path, timeout: float, wha
         time.sleep(0.01)
 
 
-def finish(proc: subprocess.Popen, log: Path, timeout: float) -> str:
+def finish(proc: subprocess.Popen, log: Path, timeout: float = HANG_GUARD) -> str:
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -260,7 +260,7 @@ def ddp_reference(tmp_path_factory, cache, text_file) -> dict[int, float]:
     out = tmp_path_factory.mktemp("ddp_reference")
     log = out / "torchrun.log"
     with launched(torchrun_cmd(2, *ddp_args(out / "run", cache, text_file)), log) as proc:
-        text = finish(proc, log, timeout=HANG_GUARD)
+        text = finish(proc, log)
     assert proc.returncode == 0, text[-3000:]
     losses = last_losses(out / "run")
     assert sorted(losses) == list(range(1, KILL_STEPS + 1))
@@ -279,13 +279,13 @@ def test_sigkill_one_worker_torchrun_restarts_and_losses_match(tmp_path, cache, 
     out, log = tmp_path / "run", tmp_path / "torchrun.log"
     with launched(torchrun_cmd(2, *ddp_args(out, cache, text_file), max_restarts=1), log) as proc:
         # Past the first checkpoint by a few steps, so the restart has steps to redo.
-        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= KILL_EVERY + 3, proc, log, HANG_GUARD, "step 13")
+        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= KILL_EVERY + 3, proc, log, "step 13")
         workers = {env["RANK"]: pid for pid in children(proc.pid) if "RANK" in (env := environ(pid))}
         assert set(workers) == {"0", "1"}, workers
         assert all(environ(pid)["TORCHELASTIC_RESTART_COUNT"] == "0" for pid in workers.values())
         os.kill(workers[str(victim)], signal.SIGKILL)
         step_at_kill = max_step(out)
-        text = finish(proc, log, timeout=HANG_GUARD)
+        text = finish(proc, log)
     assert proc.returncode == 0, text[-3000:]
     assert step_at_kill < KILL_STEPS, "the kill must land mid-run"
 
@@ -309,9 +309,9 @@ def test_sigterm_to_torchrun_checkpoints_and_resume_is_exact(tmp_path, cache, te
     step together, checkpoint it and exit; ``--resume`` later continues exactly."""
     out, log = tmp_path / "run", tmp_path / "torchrun.log"
     with launched(torchrun_cmd(2, *ddp_args(out, cache, text_file)), log) as proc:
-        wait_until(lambda: max_step(out) >= 3, proc, log, HANG_GUARD, "step 3")
+        wait_until(lambda: max_step(out) >= 3, proc, log, "step 3")
         proc.send_signal(signal.SIGTERM)
-        text = finish(proc, log, timeout=HANG_GUARD)
+        text = finish(proc, log)
     # (torchrun itself exits non-zero after a signal, whatever its workers did)
     m = re.search(r"stop requested \(SIGTERM\): checkpoint saved at step (\d+)", text)
     assert m, text[-3000:]
@@ -322,7 +322,7 @@ def test_sigterm_to_torchrun_checkpoints_and_resume_is_exact(tmp_path, cache, te
 
     log2 = tmp_path / "resume.log"
     with launched(torchrun_cmd(2, *ddp_args(out, cache, text_file), "--resume"), log2) as proc:
-        text = finish(proc, log2, timeout=HANG_GUARD)
+        text = finish(proc, log2)
     assert proc.returncode == 0, text[-3000:]
     assert f"at step {stop}" in text
     assert_same_losses(last_losses(out), ddp_reference)
@@ -344,9 +344,9 @@ def test_signal_checkpoints_at_the_stop_step_and_resume_is_exact(sig, tmp_path, 
 
     out, log = tmp_path / "run", tmp_path / "run.log"
     with launched([sys.executable, "-m", "recipes.train", *args(out, cache, text_file, *common)], log) as proc:
-        wait_until(lambda: max_step(out) >= 3, proc, log, HANG_GUARD, "step 3")
+        wait_until(lambda: max_step(out) >= 3, proc, log, "step 3")
         proc.send_signal(sig)
-        text = finish(proc, log, timeout=HANG_GUARD)
+        text = finish(proc, log)
     assert proc.returncode == 0, text[-3000:]
     m = re.search(rf"stop requested \({sig.name}\): checkpoint saved at step (\d+)", text)
     assert m, text[-3000:]
@@ -579,9 +579,9 @@ def _signal_during_save(tmp_path, cache, text_file, action) -> tuple[subprocess.
         *args(out, cache, text_file, *SLOW_SAVE, "train.steps=40", "train.checkpoint_every=2"),
     ]
     with launched(cmd, log) as proc:
-        wait_until(lambda: (out / "checkpoints" / "step_00000002").is_dir(), proc, log, HANG_GUARD, "checkpoint 2")
+        wait_until(lambda: (out / "checkpoints" / "step_00000002").is_dir(), proc, log, "checkpoint 2")
         action(proc, out)
-        text = finish(proc, log, timeout=HANG_GUARD)
+        text = finish(proc, log)
     return proc, text, out
 
 
@@ -590,7 +590,7 @@ def _signal_during_save(tmp_path, cache, text_file, action) -> tuple[subprocess.
 def test_kill_9_while_a_checkpoint_is_written_keeps_the_previous_one(tmp_path, cache, text_file):
     def kill_inside_the_write(proc, out):
         tmp = out / "checkpoints" / ".tmp-step_00000004"
-        wait_until(lambda: (tmp / "state.pt").is_file(), proc, out / "../train.log", HANG_GUARD, "the write of step 4")
+        wait_until(lambda: (tmp / "state.pt").is_file(), proc, out / "../train.log", "the write of step 4")
         proc.send_signal(signal.SIGKILL)
 
     proc, _, out = _signal_during_save(tmp_path, cache, text_file, kill_inside_the_write)
@@ -630,7 +630,7 @@ def fsdp_reference(tmp_path_factory, cache, text_file) -> dict[int, float]:
     log = out / "torchrun.log"
     fsdp = ddp_args(out / "run", cache, text_file)[:-1] + ["train.parallel=fsdp", "train.steps=30"]
     with launched(torchrun_cmd(2, *fsdp), log) as proc:
-        text = finish(proc, log, timeout=HANG_GUARD)
+        text = finish(proc, log)
     assert proc.returncode == 0, text[-3000:]
     return last_losses(out / "run")
 
@@ -644,11 +644,11 @@ def test_sigkill_one_fsdp_worker_restarts_from_the_sharded_checkpoint(tmp_path, 
     out, log = tmp_path / "run", tmp_path / "torchrun.log"
     fsdp = ddp_args(out, cache, text_file)[:-1] + ["train.parallel=fsdp", "train.steps=30"]
     with launched(torchrun_cmd(2, *fsdp, max_restarts=1), log) as proc:
-        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= KILL_EVERY + 3, proc, log, HANG_GUARD, "step 13")
+        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= KILL_EVERY + 3, proc, log, "step 13")
         workers = {env["RANK"]: pid for pid in children(proc.pid) if "RANK" in (env := environ(pid))}
         os.kill(workers["1"], signal.SIGKILL)
         step_at_kill = max_step(out)
-        text = finish(proc, log, timeout=HANG_GUARD)
+        text = finish(proc, log)
     assert proc.returncode == 0, text[-3000:]
     assert step_at_kill < 30
     starts = [r for r in read_log(out) if r.get("event") == "start"]
@@ -748,9 +748,9 @@ def test_a_second_trainer_on_a_running_directory_is_refused_and_the_first_runs_o
     out, log = tmp_path / "run", tmp_path / "first.log"
     first = [sys.executable, "-m", "recipes.train", *args(out, cache, text_file, "train.steps=200")]
     with launched(first, log) as proc:
-        wait_until(lambda: max_step(out) >= 2, proc, log, HANG_GUARD, "step 2 of the first trainer")
+        wait_until(lambda: max_step(out) >= 2, proc, log, "step 2 of the first trainer")
         assert cli(args(out, cache, text_file, "train.steps=200", "optim.lr=0.5", "--resume")) == 2
-        text = finish(proc, log, timeout=HANG_GUARD)
+        text = finish(proc, log)
     err = capsys.readouterr().err
     assert f"is in use by another trainer (pid {proc.pid} on " in err
     assert proc.returncode == 0 and "done: step 200" in text
