@@ -58,7 +58,7 @@ from _machine import cpu_name  # noqa: E402
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.train import DEFAULT_CONFIG  # noqa: E402
 
-ARMS = ["gpt", "ngpt", "gpt-muon", "gpt-adamh", "gpt-muonh"]
+ARMS = ["gpt", "ngpt", "gpt-muon", "gpt-adamh", "gpt-muonh", "ngpt-slerp", "ngpt-riemannian", "ngpt-tangent"]
 POINTS = ["tiny@256", "tiny@1024"]
 BUDGETS = [100, 400, 1600]
 BASELINE = scaling.BASELINE
