@@ -3,25 +3,33 @@ kernel (native C++, Triton, foreach) a ``sphere_kernel`` choice means on a devic
 
 All sphere kernels take the same arguments (``sphere_adam_(xs, gs, ms, vs, step_sizes,
 bias2_sqrts, beta1, beta2, eps, tiny, row_v, project)``, the step counter already moved) and
-compute the same step, up to float rounding. The choice is made here and nowhere else: the
-``sphere_kernel`` argument, and for ``"auto"`` the environment variable ``SPHERENET_KERNELS``
+compute the same step, up to float rounding. Which one a ``sphere_kernel`` choice means is
+:func:`spherenet.kernels.resolve.resolve`'s answer for the op below: the ``sphere_kernel`` argument, and
+for ``"auto"`` a ``spherenet.kernels.use`` block or the environment variable ``SPHERENET_KERNELS``
 (``triton``: the Triton kernel on every device, CPU tensors under ``TRITON_INTERPRET=1``;
-``torch``: never the Triton kernel), read once at import.
+``torch`` or ``reference``: the foreach kernels; ``native``: the C++ kernel on CPU).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
+
+from ..kernels.resolve import Op, resolve
 
 __all__ = ["SPHERE_KERNELS", "resolve_sphere_kernel", "split_fused", "triton_status", "takes_triton_rows"]
 
 SPHERE_KERNELS = ("auto", "native", "triton", "foreach")
 _FUSED_DEVICES = ("cpu", "cuda", "xpu")
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_ENVIRONMENT = os.environ.get("SPHERENET_KERNELS", "").strip().lower()
+# The sphere step's implementations (the resolver's names -> this package's kernel names) and
+# what "auto" takes per device type.
+_SPHERE_ADAM = Op(
+    "sphere_adam_",
+    implementations={"reference": "foreach", "torch": "foreach", "native": "native", "triton": "triton"},
+    auto={"cpu": "native", "cuda": "triton", "*": "torch"},
+)
 
 
 def triton_status() -> tuple[bool, str | None]:
@@ -39,16 +47,13 @@ def resolve_sphere_kernel(choice: str, device_type: str) -> str:
     """The kernel a ``sphere_kernel`` choice asks for, for a tensor on ``device_type``, before
     availability and layout are checked: ``"auto"`` is ``"native"`` on CPU, ``"triton"`` on
     CUDA, ``"foreach"`` elsewhere (``SPHERENET_KERNELS=triton``: ``"triton"`` everywhere;
-    ``=torch``: no ``"triton"``); ``"native"`` is CPU only (``"foreach"`` elsewhere)."""
-    if choice == "auto":
-        if _ENVIRONMENT == "triton":
-            return "triton"
-        if _ENVIRONMENT == "torch" and device_type == "cuda":
-            return "foreach"
-        return {"cpu": "native", "cuda": "triton"}.get(device_type, "foreach")
-    if choice == "native" and device_type != "cpu":
+    ``=torch`` or ``=reference``: ``"foreach"``); ``"native"`` is CPU only (``"foreach"``
+    elsewhere)."""
+    requested = None if choice == "auto" else {"foreach": "torch"}.get(choice, choice)
+    kernel = _SPHERE_ADAM.implementations[resolve(_SPHERE_ADAM, requested, device_type)]
+    if kernel == "native" and device_type != "cpu":
         return "foreach"
-    return choice
+    return kernel
 
 
 def takes_triton_rows(*tensors: torch.Tensor) -> bool:
