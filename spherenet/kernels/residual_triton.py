@@ -43,6 +43,19 @@ def _runs_fused(h: torch.Tensor, h_block: torch.Tensor, alpha) -> bool:
     )
 
 
+@triton.jit
+def _backward_rows(block, G, H, B, Y, NORM, n_rows, d, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    """What an update's backward kernel reads for block ``block`` of rows: its tile, then ``h``,
+    ``h_block``, the saved output ``y`` and its gradient ``g`` (float32), and the saved row norms."""
+    rows, cols, offs, mask = tile(block, n_rows, d, BLOCK_D, ROWS)
+    h = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    norm = tl.load(NORM + rows, mask=rows < n_rows, other=1.0)
+    return rows, cols, offs, mask, h, b, y, g, norm
+
+
 # ---------------------------------------------------------------- LERP (eq. 10, 11) and Riemannian (eq. 24-26)
 
 
@@ -68,12 +81,7 @@ def _residual_bwd(G, H, B, ALPHA, Y, NORM, GH, GB, GALPHA, n_rows, d, tiny, RIEM
     alpha = tl.load(ALPHA + cols, mask=cols < d, other=0.0)[None, :]
     grad_alpha_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for block in range(pid, tl.cdiv(n_rows, ROWS), tl.num_programs(0)):  # every n-th block of rows
-        rows, cols, offs, mask = tile(block, n_rows, d, BLOCK_D, ROWS)
-        h = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-        norm = tl.load(NORM + rows, mask=rows < n_rows, other=1.0)
+        rows, cols, offs, mask, h, b, y, g, norm = _backward_rows(block, G, H, B, Y, NORM, n_rows, d, BLOCK_D, ROWS)
         gs = norm_grad(g, y, norm, tiny)  # the gradient of the un-normalized step s
         if RIEMANNIAN:
             cos = tl.sum(h * b, axis=1)[:, None]
@@ -258,12 +266,7 @@ def _slerp_bwd(G, H, B, ALPHA, Y, NORM, GH, GB, GALPHA, n_rows, d, tiny, BLOCK_D
     alpha = tl.load(ALPHA + cols, mask=cols < d, other=0.0)[None, :]
     grad_alpha_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for block in range(pid, tl.cdiv(n_rows, ROWS), tl.num_programs(0)):  # every n-th block of rows
-        rows, cols, offs, mask = tile(block, n_rows, d, BLOCK_D, ROWS)
-        a = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-        norm = tl.load(NORM + rows, mask=rows < n_rows, other=1.0)
+        rows, cols, offs, mask, a, b, y, g, norm = _backward_rows(block, G, H, B, Y, NORM, n_rows, d, BLOCK_D, ROWS)
         theta, diff, total, dot, u, antipodal, e, a_axis, f, w_norm = _slerp_parts(a, b, cols, mask, tiny)
         gs = tl.where(mask, norm_grad(g, y, norm, tiny), 0.0)  # the gradient of the unnormalized step
         anti = antipodal[:, None]
