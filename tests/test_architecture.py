@@ -20,7 +20,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "manifolds": set(),
     "layers": {"manifolds"},
     "optim": {"manifolds"},
-    "models": {"manifolds", "layers", "optim"},
+    "models": {"manifolds", "layers", "optim", "checkpoint"},  # hub.py: the file manifest of a saved model
     "analysis": {"manifolds", "layers", "optim", "models"},
     "data": set(),
     "checkpoint": set(),
