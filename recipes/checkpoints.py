@@ -30,11 +30,12 @@ from spherenet.checkpoint import (
     CheckpointError,
     CheckpointManager,
     VerifiedCheckpoint,
+    check_finite_weights,
 )
 from spherenet.data import DataError, Tokenizer, build_tokenizer
 from spherenet.data.tokenizer import SPEC_FILE, TOKENIZER_JSON, load_tokenizer
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, load_pretrained
-from spherenet.models.hub import CONFIG_NAME, WEIGHTS_NAME, PretrainedFileError
+from spherenet.models.hub import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError
 
 MODEL_FILE = "model.json"
 TOKENIZER_DIR = "tokenizer"
@@ -146,6 +147,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Traine
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{ckpt.path}: the recorded {class_name} config does not build a model: {exc}") from None
     CheckpointManager(ckpt.path.parent).load(ckpt, {"model": model}, restore_rng=False)
+    check_finite_weights(model, str(ckpt.path))  # nothing trains from, samples or exports NaN weights
     tokenizer = _tokenizer(ckpt, values)
     model.to(device).eval()
     return Trained(model, tokenizer, values.get("config", {}), ckpt.step, ckpt.path)
@@ -198,7 +200,9 @@ def load_weights(source: str | Path, device: str | torch.device = "cpu") -> Trai
     try:
         from huggingface_hub import snapshot_download
 
-        local = snapshot_download(repo_id=str(source), allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, "tokenizer*.json"])
+        local = snapshot_download(
+            repo_id=str(source), allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, MANIFEST_NAME, "tokenizer*.json"]
+        )
     except Exception as exc:  # noqa: BLE001 - offline, missing repo, authentication, no huggingface_hub
         raise CheckpointError(
             f"no local path {source}, and the Hub repository {source!r} cannot be fetched: {type(exc).__name__}: "

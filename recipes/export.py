@@ -2,14 +2,17 @@
 
     python -m recipes.export runs/default exported/ngpt-cpu
     python -m recipes.export runs/default exported/step400 --step 400
+    python -m recipes.export runs/default exported/ngpt-cpu --overwrite   # replace an earlier export
 
 RUN is a run's ``train.out_dir``, its ``checkpoints/`` directory, or one ``step_*`` checkpoint;
 the newest sound checkpoint is used unless ``--step`` picks one. OUT receives ``config.json``
 and ``model.safetensors`` (``NGPT.from_pretrained(OUT)`` / ``GPT.from_pretrained(OUT)`` or
 ``spherenet.models.load_pretrained(OUT)`` load them), the tokenizer's files
 (``spherenet.data.tokenizer.load_tokenizer(OUT)``, and a ``tokenizer.json`` for every tokenizer,
-which ``tokenizers`` / ``transformers`` load) and a model card, ``README.md``. Needs
-``pip install "spherenet[hub]"``.
+which ``tokenizers`` / ``transformers`` load), a model card, ``README.md``, and
+``sha256sums.json``, the size and sha256 of every other file, checked when the model is loaded.
+OUT must be empty or absent; ``--overwrite`` replaces what is there (as one rename: a failed export
+leaves the old one in place). Needs ``pip install "spherenet[hub]"``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from spherenet.checkpoint import CheckpointError, CheckpointManager, describe_os
 from spherenet.data import DataError
 from spherenet.data.tokenizer import TOKENIZER_JSON
 from spherenet.models import PretrainedFileError
+from spherenet.models.hub import MANIFEST_NAME, write_manifest
 
 CARD = "README.md"
 
@@ -112,12 +116,25 @@ The full training configuration:
 """
 
 
-def export(trained: Trained, out: str | Path) -> list[Path]:
-    """Write ``trained``'s model (``save_pretrained``) and tokenizer files into ``out``;
-    returns the paths written. Everything is written into a temporary directory beside ``out``
-    first and moved in only when complete: a failed export (disk full, read-only) leaves no
-    half-written files in ``out``."""
+def refuse_non_empty(out: str | Path) -> None:
+    """CheckpointError when ``out`` exists and is not an empty directory (export never mixes its
+    files with others, nor replaces an earlier export unasked)."""
     out = Path(out)
+    if out.is_dir() and any(out.iterdir()):
+        raise CheckpointError(f"{out} is not empty; pass --overwrite to replace what it holds, or export elsewhere")
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out} exists and is not a directory; export into a new directory")
+
+
+def export(trained: Trained, out: str | Path, overwrite: bool = False) -> list[Path]:
+    """Write ``trained``'s model (``save_pretrained``), tokenizer files, model card and a
+    manifest of them all into ``out``; returns the paths written. ``out`` must be empty or
+    absent (:func:`refuse_non_empty`) unless ``overwrite``: then its contents are replaced.
+    Everything is written into a temporary directory beside ``out`` first and moved in only when
+    complete: a failed export (disk full, read-only) leaves no half-written files in ``out``."""
+    out = Path(out)
+    if not overwrite:
+        refuse_non_empty(out)
     tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
@@ -132,10 +149,18 @@ def export(trained: Trained, out: str | Path) -> list[Path]:
         if not (tmp / TOKENIZER_JSON).is_file():  # the byte tokenizer: its tokenizer.json form
             (tmp / TOKENIZER_JSON).write_text(trained.tokenizer.tokenizer_json(), encoding="utf-8")
         (tmp / CARD).write_text(model_card(trained), encoding="utf-8")
+        write_manifest(tmp, sorted(p.name for p in tmp.iterdir() if p.name != MANIFEST_NAME))
         names = sorted(p.name for p in tmp.iterdir())
-        out.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            os.replace(tmp / name, out / name)
+        old = out.parent / f".old-export-{out.name}-{uuid.uuid4().hex[:8]}"
+        if out.exists():
+            os.replace(out, old)  # a directory cannot be renamed over a non-empty one: move it aside
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if old.exists():
+                os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     first = ["config.json", "model.safetensors"]
@@ -149,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--step", type=int, default=None, help="export this step's checkpoint (default: the newest sound one)"
     )
+    p.add_argument("--overwrite", action="store_true", help="replace what OUT holds (by default it must be empty)")
     args = p.parse_args(argv)
     try:
+        if not args.overwrite:
+            refuse_non_empty(args.out)
         if not Path(args.run).exists():
             raise CheckpointError(f"no run directory or checkpoint at {args.run}")
         if is_exported(args.run):
@@ -160,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         source = step_checkpoint(args.run, args.step) if args.step is not None else args.run
         trained = load_trained(source)
-        written = export(trained, args.out)
+        written = export(trained, args.out, overwrite=args.overwrite)
     except (CheckpointError, DataError, PretrainedFileError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "kernels": {"manifolds"},
     "layers": {"manifolds", "kernels"},
     "optim": {"manifolds", "kernels"},
-    "models": {"manifolds", "kernels", "layers", "optim"},
+    "models": {"manifolds", "kernels", "layers", "optim", "checkpoint"},  # hub.py: the file manifest of a saved model
     "analysis": {"manifolds", "kernels", "layers", "optim", "models"},
     "data": set(),
     "checkpoint": set(),

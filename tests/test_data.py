@@ -328,6 +328,58 @@ def test_prepare_text_split_by_document_metadata_and_cache(tmp_path):
     assert not rebuilt.cached and rebuilt.meta["content_sha256"] == meta["content_sha256"]  # deterministic
 
 
+def edit_in_place_keeping_size_and_mtime(path: Path, old: str, new: str) -> None:
+    """Rewrite ``path`` with ``old`` replaced by ``new`` (same length), then put its modification
+    time back, as ``touch -d``, ``rsync -t`` or ``tar x`` do: size and mtime tell nothing."""
+    before = path.stat()
+    text = path.read_text(encoding="utf-8")
+    assert old in text and len(old.encode()) == len(new.encode())
+    with open(path, "r+b") as f:  # in place: the same inode
+        f.write(text.replace(old, new).encode("utf-8"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_tokenized_again(tmp_path):
+    src = write_text(tmp_path / "corpus.txt", paragraphs(40))
+    out = tmp_path / "prepared"
+    data = prepare_dataset(src, "byte", out, val_fraction=0.2, seed=1)
+    edit_in_place_keeping_size_and_mtime(src, "sphere", "SPHERE")
+    again = prepare_dataset(src, "byte", out, val_fraction=0.2, seed=1)
+    assert not again.cached and again.path != data.path
+    assert again.meta["content_sha256"] != data.meta["content_sha256"]
+    tokens = bytes(np.concatenate([again.tokens("train"), again.tokens("val")]).astype(np.uint8))
+    assert b"SPHERE" in tokens and b"sphere" not in tokens
+    assert prepare_dataset(src, "byte", out, val_fraction=0.2, seed=1).cached  # and that is cached in turn
+
+
+def test_resume_after_an_edit_that_keeps_size_and_mtime_is_refused(tmp_path, capsys):
+    """A real run halted at step 2, its text file edited in place with size and mtime kept:
+    ``--resume`` is refused as a data change (one line, exit 2), not trained on stale tokens."""
+    from recipes.train import cli
+
+    src = write_text(tmp_path / "corpus.txt", paragraphs(200))
+    run = [
+        "model.preset=ngpt-tiny",
+        "model.max_seq_len=32",
+        "train.batch_size=4",
+        "train.steps=4",
+        "train.eval_batches=1",
+        "train.sample_tokens=0",
+        "train.progress=false",
+        f"data.source={src}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"train.out_dir={tmp_path / 'run'}",
+    ]
+    assert cli([*run, "train.halt_after=2"]) == 0
+    edit_in_place_keeping_size_and_mtime(src, "sphere", "SPHERE")
+    capsys.readouterr()
+    assert cli([*run, "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{src} now gives other tokens" in err[0] and "--accept-data-change" in err[0], err
+
+
 def test_prepare_jsonl_with_text_field(tmp_path):
     docs = paragraphs(25)
     src = tmp_path / "docs.jsonl"

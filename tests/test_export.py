@@ -17,8 +17,10 @@ import torch
 from recipes import export
 from recipes.checkpoints import load_trained
 from recipes.train import cli as train_cli
+from spherenet.checkpoint import MANIFEST, CheckpointManager
 from spherenet.data.tokenizer import load_tokenizer
 from spherenet.models import GPT, NGPT, PretrainedFileError, from_preset, load_pretrained
+from spherenet.models.hub import MANIFEST_NAME, PretrainedFileWarning, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,11 +74,13 @@ def test_bfloat16_model_loads_in_bfloat16(safetensors_torch, tmp_path):
 
 
 def _save_with(safetensors_torch, directory: Path, change) -> None:
-    """Save a tiny NGPT, then rewrite its model.safetensors after ``change(tensors)``."""
+    """Save a tiny NGPT, then rewrite its model.safetensors after ``change(tensors)`` and its
+    manifest after that (a file written so by another tool: the content checks must catch it)."""
     from_preset("ngpt-tiny").save_pretrained(directory)
     tensors = safetensors_torch.load_file(str(directory / "model.safetensors"))
     change(tensors)
     safetensors_torch.save_file(tensors, str(directory / "model.safetensors"))
+    write_manifest(directory)
 
 
 @pytest.mark.parametrize(
@@ -114,6 +118,50 @@ def test_non_finite_values_in_any_parameter_are_refused(safetensors_torch, tmp_p
     _save_with(safetensors_torch, tmp_path, poison)
     with pytest.raises(PretrainedFileError, match=r"non-finite values \(NaN/inf\) in 'blocks\.0\.mlp\.s_u\.param'"):
         load_pretrained(tmp_path)
+
+
+def flip_bit_of_tensor(path: Path, name: str) -> None:
+    """Flip the lowest bit of the first byte of tensor ``name`` inside a safetensors file (its
+    header: 8 bytes of length, then JSON with each tensor's data offsets)."""
+    raw = bytearray(path.read_bytes())
+    header_len = int.from_bytes(raw[:8], "little")
+    start = json.loads(raw[8 : 8 + header_len])[name]["data_offsets"][0]
+    raw[8 + header_len + start] ^= 1
+    path.write_bytes(bytes(raw))
+
+
+def test_a_saved_model_carries_a_manifest_of_its_files(safetensors_torch, tmp_path):
+    import hashlib
+
+    from_preset("ngpt-tiny").save_pretrained(tmp_path)
+    manifest = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    assert sorted(manifest["files"]) == ["config.json", "model.safetensors"]
+    for name, entry in manifest["files"].items():
+        data = (tmp_path / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_one_flipped_bit_in_a_saved_model_is_refused_naming_the_file(safetensors_torch, tmp_path):
+    """A bit flipped in s_qk (a scaling vector: finite, no unit rows to break) loads silently
+    without the manifest; with it, the load stops with one line naming the file."""
+    from_preset("ngpt-tiny").save_pretrained(tmp_path)
+    flip_bit_of_tensor(tmp_path / "model.safetensors", "blocks.0.attn.s_qk.param")
+    with pytest.raises(PretrainedFileError) as info:
+        load_pretrained(tmp_path)
+    message = str(info.value)
+    assert "\n" not in message and f"{tmp_path}: model.safetensors has sha256" in message, message
+    assert "(contents altered)" in message
+
+
+def test_a_saved_model_without_a_manifest_loads_with_a_warning(safetensors_torch, tmp_path):
+    """Saved by hand or by an older spherenet: loaded (the tensor checks still run), with a
+    warning that says its files could not be checked."""
+    model = from_preset("ngpt-tiny").eval()
+    model.save_pretrained(tmp_path)
+    (tmp_path / MANIFEST_NAME).unlink()
+    with pytest.warns(PretrainedFileWarning, match=f"has no {MANIFEST_NAME}: its files cannot be checked"):
+        loaded = NGPT.from_pretrained(tmp_path)
+    assert torch.equal(logits(loaded), logits(model))
 
 
 def test_export_to_a_read_only_destination_is_one_error_line(tmp_path, capsys, monkeypatch):
@@ -158,6 +206,7 @@ def test_config_of_another_model_is_refused(safetensors_torch, tmp_path):
         NGPT.from_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "n_experts": 8}))
+    write_manifest(tmp_path)
     with pytest.raises(PretrainedFileError, match="'n_experts' that GPTConfig does not know"):
         GPT.from_pretrained(tmp_path)
 
@@ -216,7 +265,7 @@ def test_push_to_hub_uploads_the_saved_files(safetensors_torch, monkeypatch):
     assert calls == [
         ("token", "t"),
         ("create_repo", "someone/gpt-tiny", True),
-        ("upload_folder", "someone/gpt-tiny", ["config.json", "model.safetensors"]),
+        ("upload_folder", "someone/gpt-tiny", ["config.json", "model.safetensors", MANIFEST_NAME]),
     ]
 
 
@@ -294,6 +343,74 @@ def test_export_recipe_round_trip(safetensors_torch, bpe_run, tmp_path, capsys):
     tokenizer = load_tokenizer(out)
     assert tokenizer.vocab_size == 300 == trained.tokenizer.vocab_size
     assert tokenizer.encode("line 1: the quick fox") == trained.tokenizer.encode("line 1: the quick fox")
+
+
+def test_export_recipe_manifest_lists_every_file(safetensors_torch, bpe_run, tmp_path):
+    out = tmp_path / "exported"
+    assert export.main([str(bpe_run), str(out)]) == 0
+    listed = json.loads((out / MANIFEST_NAME).read_text())["files"]
+    assert sorted(listed) == sorted(p.name for p in out.iterdir() if p.name != MANIFEST_NAME)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(listed)
+
+
+def test_export_into_a_non_empty_directory_needs_overwrite(safetensors_torch, bpe_run, tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert export.main([str(bpe_run), str(out), "--step", "1"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert export.main([str(bpe_run), str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {out} is not empty; pass --overwrite to replace what it holds, or export elsewhere"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+
+    (out / "stray.txt").write_text("left from before")
+    assert export.main([str(bpe_run), str(out), "--overwrite"]) == 0
+    assert "step 2" in capsys.readouterr().out
+    assert not (out / "stray.txt").exists() and sorted(p.name for p in out.iterdir()) == sorted(before)
+    assert torch.equal(logits(NGPT.from_pretrained(out)), logits(load_trained(bpe_run).model))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+
+
+def test_init_from_non_finite_weights_is_refused_at_load(safetensors_torch, bpe_run, tmp_path, capsys):
+    """A checkpoint whose weights hold a NaN (sound hashes: written so, not damaged later) is
+    refused when train.init_from loads it, with one line naming the tensor, before any step."""
+    import hashlib
+    import shutil
+
+    source = tmp_path / "nan_run"
+    shutil.copytree(bpe_run / "checkpoints", source / "checkpoints")
+    step = CheckpointManager(source / "checkpoints").path_for(2)
+    state = torch.load(step / "state.pt", map_location="cpu", weights_only=True)
+    state["model"]["blocks.0.attn.s_qk.param"][0] = float("nan")
+    torch.save(state, step / "state.pt")
+    manifest = json.loads((step / MANIFEST).read_text())
+    data = (step / "state.pt").read_bytes()
+    manifest["files"]["state.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (step / MANIFEST).write_text(json.dumps(manifest))
+
+    root = bpe_run.parent
+    out = tmp_path / "fine_tuned"
+    rc = train_cli(
+        [
+            "model.preset=ngpt-tiny",
+            "model.max_seq_len=32",
+            "train.batch_size=4",
+            "train.steps=2",
+            "train.eval_batches=1",
+            "train.sample_tokens=0",
+            "train.progress=false",
+            "data.tokenizer=bpe:300",
+            f"data.source={root / 'c.txt'}",
+            f"data.cache_dir={root / 'cache'}",
+            f"train.out_dir={out}",
+            f"train.init_from={source}",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    assert len(err) == 1 and err[0].startswith(f"error: train.init_from={source}: "), err
+    assert "non-finite weights (NaN/inf) in 'blocks.0.attn.s_qk.param'" in err[0], err
+    assert not (out / "checkpoints").exists()
 
 
 def test_export_recipe_picks_a_step(safetensors_torch, bpe_run, tmp_path, capsys):

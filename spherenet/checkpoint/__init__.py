@@ -43,9 +43,17 @@ from .errors import (
     NonFiniteStateError,
     describe_os_error,
 )
-from .format import FORMAT_VERSION, MANIFEST, SHARDED_DIR, STATE_FILE, VerifiedCheckpoint
+from .format import (
+    FORMAT_VERSION,
+    MANIFEST,
+    SHARDED_DIR,
+    STATE_FILE,
+    VerifiedCheckpoint,
+    verify_files_manifest,
+    write_files_manifest,
+)
 from .manager import CheckpointManager, LoadedCheckpoint
-from .state import model_fingerprint
+from .state import check_finite_weights, model_fingerprint
 
 __all__ = [
     "describe_os_error",
@@ -58,6 +66,10 @@ __all__ = [
     "NonFiniteStateError",
     "CheckpointWarning",
     "model_fingerprint",
+    "check_finite_weights",
+    # a manifest (size and sha256 of each file) for any directory, e.g. an exported model
+    "write_files_manifest",
+    "verify_files_manifest",
     # the on-disk format: its version and the names a checkpoint directory uses itself
     "FORMAT_VERSION",
     "MANIFEST",

@@ -17,7 +17,7 @@ class CheckpointMismatchError(CheckpointError):
 
 
 class NonFiniteStateError(CheckpointError, ValueError):
-    """Refused to save: the model or optimizer state holds NaN or inf."""
+    """The model or optimizer state holds NaN or inf: refused to save, or weights refused at load."""
 
 
 class CheckpointWarning(UserWarning):

@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -219,3 +219,41 @@ def _write_manifest(tmp: Path, manifest: dict[str, Any]) -> None:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------- a manifest for any directory
+
+FILES_MANIFEST_FORMAT = "spherenet-files"
+
+
+def write_files_manifest(directory: str | os.PathLike, names: Iterable[str], manifest_name: str) -> None:
+    """Write ``directory/manifest_name``: the size and sha256 of each file of ``names`` (relative
+    to ``directory``), the same entries a checkpoint's manifest holds. Used for exported models."""
+    directory = Path(directory)
+    files = {rel: _describe(directory, rel) for rel in sorted(names) if rel != manifest_name}
+    manifest = {"format": FILES_MANIFEST_FORMAT, "version": FORMAT_VERSION, "files": files}
+    _write_synced(directory / manifest_name, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+
+
+def verify_files_manifest(directory: str | os.PathLike, names: Iterable[str], manifest_name: str) -> bool:
+    """Check the files ``names`` of ``directory`` against ``directory/manifest_name`` (written by
+    :func:`write_files_manifest`): each must be listed, with its size and sha256. False when there
+    is no manifest at all (nothing to check against); :class:`CheckpointCorruptError`, naming the
+    file, when the manifest is unreadable or a file differs from it."""
+    directory = Path(directory)
+    mpath = directory / manifest_name
+    if not mpath.is_file():
+        return False
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointCorruptError(f"{mpath} is unreadable ({e})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict) or manifest.get("format") != FILES_MANIFEST_FORMAT or not isinstance(files, dict):
+        raise CheckpointCorruptError(f"{mpath} is not a spherenet file manifest")
+    for rel in names:
+        entry = files.get(rel)
+        if not (isinstance(entry, dict) and {"size", "sha256"} <= set(entry)):
+            raise CheckpointCorruptError(f"{directory}: {rel} is not listed in {manifest_name}")
+        _check_file(directory, rel, entry)
+    return True

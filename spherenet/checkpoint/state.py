@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .distributed import _local
-from .errors import CheckpointMismatchError
+from .errors import CheckpointMismatchError, NonFiniteStateError
 
 _MAX_LISTED = 12  # keys listed per category in a mismatch message
 
@@ -94,6 +94,15 @@ def _nonfinite(tree: Mapping[str, Any]) -> list[str]:
         flags = torch.stack([torch.isfinite(t).all() for _, t in items]).cpu()  # one sync per device
         bad += [n for (n, _), ok in zip(items, flags.tolist()) if not ok]
     return bad
+
+
+def check_finite_weights(module: nn.Module, where: str) -> None:
+    """:class:`NonFiniteStateError` naming every floating tensor of ``module``'s state dict that
+    holds NaN or inf: for weights just loaded, which nothing should train from or sample."""
+    bad = _nonfinite(module.state_dict())
+    if bad:
+        shown = ", ".join(map(repr, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise NonFiniteStateError(f"{where}: non-finite weights (NaN/inf) in {shown}")
 
 
 _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)

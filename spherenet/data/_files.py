@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import codecs
+import hashlib
 import os
 from pathlib import Path
 
 from .errors import DataError, DataFileNotFoundError
 
-__all__ = ["check_parquet_file", "check_text_file", "existing_file"]
+__all__ = ["check_parquet_file", "check_text_file", "existing_file", "file_sha256"]
 
 _CHUNK = 1 << 20
 
@@ -82,3 +83,18 @@ def check_parquet_file(path: str | os.PathLike, what: str = "parquet file") -> P
     if head != b"PAR1" or tail != b"PAR1" or p.stat().st_size < 12:
         raise DataError(f"{what} {p} is not a Parquet file (no PAR1 magic bytes at its start and end)")
     return p
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of the file's bytes, read in 1 MiB chunks: what the prepared-data cache is keyed
+    by, so that an edit that keeps the size and the modification time still makes new tokens."""
+    digest = hashlib.sha256()
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buffer):
+                digest.update(view[:n])
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return digest.hexdigest()

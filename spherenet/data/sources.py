@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._files import check_parquet_file, check_text_file, existing_file
+from ._files import check_parquet_file, check_text_file, existing_file, file_sha256
 from ._hub import hub_endpoint, hub_offline, hub_unreachable
 from .errors import DataError, DataFileNotFoundError
 
@@ -113,16 +113,13 @@ class Source:
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-.")[:60] or self.kind
 
     def identity(self) -> dict[str, Any]:
-        """What the cache key depends on: for files their path, size and modification time (not a
-        full read); for the Hub the repo, config, split and revision (pin ``revision`` for a cache
-        that cannot go stale); for the stdlib the Python version and the file list."""
+        """What the cache key depends on: for files their path and the SHA-256 of their bytes
+        (each file read once; an edit that keeps size and modification time still changes the
+        key); for the Hub the repo, config, split and revision (pin ``revision`` for a cache that
+        cannot go stale); for the stdlib the Python version and the files' paths and bytes."""
         ident: dict[str, Any] = {"kind": self.kind, "text_field": self.text_field}
         if self.kind in ("text", "json", "parquet"):
-            files = []
-            for f in self.files:
-                st = Path(f).stat()
-                files.append([f, st.st_size, st.st_mtime_ns])
-            ident["files"] = files
+            ident["files"] = [[f, file_sha256(f)] for f in self.files]
             if self.kind == "text":
                 ident["text_unit"] = self.text_unit
         elif self.kind == "hub":
@@ -132,6 +129,7 @@ class Source:
                 python=sys.version.split()[0],
                 max_bytes=self.max_bytes,
                 files=self.extra.get("listing_sha256"),
+                content=[file_sha256(f) for f in self.files],
             )
         return ident
 

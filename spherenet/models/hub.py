@@ -5,6 +5,10 @@ A saved model is a directory (or a Hub repository) holding
     config.json          the config dataclass's fields, plus ``model_type`` ("ngpt" / "gpt"),
                          ``architectures`` (["NGPT"] / ["GPT"]) and ``spherenet_version``
     model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``
+    sha256sums.json      the size and sha256 of both (the entries of a checkpoint's manifest):
+                         a damaged file is refused on load with an error naming it; a directory
+                         without it (saved by hand, or before it existed) loads with a
+                         :class:`PretrainedFileWarning`
 
 nGPT's sphere weights are stored as the model holds them: matrices of unit rows (the unit
 vectors along the last dimension, Section 2.6 of the paper). Loading checks every tensor's name
@@ -23,6 +27,7 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
@@ -32,10 +37,20 @@ from torch import nn
 
 from ..manifolds import Sphere, named_sphere_parameters, point_tolerance
 
-__all__ = ["CONFIG_NAME", "INSTALL_HINT", "WEIGHTS_NAME", "HubMixin", "PretrainedFileError", "load_pretrained"]
+__all__ = [
+    "CONFIG_NAME",
+    "INSTALL_HINT",
+    "MANIFEST_NAME",
+    "WEIGHTS_NAME",
+    "HubMixin",
+    "PretrainedFileError",
+    "PretrainedFileWarning",
+    "load_pretrained",
+]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+MANIFEST_NAME = "sha256sums.json"
 INSTALL_HINT = 'pip install "spherenet[hub]"'
 # keys config.json holds besides the config's fields
 _METADATA_KEYS = ("model_type", "architectures", "spherenet_version")
@@ -43,6 +58,39 @@ _METADATA_KEYS = ("model_type", "architectures", "spherenet_version")
 
 class PretrainedFileError(ValueError):
     """A saved model's config.json or model.safetensors does not describe a loadable model."""
+
+
+class PretrainedFileWarning(UserWarning):
+    """A saved model has no manifest: its files are loaded without a check against damage."""
+
+
+def write_manifest(directory: str | os.PathLike, names=(CONFIG_NAME, WEIGHTS_NAME)) -> None:
+    """Write ``sha256sums.json`` over the files ``names`` of ``directory``."""
+    from ..checkpoint import write_files_manifest
+
+    write_files_manifest(directory, names, MANIFEST_NAME)
+
+
+def _verify_manifest(path_or_repo, config_file: Path, download: dict[str, Any]) -> None:
+    """Check config.json and model.safetensors against the manifest beside them (fetched with them
+    from a Hub repository); warn when there is none."""
+    from ..checkpoint import CheckpointCorruptError, verify_files_manifest
+
+    directory = Path(config_file).parent
+    try:
+        _resolve(path_or_repo, MANIFEST_NAME, download)  # a Hub repository: into the same snapshot
+        listed = verify_files_manifest(directory, (CONFIG_NAME, WEIGHTS_NAME), MANIFEST_NAME)
+    except FileNotFoundError:
+        listed = False
+    except CheckpointCorruptError as exc:
+        raise PretrainedFileError(str(exc)) from None
+    if not listed:
+        warnings.warn(
+            f"{directory} has no {MANIFEST_NAME}: its files cannot be checked for damage (saved by hand or by an "
+            "older spherenet); loading them with the tensor checks only",
+            PretrainedFileWarning,
+            stacklevel=3,
+        )
 
 
 def _require(module: str) -> ModuleType:
@@ -135,6 +183,7 @@ class HubMixin:
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
         safetensors_torch.save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
         (directory / CONFIG_NAME).write_text(json.dumps(self.hub_config(), indent=2) + "\n", encoding="utf-8")
+        write_manifest(directory)
         if push_to_hub:
             return self.push_to_hub(repo_id or directory.name, **push_kwargs)
         return None
@@ -188,6 +237,7 @@ class HubMixin:
         ``"auto"`` (the saved one). ``device`` (or ``device_map``: one device, or ``"auto"`` for
         CUDA when available) is where it goes; ``map_location`` is the older name for it.
         Raises :class:`PretrainedFileError`
+        when a file differs from the size or sha256 its manifest records,
         when config.json describes another model or bad values, when model.safetensors misses
         a tensor, has an unexpected one or one of another shape, when any tensor holds NaN or
         inf, and when a sphere weight's rows are not unit vectors.
@@ -204,6 +254,7 @@ class HubMixin:
         }
         config_file = _resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
         weights_file = _resolve(pretrained_model_name_or_path, WEIGHTS_NAME, download)
+        _verify_manifest(pretrained_model_name_or_path, config_file, download)
         model = cls(cls._config_from_file(config_file))
         try:
             tensors = safetensors_torch.load_file(str(weights_file), device="cpu")
