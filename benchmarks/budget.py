@@ -39,8 +39,6 @@ import argparse
 import copy
 import datetime
 import json
-import math
-import os
 import shlex
 import sys
 import time
@@ -53,75 +51,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import convergence  # noqa: E402  (benchmarks/ is on sys.path)
 import scaling  # noqa: E402
-from _machine import cpu_name  # noqa: E402
+from budget_report import BASELINE, RUNS_PER_SWEEP, budget_dir, ledgers, write_results  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
-from recipes.train import DEFAULT_CONFIG  # noqa: E402
+from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
 
 ARMS = ["gpt", "ngpt", "gpt-muon", "gpt-adamh", "gpt-muonh", "ngpt-slerp", "ngpt-riemannian", "ngpt-tangent"]
 POINTS = ["tiny@256", "tiny@1024"]
 BUDGETS = [100, 400, 1600]
-BASELINE = scaling.BASELINE
-# What the estimate assumes per arm and budget: the first grid of three rates, one growth past
-# its edge, and the other seeds at the chosen rate.
-RUNS_PER_SWEEP = 4
-EVAL_BATCH_COST = 1 / 3  # a validation batch (forward only) in training steps
-
-
-# ---------------------------------------------------------------- the compute multiplier
-
-
-def budget_for_loss(loss: float, curve: list[tuple[float, float]]) -> tuple[float, bool]:
-    """The budget at which GPT's final-loss-against-budget ``curve`` ([(budget, final loss)])
-    reaches ``loss``, and whether that is an extrapolation.
-
-    Between measured budgets the loss is linear in log budget: the first pair of neighbouring
-    budgets (in budget order) whose losses bracket ``loss`` gives it. Below every measured loss
-    the line through the two largest budgets is followed up, above every one the line through
-    the two smallest down (both marked True). inf: below every loss while the curve's last
-    segment does not fall (the trend never gets there); nan: fewer than two finite points, or
-    above every loss while the first segment does not fall."""
-    points = sorted((b, v) for b, v in curve if math.isfinite(v))
-    if len(points) < 2 or not math.isfinite(loss):
-        return math.nan, False
-    xs = [math.log(b) for b, _ in points]
-    ys = [v for _, v in points]
-    for i in range(len(points) - 1):
-        lo, hi = sorted((ys[i], ys[i + 1]))
-        if lo <= loss <= hi:
-            if ys[i] == ys[i + 1]:
-                return points[i][0], False
-            t = (loss - ys[i]) / (ys[i + 1] - ys[i])
-            return math.exp(xs[i] + t * (xs[i + 1] - xs[i])), False
-    i = len(points) - 2 if loss < min(ys) else 0
-    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
-    if slope >= 0:
-        return (math.inf if loss < min(ys) else math.nan), True
-    end = i + 1 if loss < min(ys) else i
-    return math.exp(xs[end] + (loss - ys[end]) / slope), True
-
-
-def multiplier(loss: float, budget: int, curve: list[tuple[float, float]]) -> tuple[float, bool]:
-    """The compute multiplier of a run that ends at ``loss`` after ``budget`` steps: GPT's budget
-    for that loss (:func:`budget_for_loss`) over ``budget``; > 1: the arm is worth that many
-    times its tokens of GPT training. Every run takes the same tokens per step, so steps stand
-    for tokens."""
-    needed, extrapolated = budget_for_loss(loss, curve)
-    return needed / budget, extrapolated
-
-
-def fmt_multiplier(value: float, extrapolated: bool) -> str:
-    if math.isnan(value):
-        return "-"
-    text = "∞" if math.isinf(value) else f"{value:.2f}"
-    return text + ("*" if extrapolated else "")
 
 
 # ---------------------------------------------------------------- the study
-
-
-def budget_dir(results: Path, budget: int) -> Path:
-    return results / f"steps{budget:04d}"
 
 
 def budget_args(args: argparse.Namespace, budget: int, start_lr: dict[str, float]) -> argparse.Namespace:
@@ -147,225 +87,6 @@ class BudgetStudy(scaling.Study):
     def report(self) -> None:
         super().report()
         write_results(self.study_args, plots=False)  # the plots: once a budget is done
-
-
-def ledgers(args: argparse.Namespace) -> dict[int, scaling.Ledger]:
-    return {b: scaling.Ledger(budget_dir(args.results, b) / "runs.jsonl") for b in args.budgets}
-
-
-def final(ledger: scaling.Ledger, point: str, arm: str, lr: float, seed: int) -> float:
-    row = ledger.rows.get((point, arm, float(lr), seed))
-    return scaling.final_loss(row) if row is not None else math.nan
-
-
-def summary(args: argparse.Namespace) -> list[dict]:
-    """One row per (point, budget, arm) with a chosen rate: its final losses per seed, and per
-    seed the gap to GPT and the compute multiplier."""
-    books = ledgers(args)
-    chosen = {
-        (str(pt), b, arm): scaling.chosen(books[b], str(pt), arm, args.sweep_seed)
-        for pt in args.points
-        for b in args.budgets
-        for arm in args.arms
-    }
-    rows = []
-    for pt in args.points:
-        point = str(pt)
-        base_curve = {}  # seed -> [(budget, GPT's final loss)]
-        for b in args.budgets:
-            lr, _ = chosen[point, b, BASELINE]
-            for seed in args.seeds:
-                loss = final(books[b], point, BASELINE, lr, seed) if lr is not None else math.nan
-                base_curve.setdefault(seed, []).append((b, loss))
-        for b in args.budgets:
-            base_lr, _ = chosen[point, b, BASELINE]
-            for arm in args.arms:
-                lr, bracketed = chosen[point, b, arm]
-                if lr is None:
-                    continue
-                tried = sorted(lr_ for (p, a, lr_, s) in books[b].rows if (p, a, s) == (point, arm, args.sweep_seed))
-                seeds, finals, gaps, mults = [], [], [], []
-                for seed in args.seeds:
-                    if (point, arm, float(lr), seed) not in books[b].rows:
-                        continue
-                    loss = final(books[b], point, arm, lr, seed)
-                    seeds.append(seed)
-                    finals.append(loss)
-                    base = final(books[b], point, BASELINE, base_lr, seed) if base_lr is not None else math.nan
-                    gaps.append(loss - base)
-                    mults.append(multiplier(loss, b, base_curve[seed]))
-                rows.append(
-                    {
-                        "point": pt,
-                        "budget": b,
-                        "arm": arm,
-                        "lr": lr,
-                        "bracketed": bracketed,
-                        "tried": tried,
-                        "seeds": seeds,
-                        "finals": finals,
-                        "gaps": gaps,
-                        "multipliers": mults,
-                    }
-                )
-    return rows
-
-
-def spent_core_hours(args: argparse.Namespace) -> tuple[float, int]:
-    """Core-hours the ledgers' runs took (wall time x threads per run) and how many runs."""
-    walls = [r.get("wall_s", 0.0) for book in ledgers(args).values() for r in book.rows.values()]
-    return sum(walls) * args.threads / 3600, len(walls)
-
-
-def estimate_text(args: argparse.Namespace) -> str:
-    path = args.results / "estimate.json"
-    if not path.is_file():
-        return "No estimate yet (`--estimate-only` writes one).\n\n"
-    est = json.loads(path.read_text())
-    lines = ["| point | arm | s / step | start-up s |", "|---|---|---|---|"]
-    total = 0.0
-    for pt in args.points:
-        for arm in args.arms:
-            m = est["timings"].get(f"{pt}|{arm}")
-            if m is None:
-                continue
-            lines.append(f"| {pt} | {arm} | {m['s_per_step']:.3f} | {m['startup_s']:.1f} |")
-            total += run_seconds(args, m)
-    core_h = total * args.threads / 3600
-    spent, runs = spent_core_hours(args)
-    return (
-        f"**Cost.** Estimated before the first run ({est['date']}, `{est['command']}`): "
-        f"{core_h:.1f} core-hours, {total / args.jobs / 3600:.1f} h wall at {args.jobs} runs at a time, "
-        f"assuming {RUNS_PER_SWEEP} sweep runs per arm and budget (the grid of three and one growth) plus "
-        f"{len(args.seeds) - 1} more seeds, each run its start-up plus its steps and validation batches "
-        f"(one validation batch counted as {EVAL_BATCH_COST:.2g} of a step) at the time per step measured "
-        f"with {args.jobs} runs at a time:\n\n"
-        + "\n".join(lines)
-        + f"\n\nSpent so far: {spent:.1f} core-hours in {runs} runs.\n\n"
-    )
-
-
-def run_seconds(args: argparse.Namespace, timing: dict) -> float:
-    """The estimated wall seconds of one arm's runs at one point over every budget."""
-    per_budget = [
-        timing["startup_s"] + (b + args.evals * args.eval_batches * EVAL_BATCH_COST) * timing["s_per_step"]
-        for b in args.budgets
-    ]
-    return (RUNS_PER_SWEEP + len(args.seeds) - 1) * sum(per_budget)
-
-
-def write_results(args: argparse.Namespace, plots: bool = True) -> None:
-    rows = summary(args)
-    lines = [
-        "| point | budget (steps) | tokens / param | arm | lr (tried) | bracketed | seeds | final val loss | "
-        "gap to GPT | compute multiplier (per seed) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        per_seed = ", ".join(fmt_multiplier(m, x) for m, x in r["multipliers"])
-        finite = [m for m, _ in r["multipliers"] if math.isfinite(m)]
-        mark = "*" if any(x for _, x in r["multipliers"]) else ""
-        mean = scaling.fmt(*scaling.mean_std(finite)) + mark if finite else "-"
-        lines.append(
-            f"| {r['point']} | {r['budget']} | {tokens_per_param(args, r['point'], r['budget']):.1f} | {r['arm']} | "
-            f"**{r['lr']:g}** ({', '.join(f'{x:g}' for x in r['tried'])}) | {'yes' if r['bracketed'] else 'no'} | "
-            f"{len(r['seeds'])} | {scaling.fmt(*scaling.mean_std(r['finals']), 4)} | "
-            f"{scaling.fmt(*scaling.mean_std(r['gaps']), 4)} | {mean} ({per_seed}) |"
-        )
-    points = ", ".join(
-        f"{p} (batch {max(1, args.tokens_per_step // p.context)} x {p.context}, "
-        f"{args.params[str(p)] / 1e6:.2f}M params)"
-        for p in args.points
-    )
-    overrides = f" Overrides for every run: `{' '.join(args.overrides)}`." if args.overrides else ""
-    (args.results / "budget.md").write_text(
-        "# Budget study: nGPT's compute multiplier over GPT against training length\n\n"
-        f"Command: `{args.command}`  \n"
-        f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
-        f"{args.threads} thread(s); started {args.date}.  \n"
-        f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Budgets: "
-        f"{', '.join(map(str, args.budgets))} steps of {args.tokens_per_step} tokens, each its own run, cosine "
-        f"to 0 (GPT arms: warmup 5%, weight decay 0.1), validation {args.evals} times per run on "
-        f"{args.eval_batches} batches. Seeds {', '.join(map(str, args.seeds))}.{overrides}\n\n"
-        + estimate_text(args)
-        + "Compute multiplier: per seed, the budget GPT needs to reach the arm's final validation loss "
-        "(read off GPT's final loss against budget, same seed, linear in log tokens) over the arm's budget; "
-        "> 1: the arm is worth that many times its tokens of GPT training. *: extrapolated beyond the "
-        f"GPT budgets measured ({min(args.budgets)} to {max(args.budgets)} steps); ∞: below every GPT loss "
-        "while GPT's curve no longer falls. Mean ± std over the finite per-seed values. Gap to GPT: the "
-        "arm's final loss minus GPT's at the same budget and seed (< 0: the arm is ahead at equal tokens). "
-        f"Every arm at its own best rate (bold) of the sweep (seed {args.sweep_seed}) at that budget; "
-        "bracketed: a tried rate on both sides of it. The Hyperball arms' rate is `optim.matrix_lr` (the "
-        "angle a step turns a hidden matrix by), their AdamW part at GPT's bold rate at that budget. "
-        "Tokens / param: the nGPT model's parameter count. "
-        "This file is rewritten after every run.\n\n" + "\n".join(lines) + "\n"
-    )
-    if plots:
-        plot(args, rows)
-
-
-def tokens_per_param(args: argparse.Namespace, point: scaling.Point, budget: int) -> float:
-    return budget * args.tokens_per_step / args.params[str(point)]
-
-
-def plot(args: argparse.Namespace, rows: list[dict]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    lines: dict[tuple[int, str], list] = {}
-    for r in rows:
-        finite = [m for m, _ in r["multipliers"] if math.isfinite(m)]
-        if r["arm"] != BASELINE and finite:
-            m, s = scaling.mean_std(finite)
-            extrapolated = any(x for _, x in r["multipliers"])
-            x = tokens_per_param(args, r["point"], r["budget"])
-            lines.setdefault((r["point"].context, r["arm"]), []).append((x, m, s, extrapolated))
-    for (context, arm), pts in sorted(lines.items()):
-        pts.sort()
-        line = ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                           capsize=3, label=f"{arm} @ {context}")  # fmt: skip  # one call, its style beside it
-        ext = [p for p in pts if p[3]]
-        if ext:
-            color = line.lines[0].get_color()
-            ax.scatter([p[0] for p in ext], [p[1] for p in ext], s=110, facecolors="none", edgecolors=color, zorder=3)
-    ax.axhline(1.0, color="black", lw=0.8, ls="--")
-    ax.set_xscale("log")
-    ax.set_xlabel("tokens per parameter")
-    ax.set_ylabel("compute multiplier over GPT")
-    ax.set_title(f"{args.corpus_label}\nopen circle: extrapolated beyond GPT's budgets", fontsize=9)
-    if lines:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.results / "multiplier.png", dpi=110)
-    plt.close(fig)
-
-    contexts = sorted({p.context for p in args.points})
-    fig, axes = plt.subplots(1, len(contexts), figsize=(5.2 * len(contexts), 4.0), squeeze=False)
-    for ax, context in zip(axes[0], contexts):
-        for arm in args.arms:
-            pts = sorted(
-                (r["budget"] * args.tokens_per_step, *scaling.mean_std(r["finals"]))
-                for r in rows
-                if r["arm"] == arm and r["point"].context == context
-            )
-            pts = [p for p in pts if math.isfinite(p[1])]
-            if pts:
-                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                            capsize=3, label=arm)  # fmt: skip  # one call, its style beside it
-        ax.set_xscale("log")
-        ax.set_xlabel("tokens (budget)")
-        ax.set_ylabel("final validation loss")
-        ax.set_title(f"context {context}", fontsize=9)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.results / "loss_budget.png", dpi=110)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------- the estimate

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from _machine import cpu_name  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 
 from recipes import compare, subprocesses  # noqa: E402
-from recipes.train import DEFAULT_CONFIG  # noqa: E402
+from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
 from spherenet.train.config import load_config  # noqa: E402
 
 TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"

@@ -29,7 +29,7 @@ Arms: ``gpt`` (AdamW), ``ngpt-adam_normalize`` (the paper's Adam then renormaliz
 ``ngpt-muon`` (SphericalMuon), ``gpt-adamh`` and ``gpt-muonh`` (Hyperball: the hidden matrices
 on whole-matrix spheres); and at ``--update-point`` the residual updates ``ngpt`` (LERP),
 ``ngpt-slerp`` and ``ngpt-riemannian``. A Muon arm's sweep moves ``optim.lr``, which sets the
-AdamW / RiemannianAdam rate and the Muon rate together (``optim.muon_lr = -1``: with the
+AdamW / RiemannianAdam rate and the Muon rate together (``optim.muon_lr`` unset: with the
 RMS-matching step the rates transfer). A Hyperball arm's sweep moves ``optim.matrix_lr`` (an
 angle per step, a scale of its own), with its AdamW part at GPT's best rate at the point, so
 GPT's sweep runs first.
@@ -47,15 +47,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
-import os
 import shlex
-import statistics
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,10 +59,22 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import convergence  # noqa: E402  (benchmarks/ is on sys.path)
-from _machine import cpu_name  # noqa: E402
+from scaling_ledger import (  # noqa: E402
+    BASELINE,
+    UPDATE_ARMS,
+    Ledger,
+    Point,
+    arms_at,
+    chosen,
+    final_loss,
+    lr_grid,
+    next_lr,
+    parameters,
+)
+from scaling_report import write_results  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
-from recipes.train import DEFAULT_CONFIG  # noqa: E402
+from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
 
 #: Arms whose sweep moves ``optim.matrix_lr`` (the hidden matrices' angle per step), with
 #: ``optim.lr`` (the AdamW part: embeddings, head, gains) at the best rate of the named arm at the
@@ -76,94 +84,7 @@ MATRIX_RATE_ARMS = {"gpt-adamh": "gpt", "gpt-muonh": "gpt"}
 #: about lr / 0.02, so GPT's rates (0.003-0.01) correspond to angles of about 0.15-0.5.
 MATRIX_START_LR = 0.1
 OPTIMIZER_ARMS = ["gpt", "ngpt-adam_normalize", "ngpt", "gpt-muon", "ngpt-muon", "gpt-adamh", "gpt-muonh"]
-UPDATE_ARMS = ["ngpt", "ngpt-slerp", "ngpt-riemannian"]
 DEFAULT_POINTS = ["tiny@64", "tiny@256", "tiny@1024", "cpu@256"]
-BASELINE = "gpt"
-
-
-@dataclass(frozen=True)
-class Point:
-    size: str
-    context: int
-
-    @classmethod
-    def parse(cls, text: str) -> Point:
-        size, sep, context = text.partition("@")
-        if not sep or not size or not context.isdigit() or int(context) < 2:
-            raise SystemExit(f"error: point {text!r} must be SIZE@CONTEXT, e.g. tiny@256")
-        return cls(size, int(context))
-
-    def __str__(self) -> str:
-        return f"{self.size}@{self.context}"
-
-
-def parameters(point: Point) -> int:
-    """The nGPT model's parameter count at this point (built on the meta device)."""
-    import torch
-
-    from spherenet.models import from_preset
-
-    with torch.device("meta"):
-        model = from_preset(f"ngpt-{point.size}", max_seq_len=point.context)
-    return sum(p.numel() for p in model.parameters())
-
-
-def ladder(lr: float, direction: int) -> float:
-    """The next rate on the 1-3-10 ladder up (+1) or down (-1): 1e-2 -> 3e-2 -> 1e-1."""
-    exponent = math.floor(math.log10(lr) + 1e-9)
-    mantissa = round(lr / 10**exponent)
-    steps = [(1, 0), (3, 0), (1, 1)] if mantissa == 1 else [(3, 0), (1, 1), (3, 1)]
-    if direction < 0:
-        steps = [(1, 0), (3, -1), (1, -1)] if mantissa == 1 else [(3, 0), (1, 0), (3, -1)]
-    m, shift = steps[1]
-    return float(f"{m}e{exponent + shift}")
-
-
-def lr_grid(start: float) -> list[float]:
-    return [ladder(start, -1), start, ladder(start, +1)]
-
-
-def next_lr(finals: dict[float, float], extensions: int, max_extend: int) -> float | None:
-    """The rate to try next so that the best one is bracketed, or None when it is (or when the
-    grid may not grow any more). ``finals``: final validation loss by rate (inf: diverged)."""
-    if extensions >= max_extend or len(finals) < 2:
-        return None
-    lrs = sorted(finals)
-    best = min(lrs, key=lambda lr: (finals[lr], lr))
-    if not math.isfinite(finals[best]) or best == lrs[0]:
-        return ladder(lrs[0], -1)  # every rate diverged, or the smallest is best: go down
-    if best == lrs[-1]:
-        return ladder(lrs[-1], +1)
-    return None
-
-
-class Ledger:
-    """``runs.jsonl``: one line per finished run, the study's memory across restarts."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.rows: dict[tuple[str, str, float, int], dict] = {}
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    r = json.loads(line)
-                    self.rows[(r["point"], r["arm"], float(r["lr"]), int(r["seed"]))] = r
-
-    def get(self, point: Point, arm: str, lr: float, seed: int) -> dict | None:
-        return self.rows.get((str(point), arm, float(lr), seed))
-
-    def add(self, row: dict) -> None:
-        self.rows[(row["point"], row["arm"], float(row["lr"]), int(row["seed"]))] = row
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-
-
-def final_loss(row: dict) -> float:
-    """The last validation loss of a run that finished (inf: diverged or stopped early)."""
-    vals = row["val_loss"]
-    if not row.get("finished", True):
-        return math.inf
-    return vals[-1] if vals and vals[-1] is not None and math.isfinite(vals[-1]) else math.inf
 
 
 class Study:
@@ -329,190 +250,6 @@ class Study:
             flush=True,
         )
         write_results(self.args, self.ledger, plots=False)  # the plots: once a point is done
-
-
-# ---------------------------------------------------------------- tables and plots
-
-
-def chosen(ledger: Ledger, point: str, arm: str, sweep_seed: int) -> tuple[float | None, bool]:
-    """The arm's best rate at the point (lowest final loss over the sweep) and whether the
-    rates tried bracket it (a tried rate on either side)."""
-    finals = {lr: final_loss(r) for (p, a, lr, s), r in ledger.rows.items() if (p, a, s) == (point, arm, sweep_seed)}
-    if not finals or not any(math.isfinite(v) for v in finals.values()):
-        return None, False
-    best = min(finals, key=lambda lr: (finals[lr], lr))
-    return best, min(finals) < best < max(finals)
-
-
-def paired(ledger: Ledger, point: str, arm: str, lr: float, base_lr: float, seeds: list[int]) -> dict:
-    """Per seed present for both the arm and GPT: the ratio GPT steps / arm steps to the common
-    target, whether that ratio is only a lower bound (the arm was at the target by its first
-    evaluation, so it may have got there sooner), and the final losses."""
-    ratios, censored, finals, base_finals = [], [], [], []
-    for seed in seeds:
-        row, base = ledger.rows.get((point, arm, lr, seed)), ledger.rows.get((point, BASELINE, base_lr, seed))
-        if row is None or base is None:
-            continue
-        finals.append(final_loss(row))
-        base_finals.append(final_loss(base))
-        b_vals = [v for v in base["val_loss"] if v is not None and math.isfinite(v)]
-        a_vals = [v for v in row["val_loss"] if v is not None and math.isfinite(v)]
-        if not b_vals or not a_vals:
-            ratios.append(math.nan)
-            censored.append(False)
-            continue
-        target = max(min(b_vals), min(a_vals))
-        sb = compare.steps_to_reach(base, target)
-        sa = compare.steps_to_reach(row, target)
-        ratios.append(sb / sa if math.isfinite(sb) and math.isfinite(sa) and sa > 0 else math.nan)
-        censored.append(bool(row["steps"]) and sa == row["steps"][0] and sb > sa)
-    return {"ratios": ratios, "censored": censored, "finals": finals, "base_finals": base_finals}
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    values = [v for v in values if math.isfinite(v)]
-    if not values:
-        return math.nan, math.nan
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def summary(args: argparse.Namespace, ledger: Ledger) -> list[dict]:
-    """One row per (point, arm) with a chosen rate."""
-    out = []
-    for point in args.points:
-        base_lr, _ = chosen(ledger, str(point), BASELINE, args.sweep_seed)
-        for arm in arms_at(args, point):
-            lr, bracketed = chosen(ledger, str(point), arm, args.sweep_seed)
-            if lr is None:
-                continue
-            tried = sorted(lr_ for (p, a, lr_, s) in ledger.rows if (p, a, s) == (str(point), arm, args.sweep_seed))
-            res = paired(ledger, str(point), arm, lr, base_lr, args.seeds) if base_lr is not None else None
-            out.append({"point": point, "arm": arm, "lr": lr, "bracketed": bracketed, "tried": tried, "paired": res})
-    return out
-
-
-def arms_at(args: argparse.Namespace, point: Point) -> list[str]:
-    arms = list(args.arms)
-    if args.update_point is not None and point == args.update_point:
-        arms += [a for a in UPDATE_ARMS if a not in arms]
-    return arms
-
-
-def fmt(mean: float, std: float, digits: int = 2) -> str:
-    return "-" if math.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
-def write_results(args: argparse.Namespace, ledger: Ledger, plots: bool = True) -> None:
-    rows = summary(args, ledger)
-    head = header(args)
-    lines = [
-        "| point | params | arm | lr (tried) | bracketed | seeds | speedup GPT steps / arm steps | final val loss | GPT final |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        p = r["paired"] or {"ratios": [], "censored": [], "finals": [], "base_finals": []}
-        tried = ", ".join(f"{lr:g}" for lr in r["tried"])
-        per_seed = ", ".join(
-            "-" if math.isnan(x) else f"{'≥' if low else ''}{x:.2f}" for x, low in zip(p["ratios"], p["censored"])
-        )
-        bound = "≥ " if any(p["censored"]) else ""
-        lines.append(
-            f"| {r['point']} | {args.params[str(r['point'])] / 1e6:.2f}M | {r['arm']} | **{r['lr']:g}** ({tried}) | "
-            f"{'yes' if r['bracketed'] else 'no'} | {len(p['ratios'])} | {bound}{fmt(*mean_std(p['ratios']))} ({per_seed}) | "
-            f"{fmt(*mean_std(p['finals']), 4)} | {fmt(*mean_std(p['base_finals']), 4)} |"
-        )
-    (args.results / "scaling.md").write_text(
-        "# Scaling study: nGPT's speedup over GPT against context, size and optimizer\n\n"
-        + head
-        + "Speedup: per seed, the lowest validation loss both GPT and the arm reach (the common target); "
-        "GPT's steps to it / the arm's steps to it (> 1: the arm is faster); mean ± std over the seeds, "
-        "per seed in parentheses; ≥: the arm was at the target by its first evaluation (step "
-        f"{args.eval_every}), so the ratio is a lower bound and {args.steps // args.eval_every}x is the most "
-        "this budget can measure. Every arm at its own best rate (bold) of the sweep (seed "
-        f"{args.sweep_seed}); bracketed: a tried rate on both sides of it. The Hyperball arms' rate is "
-        "`optim.matrix_lr` (the angle a step turns a hidden matrix by), their AdamW part at GPT's bold rate "
-        "at the point. Final val loss: at equal tokens, "
-        "mean ± std over the seeds. This file is rewritten after every run; rows appear as arms finish.\n\n"
-        + "\n".join(lines)
-        + "\n"
-    )
-    if plots:
-        plot(args, rows)
-
-
-def plot(args: argparse.Namespace, rows: list[dict]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    by_arm: dict[str, list[tuple[Point, float, float]]] = {}
-    for r in rows:
-        if r["arm"] != BASELINE and r["paired"]:
-            m, s = mean_std(r["paired"]["ratios"])
-            if not math.isnan(m):
-                by_arm.setdefault(r["arm"], []).append((r["point"], m, s, any(r["paired"]["censored"])))
-    axes = {
-        "speedup_context.png": ("context length (tokens)", lambda p: p.context, args.context_size),
-        "speedup_params.png": ("parameters (nGPT)", lambda p: args.params[str(p)], None),
-    }
-    for filename, (xlabel, x_of, size) in axes.items():
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        lower_bounds = False
-        for arm, pts in sorted(by_arm.items()):
-            if size is not None:  # the context axis: one model size
-                pts = [t for t in pts if t[0].size == size]
-            else:  # the size axis: the context shared by the most sizes
-                pts = [t for t in pts if t[0].context == args.size_context]
-            if not pts:
-                continue
-            pts.sort(key=lambda t: x_of(t[0]))
-            line = ax.errorbar(
-                [x_of(t[0]) for t in pts],
-                [t[1] for t in pts],
-                yerr=[t[2] for t in pts],
-                marker="o",
-                capsize=3,
-                label=arm,
-            )
-            low = [t for t in pts if t[3]]  # a lower bound: some seed was at the target by its first evaluation
-            if low:
-                color = line.lines[0].get_color()
-                ax.scatter([x_of(t[0]) for t in low], [t[1] for t in low], marker="^", s=90, color=color, zorder=3)
-                lower_bounds = True
-        ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xscale("log", base=2 if size is not None else 10)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("speedup over GPT (GPT steps / arm steps)")
-        where = f"{size} model" if size is not None else f"context {args.size_context}"
-        bound_note = (
-            f"\n^: a lower bound (at most {args.steps // args.eval_every}x is measurable)" if lower_bounds else ""
-        )
-        ax.set_title(f"{args.corpus_label}, {where}{bound_note}", fontsize=9)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(args.results / filename, dpi=110)
-        plt.close(fig)
-
-
-def header(args: argparse.Namespace) -> str:
-    overrides = f" Overrides for every run: `{' '.join(args.overrides)}`." if args.overrides else ""
-    points = ", ".join(
-        f"{p} (batch {max(1, args.tokens_per_step // p.context)} x {p.context}, {args.params[str(p)] / 1e6:.2f}M params)"
-        for p in args.points
-    )
-    return (
-        f"Command: `{args.command}`  \n"
-        f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
-        f"{args.threads} thread(s); started {args.date}.  \n"
-        f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Every run: {args.steps} steps of "
-        f"{args.tokens_per_step} tokens ({args.steps * args.tokens_per_step / 1e6:.2f}M tokens), cosine to 0 "
-        f"(GPT arms: warmup 5%, weight decay 0.1); validation every {args.eval_every} steps on "
-        f"{args.eval_batches} batches. Seeds {', '.join(map(str, args.seeds))}.{overrides}\n\n"
-    )
 
 
 def study_paths(args: argparse.Namespace, name: str) -> None:

@@ -54,7 +54,7 @@ from recipes import subprocesses
 from recipes.cli import prog
 from recipes.progress import progress_bar
 from recipes.train import DEFAULT_CONFIG, resolve_config
-from spherenet.train.config import ConfigError, load_config
+from spherenet.train.config import ConfigError, load_config, resolved
 
 ROOT = Path(__file__).resolve().parents[1]  # where ``python -m recipes.train`` is importable from
 
@@ -173,9 +173,7 @@ def check_warmups(config: str | Path, variants: list[tuple[str, list[str]]], sha
     """A warmup as long as the run is refused before the first run, in the CLI's spelling."""
     for name, extra in variants:
         cfg = load_config(config, [*shared, *extra])
-        warmup = cfg.optim.warmup_steps
-        if cfg.optim.method in ("adamw", "muon", "adamh", "muonh") and warmup < 0:
-            warmup = GPT_WARMUP_MAX
+        warmup = resolved(cfg).optim.warmup_steps  # unset: the method's default (GPT's: GPT_WARMUP_MAX)
         if warmup >= cfg.train.steps:
             raise SystemExit(
                 f"error: variant {name}: optim.warmup_steps={warmup} must be < train.steps={cfg.train.steps}; "

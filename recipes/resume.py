@@ -10,12 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from recipes.checkpoints import model_class_name, saved_model_config
-from spherenet.checkpoint import CheckpointError, VerifiedCheckpoint
+from recipes.checkpoints import is_exported, model_class_name, saved_model_config
+from spherenet.checkpoint import CheckpointError, CheckpointManager, VerifiedCheckpoint
 from spherenet.data import DataError
-from spherenet.models.presets import preset_config
-from spherenet.optim import METHOD_DEFAULTS
-from spherenet.train.config import ConfigError, RunConfig
+from spherenet.train.config import ConfigError, RunConfig, model_config, resolved
 from spherenet.train.tracking import flatten_config
 
 __all__ = [
@@ -27,6 +25,7 @@ __all__ = [
     "restore_position",
     "extend_schedule",
     "claim_run_directory",
+    "check_resume_target",
 ]
 
 
@@ -59,12 +58,7 @@ class ResumePlan:
 
 
 def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[str, Any]]:
-    overrides = dict(cfg.model.overrides)
-    overrides.setdefault("vocab_size", vocab_size)
-    try:
-        config = preset_config(cfg.model.preset, **overrides)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
+    config = model_config(cfg, vocab_size)
     return ("NGPT" if type(config).__name__ == "NGPTConfig" else "GPT"), dataclasses.asdict(config)
 
 
@@ -78,31 +72,13 @@ def _saved_model_config(class_name: str, config: dict) -> dict:
         return config
 
 
-def _effective(config: dict, model_config: dict) -> dict:
-    """A run config's sections with each "default" spelling replaced by the value it means
-    (``train.block_size=0`` is the model's ``max_seq_len``, a negative ``optim.weight_decay`` or
-    ``optim.warmup_steps`` the method's default, a negative ``optim.muon_lr`` ``optim.lr``), so
-    that equivalent spellings compare equal."""
-    out = {section: dict(config.get(section) or {}) for section in ("data", "optim", "train")}
-    train, optim = out["train"], out["optim"]
-    if train.get("block_size") == 0 and "max_seq_len" in model_config:
-        train["block_size"] = model_config["max_seq_len"]
-    defaults = METHOD_DEFAULTS.get(optim.get("method"), {})
-    for key in ("weight_decay", "warmup_steps"):
-        if key in defaults and isinstance(optim.get(key), (int, float)) and optim[key] < 0:
-            optim[key] = type(optim[key])(defaults[key])
-    if isinstance(optim.get("muon_lr"), (int, float)) and optim["muon_lr"] < 0 and "lr" in optim:
-        optim["muon_lr"] = optim["lr"]
-    return out
-
-
 def accepted_changes(saved: dict, cfg: RunConfig) -> list[str]:
     """One line per setting of :data:`RESUMABLE_CHANGES` that differs from the checkpoint's
     (``train.steps``, ``train.parallel`` and ``train.micro_batch_size`` are described by
     :func:`plan_resume` itself)."""
     described = {("train", "steps"), ("train", "parallel"), ("train", "micro_batch_size")}
     old_cfg = saved.get("config") if isinstance(saved.get("config"), dict) else {}
-    new_cfg = cfg.to_dict()
+    new_cfg = resolved(cfg).to_dict()
     notes = []
     for section, keys in RESUMABLE_CHANGES.items():
         old, new = old_cfg.get(section) or {}, new_cfg[section]
@@ -115,7 +91,9 @@ def accepted_changes(saved: dict, cfg: RunConfig) -> list[str]:
 def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config: dict, path: Path) -> None:
     """ConfigError naming every setting that differs from the run that wrote the checkpoint
     (``saved``: its plain values), except those in :data:`RESUMABLE_CHANGES`. The model is
-    compared by its effective config (preset plus overrides), the rest by the config's values."""
+    compared by its effective config (preset plus overrides), the rest by their resolved values
+    (:func:`spherenet.train.config.resolved`: a run records its config resolved), so that an
+    unset key and the value it stands for, spelled out, are the same setting."""
     unset = "(unset)"
     diffs = []
 
@@ -124,7 +102,6 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
             if key not in free and old.get(key, unset) != new.get(key, unset):
                 diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
 
-    saved_model = {}
     if isinstance(saved.get("model_config"), dict):
         saved_class = model_class_name(str(saved.get("model_class")))
         saved_model = _saved_model_config(saved_class, saved["model_config"])
@@ -132,7 +109,7 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
         compare("model.", flatten_config(saved_model), flatten_config(model_config))
     old_cfg = saved.get("config")
     if isinstance(old_cfg, dict):
-        old_cfg, new_cfg = _effective(old_cfg, saved_model), _effective(cfg.to_dict(), model_config)
+        new_cfg = resolved(cfg).to_dict()
         for section in ("data", "optim", "train"):
             compare(f"{section}.", old_cfg.get(section) or {}, new_cfg[section], RESUMABLE_CHANGES[section])
     if diffs:
@@ -152,6 +129,11 @@ def plan_resume(ckpt: VerifiedCheckpoint, cfg: RunConfig, world_size: int) -> Re
     except Exception as exc:  # noqa: BLE001 - verified, yet not readable as a training state
         raise CheckpointError(f"checkpoint {ckpt.path} holds no training state this recipe can read: {exc}") from None
     saved = state["values"]
+    if not saved.get("config_resolved"):
+        raise CheckpointError(
+            f"checkpoint {ckpt.path} was written by an earlier spherenet, whose run config spells defaults as -1: "
+            "this one cannot resume it; start a new run (train.init_from= takes its weights)"
+        )
     position = state["stateful"].get("train_windows")
     if not isinstance(position, dict) or "step" not in position:
         raise CheckpointError(f"checkpoint {ckpt.path} holds no data position (train_windows)")
@@ -261,6 +243,32 @@ def extend_schedule(scheduler, saved_state: dict) -> None:
 
 
 # ---------------------------------------------------------------- one run, one directory
+
+
+def check_resume_target(out_dir: Path, ckpt: CheckpointManager, claimed: bool) -> None:
+    """``--resume`` continues a run: refused, naming what is there instead, when ``out_dir``
+    holds none. Before the directory is claimed (``claimed=False``): a missing directory and an
+    exported model; after (the lock taken, so that a directory another trainer is filling is
+    reported as in use): a directory without checkpoints."""
+    if ckpt.checkpoints():
+        return  # verified (and a damaged one named) when it is loaded
+    if not claimed and is_exported(out_dir):
+        raise ConfigError(
+            f"--resume: train.out_dir {out_dir} is an exported model, not a run; to fine-tune from it, "
+            f"train.init_from={out_dir} with another train.out_dir (and no --resume)"
+        )
+    if not claimed and out_dir.exists():
+        return
+    if out_dir.exists() and run_in_directory(out_dir):  # a run that stopped before its first checkpoint
+        raise ConfigError(
+            f"--resume: train.out_dir {out_dir} holds a run's {run_in_directory(out_dir)} but no checkpoint (it "
+            "stopped before its first): nothing to continue; start it afresh with --overwrite (its files move aside)"
+        )
+    what = "does not exist" if not out_dir.exists() else f"holds no checkpoint (no {ckpt.directory.name}/step_*)"
+    raise ConfigError(
+        f"--resume: train.out_dir {out_dir} {what}: there is no run to continue; drop --resume to start one"
+    )
+
 
 LOCK_FILE = "train.lock"
 

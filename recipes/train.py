@@ -14,7 +14,9 @@ Overrides are ``section.key=value`` (sections: model, data, optim, train); an un
 an error that names it. The recipe assembles library parts: config (spherenet.train.config),
 data (spherenet.data), model (spherenet.models), optimizer (spherenet.optim), parallelism
 (spherenet.train.distributed), the step (spherenet.train.loop), checkpoints
-(spherenet.checkpoint), experiment tracking (spherenet.train.tracking).
+(spherenet.checkpoint), experiment tracking (spherenet.train.tracking); and the recipe's own:
+config files (recipes.config_files), the data per rank (recipes.run_data), starting weights
+(recipes.init_from), the resume policy (recipes.resume), a clean stop on a signal (recipes.stop).
 """
 
 from __future__ import annotations
@@ -22,75 +24,39 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from recipes.checkpoints import checkpoint_files, is_exported, load_weights, model_class_name
+from recipes.checkpoints import checkpoint_files, model_class_name
 from recipes.cli import prog
+from recipes.config_files import DEFAULT_CONFIG, resolve_config, shipped_configs
+from recipes.init_from import init_from_weights
 from recipes.progress import progress_bar
 from recipes.resume import (
     check_data,
     check_resumable,
+    check_resume_target,
     claim_run_directory,
     extend_schedule,
     plan_resume,
     restore_position,
-    run_in_directory,
 )
+from recipes.run_data import batch_geometry, prepare_data, run_windows
+from recipes.stop import StopOnSignal
 from spherenet.analysis import eigen_learning_rates, sphere_norm_error
-from spherenet.checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-    NonFiniteStateError,
-    describe_os_error,
-)
-from spherenet.data import DataError, prepare_dataset
+from spherenet.checkpoint import CheckpointError, CheckpointManager, NonFiniteStateError, describe_os_error
+from spherenet.data import DataError
 from spherenet.manifolds import named_sphere_parameters
-from spherenet.models import from_preset
+from spherenet.models import model_from_config
 from spherenet.models.presets import PRESETS
 from spherenet.optim import build_optimizer, normalize_
-from spherenet.train.config import ConfigError, RunConfig, load_config, to_toml
-from spherenet.train.distributed import (
-    all_reduce_max,
-    barrier,
-    init_distributed,
-    shutdown,
-    wrap_model,
-)
+from spherenet.train.config import ConfigError, RunConfig, load_config, model_config, resolved, to_toml
+from spherenet.train.distributed import all_reduce_max, init_distributed, shutdown, wrap_model
 from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
 from spherenet.train.tracking import check_available, open_trackers
-
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
-
-
-CONFIGS_DIR = DEFAULT_CONFIG.parent
-
-
-def shipped_configs() -> list[str]:
-    """The names of the configs that ship with spherenet (``--config NAME`` finds them anywhere)."""
-    return sorted(p.stem for p in CONFIGS_DIR.glob("*.toml"))
-
-
-def resolve_config(name: str | None) -> Path:
-    """The config file ``--config`` names: a path, or the name of a shipped config (``ngpt-tiny``
-    or ``ngpt-tiny.toml``) from any directory. ``ConfigError`` lists the shipped ones."""
-    if name is None:
-        return DEFAULT_CONFIG
-    path = Path(name).expanduser()
-    if path.is_file():
-        return path
-    shipped = CONFIGS_DIR / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
-    if path.parent != Path("."):
-        raise ConfigError(f"config file not found: {path}")
-    if shipped.is_file():
-        return shipped
-    raise ConfigError(
-        f"--config {name}: no such file, and no shipped config of that name ({', '.join(shipped_configs())})"
-    )
 
 
 def _epilog() -> str:
@@ -132,139 +98,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_config(args: argparse.Namespace) -> RunConfig:
+    """The run's config as given: the file, the overrides and the flags' shortcuts (unset keys
+    stay unset; :func:`spherenet.train.config.resolved` fills them in)."""
     shortcuts = {f"train.parallel={args.parallel}": args.parallel, "train.compile=true": args.compile,
                  "train.progress=false": args.no_progress}  # fmt: skip  # each override beside its flag
     return load_config(resolve_config(args.config), [*args.overrides, *(o for o, on in shortcuts.items() if on)])
 
 
-def batch_geometry(cfg: RunConfig, world_size: int) -> tuple[int, int]:
-    """(micro-batch size per rank, gradient-accumulation steps) for the global batch."""
-    batch = cfg.train.batch_size
-    if batch % world_size:
-        raise ConfigError(f"train.batch_size {batch} is not divisible by the world size {world_size}")
-    per_rank = batch // world_size
-    micro = cfg.train.micro_batch_size or per_rank
-    if per_rank % micro:
-        raise ConfigError(
-            f"train.micro_batch_size {micro} does not divide the per-rank batch {per_rank} "
-            f"(train.batch_size {batch} / {world_size} ranks)"
-        )
-    return micro, per_rank // micro
-
-
-def prepare_data(cfg: RunConfig, is_main: bool):
-    d = cfg.data
-    cache = Path(d.cache_dir) if d.cache_dir else Path(cfg.train.out_dir).parent / "data_cache"
-    kwargs = dict(
-        text_field=d.text_field,
-        text_unit=d.text_unit,
-        hub_config=d.subset or None,
-        hub_split=d.split,
-        max_documents=d.max_docs or None,
-        val_fraction=d.val_fraction,
-        seed=d.seed,
-        num_proc=d.num_proc,
-    )
-    # Rank 0 tokenizes; the others wait, then read the cached files.
-    if is_main:
-        data = prepare_dataset(d.source, d.tokenizer, cache, progress=cfg.train.progress, **kwargs)
-    barrier()
-    if not is_main:
-        data = prepare_dataset(d.source, d.tokenizer, cache, **kwargs)
-    return data
-
-
 def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.nn.Module:
-    overrides = dict(cfg.model.overrides)
-    overrides.setdefault("vocab_size", vocab_size)  # the data's vocabulary unless set explicitly
-    try:
-        model = from_preset(cfg.model.preset, **overrides)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
+    model = model_from_config(model_config(cfg, vocab_size))  # the data's vocabulary unless [model] sets one
     model.set_activation_checkpointing(cfg.train.activation_checkpointing)
     return model.to(device)
 
 
-def check_resume_target(out_dir: Path, ckpt: CheckpointManager, claimed: bool) -> None:
-    """``--resume`` continues a run: refused, naming what is there instead, when ``out_dir``
-    holds none. Before the directory is claimed (``claimed=False``): a missing directory and an
-    exported model; after (the lock taken, so that a directory another trainer is filling is
-    reported as in use): a directory without checkpoints."""
-    if ckpt.checkpoints():
-        return  # verified (and a damaged one named) when it is loaded
-    if not claimed and is_exported(out_dir):
-        raise ConfigError(
-            f"--resume: train.out_dir {out_dir} is an exported model, not a run; to fine-tune from it, "
-            f"train.init_from={out_dir} with another train.out_dir (and no --resume)"
-        )
-    if not claimed and out_dir.exists():
-        return
-    if out_dir.exists() and run_in_directory(out_dir):  # a run that stopped before its first checkpoint
-        raise ConfigError(
-            f"--resume: train.out_dir {out_dir} holds a run's {run_in_directory(out_dir)} but no checkpoint (it "
-            "stopped before its first): nothing to continue; start it afresh with --overwrite (its files move aside)"
-        )
-    what = "does not exist" if not out_dir.exists() else f"holds no checkpoint (no {ckpt.directory.name}/step_*)"
-    raise ConfigError(
-        f"--resume: train.out_dir {out_dir} {what}: there is no run to continue; drop --resume to start one"
-    )
-
-
-def init_from_weights(model: torch.nn.Module, tokenizer, source: str, is_main: bool) -> None:
-    """Load the weights of ``source`` (``train.init_from``) into the freshly built ``model``:
-    the same tokenizer as the data's, the same class and the same config, field by field, or
-    ``ConfigError`` naming every field that differs and how to set it."""
-    try:
-        given = load_weights(source)
-    except (CheckpointError, DataError) as exc:
-        raise ConfigError(f"train.init_from={source}: {exc}") from None
-    if given.tokenizer.fingerprint != tokenizer.fingerprint:
-        raise ConfigError(
-            f"train.init_from={source} was trained with the {given.tokenizer.name} tokenizer (vocab "
-            f"{given.tokenizer.vocab_size}), the data here is tokenized with {tokenizer.name} (vocab "
-            f"{tokenizer.vocab_size}): set data.tokenizer to the weights' tokenizer"
-        )
-    theirs, ours = model_class_name(given.model), model_class_name(model)
-    if theirs != ours:
-        raise ConfigError(
-            f"train.init_from={source} holds {theirs} weights, but [model] builds a {ours}: set model.preset to "
-            f"one of the {theirs.lower()}-* presets"
-        )
-    saved, built = dataclasses.asdict(given.model.config), dataclasses.asdict(model.config)
-    differ = _differences(saved, built)
-    if differ:
-        raise ConfigError(
-            f"train.init_from={source}: the weights' model config differs from the run's in "
-            + ", ".join(f"{key} ({there!r} there, {here!r} here)" for key, there, here in differ)
-            + "; set "
-            + " ".join(f"model.{key}={_spelled(there)}" for key, there, _ in differ)
-        )
-    model.load_state_dict(given.model.state_dict())  # same class and config: the same tensors
-    if is_main:
-        print(f"init_from: weights of {given.describe()} (a fresh optimizer)", flush=True)
-
-
-def _differences(saved: dict, built: dict, prefix: str = "") -> list[tuple[str, object, object]]:
-    """``(dotted key, saved value, built value)`` of every field that differs; a table (a
-    scaling) is compared field by field, so that only the fields that differ are named."""
-    out = []
-    for key, here in built.items():
-        there = saved.get(key)
-        if isinstance(here, dict) and isinstance(there, dict):
-            out += _differences(there, here, f"{prefix}{key}.")
-        elif there != here:
-            out.append((f"{prefix}{key}", there, here))
-    return out
-
-
-def _spelled(value) -> str:
-    """A config value as a ``model.key=value`` override spells it."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = build_config(args)
+    cfg = resolved(build_config(args))  # what the run uses; recorded so in checkpoints and metrics
     if args.print_config:
         print(to_toml(cfg), end="")
         return 0
@@ -297,29 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(cfg, data.vocab_size, info.device)
     if plan is None and t.init_from:  # before sharding: the weights are whole tensors
         init_from_weights(model, tokenizer, t.init_from, info.is_main)
-    block = t.block_size or model.config.max_seq_len
+    block = t.block_size  # resolved: the model's max_seq_len unless set
     if block > model.config.max_seq_len:
         raise ConfigError(f"train.block_size {block} exceeds the model's max_seq_len {model.config.max_seq_len}")
-    # One draw per step: this rank's share of the global batch, split into micro-batches below.
-    # So the data position is the step (global batches), whatever the micro-batch or world size.
-    train_windows = data.windows(
-        "train",
-        block_size=block,
-        batch_size=micro * accum,
-        seed=t.seed,
-        rank=info.rank,
-        world_size=info.world_size,
-        vocab_size=model.config.vocab_size,
-    )
-    val_windows = data.windows(
-        "val",
-        block_size=block,
-        batch_size=micro,
-        seed=t.seed,
-        rank=info.rank,
-        world_size=info.world_size,
-        vocab_size=model.config.vocab_size,
-    )
+    train_windows, val_windows = run_windows(data, cfg, info, micro, accum, model.config.vocab_size)
 
     wrapped = wrap_model(model, t.parallel, info)
     o = cfg.optim
@@ -329,15 +159,15 @@ def main(argv: list[str] | None = None) -> int:
             o.method,
             lr=o.lr,
             total_steps=t.steps,
-            weight_decay=None if o.weight_decay < 0 else o.weight_decay,
-            warmup_steps=None if o.warmup_steps < 0 else o.warmup_steps,
+            weight_decay=o.weight_decay,
+            warmup_steps=o.warmup_steps,
             betas=(o.beta1, o.beta2),
             eps=o.eps,
             second_moment=o.second_moment,
             gradient=o.gradient,
             sphere_kernel=o.sphere_kernel,
-            muon_lr=None if o.muon_lr < 0 else o.muon_lr,
-            matrix_lr=None if o.matrix_lr < 0 else o.matrix_lr,
+            muon_lr=o.muon_lr,
+            matrix_lr=o.matrix_lr,
             muon_momentum=o.muon_momentum,
         )
     except (TypeError, ValueError) as exc:
@@ -350,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler": scheduler,
         "train_windows": train_windows,
         "config": cfg.to_dict(),
+        "config_resolved": True,  # compared as such on --resume (an earlier format is refused)
         "tokenizer": tokenizer.spec(),
         "model_class": model_class_name(model),
         "model_config": dataclasses.asdict(model.config),
@@ -399,121 +230,108 @@ def main(argv: list[str] | None = None) -> int:
     bar = progress_bar(t.steps, "train", info.is_main and t.progress and start < t.steps, initial=start, unit="it")
     last_step = min(t.steps, t.halt_after) if t.halt_after else t.steps
 
-    # SIGTERM (preemption, scheduler time limit) or Ctrl-C (SIGINT): finish the step, checkpoint,
-    # exit cleanly. A second Ctrl-C aborts at once (the last saved checkpoint stays intact).
-    stop_requested = {"signal": None}
-
-    def request_stop(signum, frame):
-        if signum == signal.SIGINT and stop_requested["signal"] is not None:
-            raise KeyboardInterrupt
-        stop_requested["signal"] = signum
-        if signum == signal.SIGINT and info.is_main:
-            print(
-                "\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to abort without it)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    previous_handlers = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-
     model.train()
-    skipped_in_row, last_val = 0, float("nan")
+    skipped_in_row, last_val = 0, None  # None: no validation in this invocation yet
     t_last, step = time.time(), start
-    try:
-        for step in range(start + 1, last_step + 1):
-            lr = scheduler.get_last_lr()[0]
-            x, y = (v.to(info.device) for v in train_windows.next_batch())
-            batches = list(zip(x.split(micro), y.split(micro)))
-            result = train_step(
-                step_model,
-                batches,
-                optimizer,
-                autocast=t.autocast,
-                grad_clip=o.grad_clip,
-                nonfinite=t.nonfinite,
-                sharded=t.parallel == "fsdp" and info.enabled,
-            )
-            scheduler.step()
-            if o.reproject_every and step % o.reproject_every == 0:
-                normalize_(model)
-            skipped_in_row = skipped_in_row + 1 if result.skipped else 0
-            if skipped_in_row >= t.max_nonfinite:
-                raise NonFiniteError(f"{skipped_in_row} non-finite steps in a row (train.max_nonfinite); stopping")
-            now = time.time()
-            tok_s = tokens_per_step / max(now - t_last, 1e-9)
-            t_last = now
-            record = dict(
-                step=step,
-                loss=result.loss,
-                lr=lr,
-                grad_norm=result.grad_norm,
-                skipped=result.skipped,
-                tokens=step * tokens_per_step,
-                tok_per_s=round(tok_s, 1),
-            )
-            if step % t.eval_every == 0 or step == t.steps:
-                last_val = evaluate(step_model, val_windows.eval_batches(t.eval_batches), autocast=t.autocast)
-                record["val_loss"] = last_val
-            if step % t.log_every == 0 or "val_loss" in record or result.skipped:
-                if is_sphere_model:  # the same decision on every rank: skipped steps are agreed on
-                    record["sphere_norm_error"] = sphere_norm_error(model, info.device)
-                    record.update(eigen_learning_rates(model, info.device))
-                log.log(**record)
-                trackers.log_record(record)
+    # SIGTERM or Ctrl-C: finish the step, checkpoint, exit cleanly (recipes.stop).
+    with StopOnSignal(announce=info.is_main) as stop_request:
+        try:
+            for step in range(start + 1, last_step + 1):
+                lr = scheduler.get_last_lr()[0]
+                x, y = (v.to(info.device) for v in train_windows.next_batch())
+                batches = list(zip(x.split(micro), y.split(micro)))
+                result = train_step(
+                    step_model,
+                    batches,
+                    optimizer,
+                    autocast=t.autocast,
+                    grad_clip=o.grad_clip,
+                    nonfinite=t.nonfinite,
+                    sharded=t.parallel == "fsdp" and info.enabled,
+                )
+                scheduler.step()
+                if o.reproject_every and step % o.reproject_every == 0:
+                    normalize_(model)
+                skipped_in_row = skipped_in_row + 1 if result.skipped else 0
+                if skipped_in_row >= t.max_nonfinite:
+                    raise NonFiniteError(f"{skipped_in_row} non-finite steps in a row (train.max_nonfinite); stopping")
+                now = time.time()
+                tok_s = tokens_per_step / max(now - t_last, 1e-9)
+                t_last = now
+                record = dict(
+                    step=step,
+                    loss=result.loss,
+                    lr=lr,
+                    grad_norm=result.grad_norm,
+                    skipped=result.skipped,
+                    tokens=step * tokens_per_step,
+                    tok_per_s=round(tok_s, 1),
+                )
+                if step % t.eval_every == 0 or step == t.steps:
+                    last_val = evaluate(step_model, val_windows.eval_batches(t.eval_batches), autocast=t.autocast)
+                    record["val_loss"] = last_val
+                if step % t.log_every == 0 or "val_loss" in record or result.skipped:
+                    if is_sphere_model:  # the same decision on every rank: skipped steps are agreed on
+                        record["sphere_norm_error"] = sphere_norm_error(model, info.device)
+                        record.update(eigen_learning_rates(model, info.device))
+                    log.log(**record)
+                    trackers.log_record(record)
+                report_step(bar, record, last_val, t, info.is_main)
+                stop = stop_request.requested
+                if info.enabled:  # every rank must leave the loop at the same step
+                    stop = bool(all_reduce_max(torch.tensor(float(stop))) > 0)
+                if step % t.checkpoint_every == 0 or step == last_step or stop:
+                    ckpt.save(step, state, files=run_files)
+                if stop:
+                    last_step = step
+                    if info.is_main:
+                        print(
+                            f"stop requested ({stop_request.describe()}): checkpoint saved at step {step}; "
+                            "continue with --resume",
+                            flush=True,
+                        )
+                    break
+        except NonFiniteError as exc:
             if bar is not None:
-                bar.set_postfix(loss=f"{result.loss:.4f}", val=f"{last_val:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
-                bar.update(1)
-            elif info.is_main and t.progress and (step % t.log_every == 0 or "val_loss" in record):
-                val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
-                print(f"step {step}/{t.steps} loss {result.loss:.4f}{val} lr {lr:.2e} {tok_s:,.0f} tok/s", flush=True)
-            stop = stop_requested["signal"] is not None
-            if info.enabled:  # every rank must leave the loop at the same step
-                stop = bool(all_reduce_max(torch.tensor(float(stop))) > 0)
-            if step % t.checkpoint_every == 0 or step == last_step or stop:
-                ckpt.save(step, state, files=run_files)
-            if stop:
-                last_step = step
-                if info.is_main:
-                    why = (
-                        signal.Signals(stop_requested["signal"]).name if stop_requested["signal"] else "on another rank"
-                    )
-                    print(
-                        f"stop requested ({why}): checkpoint saved at step {step}; continue with --resume", flush=True
-                    )
-                break
-    except NonFiniteError as exc:
-        if bar is not None:
-            bar.close()
-        if info.is_main:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-            log.log(event="stopped", step=step, reason=str(exc))
-        return 3
-    finally:
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
-        trackers.close()
+                bar.close()
+            if info.is_main:
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+                log.log(event="stopped", step=step, reason=str(exc))
+            return 3
+        finally:
+            trackers.close()
     if bar is not None:
         bar.close()
 
     norm_err = sphere_norm_error(model, info.device)
     if info.is_main:
         what = "done" if last_step == t.steps else "halted before train.steps (continue with --resume)"
+        val = f"val loss {last_val:.4f}" if last_val is not None else "no validation yet"
         print(
-            f"{what}: step {last_step}, val loss {last_val:.4f}, max |row norm - 1| of sphere weights "
-            f"{norm_err:.2e}, checkpoints in {ckpt.directory}",
+            f"{what}: step {last_step}, {val}, max |row norm - 1| of sphere weights {norm_err:.2e}, "
+            f"checkpoints in {ckpt.directory}",
             flush=True,
         )
-        log.log(
-            event="done" if last_step == t.steps else "halted",
-            step=last_step,
-            val_loss=last_val,
-            sphere_norm_error=norm_err,
-        )
+        ended = dict(val_loss=last_val) if last_val is not None else {}
+        log.log(event=what.split()[0], step=last_step, **ended, sphere_norm_error=norm_err)
     if t.sample_tokens > 0 and last_step == t.steps:
         prompt, continuation = generate_sample(model, tokenizer, val_windows, t.sample_tokens, info.device)
         if info.is_main:
             print(f"--- sample: prompt ---\n{prompt}\n--- sample: the model's continuation ---\n{continuation}\n---")
     return 0
+
+
+def report_step(bar, record: dict, last_val: float | None, t, is_main: bool) -> None:
+    """One step on the progress bar (its postfix shows a validation loss once there is one), or,
+    without a bar, a log line every ``train.log_every`` steps and at each validation."""
+    loss, lr, tok_s = record["loss"], record["lr"], record["tok_per_s"]
+    if bar is not None:
+        val = {} if last_val is None else {"val": f"{last_val:.4f}"}
+        bar.set_postfix(loss=f"{loss:.4f}", **val, lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
+        bar.update(1)
+    elif is_main and t.progress and (record["step"] % t.log_every == 0 or "val_loss" in record):
+        val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
+        print(f"step {record['step']}/{t.steps} loss {loss:.4f}{val} lr {lr:.2e} {tok_s:,.0f} tok/s", flush=True)
 
 
 def generate_sample(model, tokenizer, val_windows, n_tokens: int, device: torch.device) -> tuple[str, str]:

@@ -32,47 +32,52 @@ def budget():
         sys.path.remove(str(BUDGET.parent))
 
 
+@pytest.fixture(scope="module")
+def report(budget):
+    return sys.modules["budget_report"]  # imported by budget.py
+
+
 # GPT's final loss falls by 0.5 per factor 4 of budget: 3.0 at 100 steps, 2.5 at 400, 2.0 at 1600.
 CURVE = [(100, 3.0), (400, 2.5), (1600, 2.0)]
 
 
-def test_interpolates_in_log_budget(budget):
-    assert budget.budget_for_loss(2.5, CURVE) == (pytest.approx(400), False)
+def test_interpolates_in_log_budget(report):
+    assert report.budget_for_loss(2.5, CURVE) == (pytest.approx(400), False)
     # halfway between 3.0 and 2.5 in loss is halfway between 100 and 400 in log: 200
-    needed, extrapolated = budget.budget_for_loss(2.75, CURVE)
+    needed, extrapolated = report.budget_for_loss(2.75, CURVE)
     assert needed == pytest.approx(200) and not extrapolated
     # a loss on GPT's curve at 200 steps, reached by an arm in 100 steps: multiplier 2
-    assert budget.multiplier(2.75, 100, CURVE) == (pytest.approx(2.0), False)
+    assert report.multiplier(2.75, 100, CURVE) == (pytest.approx(2.0), False)
     # an arm worse than GPT at equal tokens has a multiplier below 1
-    m, extrapolated = budget.multiplier(2.75, 400, CURVE)
+    m, extrapolated = report.multiplier(2.75, 400, CURVE)
     assert m == pytest.approx(0.5) and not extrapolated
 
 
-def test_order_of_the_curve_does_not_matter(budget):
-    assert budget.budget_for_loss(2.25, list(reversed(CURVE)))[0] == pytest.approx(800)
+def test_order_of_the_curve_does_not_matter(report):
+    assert report.budget_for_loss(2.25, list(reversed(CURVE)))[0] == pytest.approx(800)
 
 
-def test_beyond_the_curve_is_extrapolated_and_marked(budget):
+def test_beyond_the_curve_is_extrapolated_and_marked(report):
     # below GPT's loss at its largest budget: the line through 400 and 1600 continued to 1.5 at 6400
-    needed, extrapolated = budget.budget_for_loss(1.5, CURVE)
+    needed, extrapolated = report.budget_for_loss(1.5, CURVE)
     assert needed == pytest.approx(6400) and extrapolated
-    assert budget.multiplier(1.5, 1600, CURVE) == (pytest.approx(4.0), True)
+    assert report.multiplier(1.5, 1600, CURVE) == (pytest.approx(4.0), True)
     # above GPT's loss at its smallest budget: the line through 100 and 400 continued down
-    needed, extrapolated = budget.budget_for_loss(3.5, CURVE)
+    needed, extrapolated = report.budget_for_loss(3.5, CURVE)
     assert needed == pytest.approx(25) and extrapolated
-    assert budget.fmt_multiplier(4.0, True) == "4.00*" and budget.fmt_multiplier(2.0, False) == "2.00"
+    assert report.fmt_multiplier(4.0, True) == "4.00*" and report.fmt_multiplier(2.0, False) == "2.00"
 
 
-def test_a_curve_that_stops_falling_gives_no_finite_extrapolation(budget):
+def test_a_curve_that_stops_falling_gives_no_finite_extrapolation(report):
     flat_end = [(100, 3.0), (400, 2.5), (1600, 2.6)]  # GPT got worse at its longest budget
-    needed, extrapolated = budget.budget_for_loss(2.0, flat_end)
+    needed, extrapolated = report.budget_for_loss(2.0, flat_end)
     assert math.isinf(needed) and extrapolated
-    assert budget.fmt_multiplier(math.inf, True) == "∞*"
+    assert report.fmt_multiplier(math.inf, True) == "∞*"
     # inside the curve the first bracketing segment counts
-    assert budget.budget_for_loss(2.55, flat_end)[0] == pytest.approx(100 * 4 ** (0.45 / 0.5))
+    assert report.budget_for_loss(2.55, flat_end)[0] == pytest.approx(100 * 4 ** (0.45 / 0.5))
     # too few finite points: nothing to read
-    assert math.isnan(budget.budget_for_loss(2.5, [(100, 3.0), (400, math.inf)])[0])
-    assert budget.fmt_multiplier(math.nan, False) == "-"
+    assert math.isnan(report.budget_for_loss(2.5, [(100, 3.0), (400, math.inf)])[0])
+    assert report.fmt_multiplier(math.nan, False) == "-"
 
 
 # A fake study: every arm's final loss is a parabola in log10 lr around its best rate, which

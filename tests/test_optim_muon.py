@@ -485,7 +485,7 @@ def test_checkpoint_resume_equals_continuous_run(tmp_path, preset, method):
 def test_config_accepts_the_muon_methods_and_checks_their_keys():
     cfg = load_config(None, ["optim.method=spherical_muon", "optim.muon_lr=0.02", "optim.muon_momentum=0.9"])
     assert (cfg.optim.method, cfg.optim.muon_lr, cfg.optim.muon_momentum) == ("spherical_muon", 0.02, 0.9)
-    assert load_config(None, ["optim.method=muon"]).optim.muon_lr < 0  # default: optim.lr
+    assert load_config(None, ["optim.method=muon"]).optim.muon_lr is None  # unset: optim.lr
     with pytest.raises(ConfigError, match="optim.muon_lr must be > 0"):
         load_config(None, ["optim.muon_lr=0"])
     with pytest.raises(ConfigError, match="optim.muon_momentum must be in \\[0, 1\\), got 1.0"):

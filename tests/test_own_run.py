@@ -14,11 +14,11 @@ import torch
 
 from recipes import analyze, evaluate, export, sample
 from recipes.checkpoints import load_trained, load_weights
+from recipes.config_files import resolve_config
 from recipes.train import cli as train_cli
-from recipes.train import resolve_config
 from spherenet.data.tokenizer_classes import ByteTokenizer
 from spherenet.models import NGPT, from_preset, load_pretrained
-from spherenet.train.config import ConfigError, load_config, to_toml
+from spherenet.train.config import ConfigError, load_config, model_config, resolved, to_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,14 +183,36 @@ def test_shipped_configs_are_found_by_name_from_any_directory(tmp_path, monkeypa
 
 
 def test_print_config_prints_the_resolved_config_and_reads_back(tmp_path, capsys, monkeypatch):
+    """--print-config prints what the run uses: no unset key, the preset's model fields under
+    [model]; loaded back, that file makes the same run (the same resolved config and model)."""
     monkeypatch.chdir(tmp_path)
-    assert train_cli(["--config", "gpt-tiny", "--print-config", "optim.lr=0.01", "model.n_layers=3"]) == 0
+    given = ["optim.lr=0.01", "model.n_layers=3", "optim.method=adamh"]
+    assert train_cli(["--config", "gpt-tiny", "--print-config", *given]) == 0
     printed = capsys.readouterr().out
     assert not (tmp_path / "runs").exists()  # a dry run
+    assert "-1" not in printed
+    for line in ("matrix_lr = 0.01", "muon_lr = 0.01", "weight_decay = 0.1", "warmup_steps = 30", "block_size = 128"):
+        assert f"\n{line}\n" in printed, line  # unset keys resolved (gpt-tiny.toml sets warmup_steps = 30)
+    model = printed[printed.index("[model]") :]
+    for line in ('preset = "gpt-tiny"', "n_layers = 3", "d_model = 64", "n_heads = 4", "max_seq_len = 128"):
+        assert f"\n{line}\n" in model, line
     (tmp_path / "printed.toml").write_text(printed)
     again = load_config(tmp_path / "printed.toml")
-    assert again == load_config(ROOT / "recipes/configs/gpt-tiny.toml", ["optim.lr=0.01", "model.n_layers=3"])
-    assert to_toml(again) == printed
+    original = load_config(ROOT / "recipes/configs/gpt-tiny.toml", given)
+    assert resolved(again) == resolved(original)
+    assert model_config(again, 256) == model_config(original, 256)
+    assert to_toml(resolved(again)) == printed
+    assert train_cli(["--config", str(tmp_path / "printed.toml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed
+
+
+def test_an_unset_key_is_left_out_of_the_toml_and_reads_back_unset():
+    cfg = load_config(None, ["optim.method=muon"])
+    text = to_toml(cfg)
+    assert "muon_lr" not in text and "matrix_lr" not in text and "weight_decay" not in text
+    assert load_config(None, ["optim.method=muon"]).optim.muon_lr is None
+    with pytest.raises(ConfigError, match=r"optim.muon_lr must be > 0, got -1.0 \(leave it unset for optim.lr\)"):
+        load_config(None, ["optim.muon_lr=-1"])
 
 
 def test_unknown_keys_get_a_did_you_mean():

@@ -53,7 +53,7 @@ def _commands(text: str) -> list[list[str]]:
 
 def _config(name: str) -> Path:
     """A ``--config`` value as the trainer reads it: a path from the repository root, or the name
-    of a shipped config (``recipes.train.resolve_config``)."""
+    of a shipped config (``recipes.config_files.resolve_config``)."""
     path = ROOT / name
     if path.is_file():
         return path

@@ -145,6 +145,33 @@ def test_resume_continues_exactly(tmp_path, cache, text_file):
         assert split[step] == pytest.approx(straight[step], abs=1e-7), step
 
 
+def test_a_run_halted_before_its_first_validation_reports_no_val_loss(tmp_path, cache, text_file, capsys):
+    assert run(tmp_path / "early", cache, f"data.source={text_file}", "train.steps=20", "train.halt_after=3") == 0
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("halted before train.steps (continue with --resume): step 3, no validation yet, ")
+    assert "nan" not in out and "val loss" not in out
+    halted = read_log(tmp_path / "early")[-1]
+    assert halted["event"] == "halted" and "val_loss" not in halted
+
+
+def test_the_progress_bar_shows_a_val_loss_once_there_is_one():
+    from recipes.train import report_step
+
+    class Bar:
+        def set_postfix(self, **postfix):
+            self.postfix = postfix
+
+        def update(self, n):
+            pass
+
+    bar, record = Bar(), dict(step=3, loss=2.5, lr=1e-3, tok_per_s=100.0)
+    report_step(bar, record, None, None, is_main=True)
+    assert list(bar.postfix) == ["loss", "lr", "tok_s"]
+    report_step(bar, record, 2.25, None, is_main=True)
+    assert bar.postfix["val"] == "2.2500"
+
+
 def flat_scalings(config: dict) -> dict:
     """An nGPT config dict in the flat spelling of earlier versions (``alpha_init``, ...)."""
     out = {key: value for key, value in config.items() if not isinstance(value, dict)}

@@ -22,16 +22,25 @@ from recipes.resume import (
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError
 from spherenet.optim import build_optimizer
-from spherenet.train.config import ConfigError, load_config
+from spherenet.train.config import ConfigError, load_config, resolved
 
 TINY = ["model.preset=ngpt-tiny", "train.batch_size=8", "train.steps=20"]
 
 
-def checkpoint(cfg, step=10, world=1, backend="torch", batch=8, parallel="none"):
-    saved_cfg = cfg.to_dict()
-    saved_cfg["train"] = dict(saved_cfg["train"], parallel=parallel)
+def saved_values(cfg) -> dict:
+    """What a run of ``cfg`` records in its checkpoints (as recipes.train does)."""
     model_class, model_config = _effective_model_config(cfg, 256)  # the byte vocabulary
-    values = {"config": saved_cfg, "model_class": model_class, "model_config": model_config}
+    return {
+        "config": resolved(cfg).to_dict(),
+        "config_resolved": True,
+        "model_class": model_class,
+        "model_config": model_config,
+    }
+
+
+def checkpoint(cfg, step=10, world=1, backend="torch", batch=8, parallel="none"):
+    values = saved_values(cfg)
+    values["config"]["train"] = dict(values["config"]["train"], parallel=parallel)
     state = {"values": values, "stateful": {"train_windows": {"step": step, "batch_size": batch // world}}}
     return SimpleNamespace(
         path=Path("run/checkpoints/step_00000010"),
@@ -50,16 +59,21 @@ def test_same_settings_resume_with_nothing_to_report():
 def test_an_accepted_change_passes_and_a_refused_one_is_named():
     cfg = load_config(None, TINY)
     assert "eval_every" in RESUMABLE_CHANGES["train"]
-    check_resumable({"config": cfg.to_dict()}, load_config(None, [*TINY, "train.eval_every=7"]), "NGPT", {}, Path("x"))
+    saved = {"config": resolved(cfg).to_dict()}
+    check_resumable(saved, load_config(None, [*TINY, "train.eval_every=7"]), "NGPT", {}, Path("x"))
     with pytest.raises(ConfigError) as info:
-        check_resumable({"config": cfg.to_dict()}, load_config(None, [*TINY, "optim.lr=0.5"]), "NGPT", {}, Path("x"))
+        check_resumable(saved, load_config(None, [*TINY, "optim.lr=0.5"]), "NGPT", {}, Path("x"))
     assert "optim.lr: 0.003 in the checkpoint, 0.5 now" in str(info.value)
     assert "start a new run in another train.out_dir" in str(info.value)
 
 
 def test_a_model_change_is_named_field_by_field():
     cfg = load_config(None, TINY)
-    saved = {"config": cfg.to_dict(), "model_class": "NGPT", "model_config": {"vocab_size": 256, "n_layers": 2}}
+    saved = {
+        "config": resolved(cfg).to_dict(),
+        "model_class": "NGPT",
+        "model_config": {"vocab_size": 256, "n_layers": 2},
+    }
     with pytest.raises(ConfigError, match="model.n_layers: 2 in the checkpoint, 3 now"):
         check_resumable(saved, cfg, "NGPT", {"vocab_size": 256, "n_layers": 3}, Path("x"))
     with pytest.raises(ConfigError, match="model class: 'NGPT' in the checkpoint, 'GPT' now"):
@@ -159,32 +173,53 @@ def test_every_accepted_change_is_reported(section, key):
 @pytest.mark.parametrize(
     "saved,now",
     [
-        ("train.block_size=0", "train.block_size=32"),  # 0 means the model's max_seq_len, 32 for ngpt-tiny
-        ("optim.weight_decay=-1", "optim.weight_decay=0"),  # < 0 means the method's default, 0 for nGPT
-        ("optim.warmup_steps=-1", "optim.warmup_steps=0"),
-        ("optim.muon_lr=-1", "optim.muon_lr=0.003"),  # < 0 means optim.lr
+        ("train.block_size=0", "train.block_size=32"),  # 0 means the model's max_seq_len, 32 here
+        ("optim.method=riemannian_adam", "optim.weight_decay=0"),  # unset: the method's default, 0 for nGPT
+        ("optim.method=riemannian_adam", "optim.warmup_steps=0"),
+        ("optim.method=adamw", "optim.weight_decay=0.1"),  # 0.1 and 2000 for GPT's methods
+        ("optim.method=adamw", "optim.warmup_steps=2000"),
+        ("optim.method=spherical_muon", "optim.muon_lr=0.003"),  # unset: optim.lr
+        ("optim.method=adamh", "optim.matrix_lr=0.003"),
     ],
 )
 def test_equivalent_spellings_are_no_change(saved, now):
-    cfg = load_config(None, [*TINY, "model.max_seq_len=32", saved])
-    model_class, model_config = _effective_model_config(cfg, 256)
-    again = load_config(None, [*TINY, "model.max_seq_len=32", now])
-    check_resumable(
-        {"config": cfg.to_dict(), "model_class": model_class, "model_config": model_config},
-        again,
-        model_class,
-        model_config,
-        Path("x"),
-    )
+    """An unset key and the value it stands for, spelled out, are one setting, in either order."""
+    method = [saved] if saved.startswith("optim.method") else []
+    preset = ["model.preset=gpt-tiny"] if method and saved.split("=")[1] in ("adamw", "adamh") else []
+    common = [*TINY, *preset, "model.max_seq_len=32", *method]
+    given = load_config(None, common if method else [*common, saved])
+    spelled = load_config(None, [*common, now])
+    model_class, model_config = _effective_model_config(given, 256)
+    for before, after in ((given, spelled), (spelled, given)):
+        check_resumable(saved_values(before), after, model_class, model_config, Path("x"))
     key = now.split("=")[0]
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):  # a real change still is one
         check_resumable(
-            {"config": cfg.to_dict(), "model_class": model_class, "model_config": model_config},
-            load_config(None, [*TINY, "model.max_seq_len=32", f"{key}=0.5"]),
-            model_class,
-            model_config,
-            Path("x"),
+            saved_values(given), load_config(None, [*common, f"{key}=1"]), model_class, model_config, Path("x")
         )
+
+
+def test_a_hyperball_run_resumes_with_its_matrix_rate_spelled_out():
+    """adamh at optim.lr=0.01 resumed with optim.matrix_lr=0.01 (what the unset rate stands for)
+    continues, as optim.muon_lr spelled out does for a Muon run."""
+    gpt = ["model.preset=gpt-tiny", "train.batch_size=8", "train.steps=20", "optim.lr=0.01"]
+    for method, key in (("adamh", "matrix_lr"), ("muon", "muon_lr")):
+        run = load_config(None, [*gpt, f"optim.method={method}"])
+        again = load_config(None, [*gpt, f"optim.method={method}", f"optim.{key}=0.01"])
+        assert plan_resume(checkpoint(run), again, world_size=1).notes == []
+
+
+def test_a_checkpoint_whose_config_is_not_resolved_is_refused_in_one_line():
+    """A checkpoint from before unset keys were recorded resolved (its config spells them -1)."""
+    cfg = load_config(None, TINY)
+    ckpt = checkpoint(cfg)
+    values = ckpt.read_state()["values"]
+    del values["config_resolved"]
+    values["config"]["optim"].update(weight_decay=-1.0, warmup_steps=-1, muon_lr=-1.0, matrix_lr=-1.0)
+    with pytest.raises(CheckpointError) as info:
+        plan_resume(ckpt, cfg, world_size=1)
+    assert "\n" not in str(info.value) and "spells defaults as -1" in str(info.value)
+    assert "start a new run" in str(info.value)
 
 
 def test_a_halt_at_or_before_the_checkpoint_is_refused():

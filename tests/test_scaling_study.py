@@ -33,11 +33,21 @@ def scaling():
         sys.path.remove(str(SCALING.parent))
 
 
-def test_ladder_steps_through_1_3_10(scaling):
+@pytest.fixture(scope="module")
+def scaling_ledger(scaling):
+    return sys.modules["scaling_ledger"]  # imported by scaling.py
+
+
+@pytest.fixture(scope="module")
+def scaling_report(scaling):
+    return sys.modules["scaling_report"]
+
+
+def test_ladder_steps_through_1_3_10(scaling, scaling_ledger):
     assert scaling.lr_grid(1e-2) == [3e-3, 1e-2, 3e-2]
     assert scaling.lr_grid(3e-2) == [1e-2, 3e-2, 1e-1]
-    assert scaling.ladder(1e-1, +1) == 3e-1 and scaling.ladder(3e-1, +1) == 1.0
-    assert scaling.ladder(1e-3, -1) == 3e-4 and scaling.ladder(3e-4, -1) == 1e-4
+    assert scaling_ledger.ladder(1e-1, +1) == 3e-1 and scaling_ledger.ladder(3e-1, +1) == 1.0
+    assert scaling_ledger.ladder(1e-3, -1) == 3e-4 and scaling_ledger.ladder(3e-4, -1) == 1e-4
 
 
 def test_next_lr_grows_the_grid_past_the_best_edge(scaling):
@@ -157,7 +167,7 @@ def test_one_real_training_through_the_study(scaling, tmp_path):
     assert row["finished"] and row["exit"] == 0 and row["steps"] == [2, 4] and len(row["val_loss"]) == 2
 
 
-def test_a_ratio_reached_at_the_first_evaluation_is_reported_as_a_lower_bound(scaling, tmp_path):
+def test_a_ratio_reached_at_the_first_evaluation_is_reported_as_a_lower_bound(scaling, scaling_report, tmp_path):
     """With validation every 10 of 100 steps no ratio above 10x can be measured: an arm already
     at GPT's best loss by its first evaluation is marked, in the table, as a lower bound."""
     import argparse
@@ -178,9 +188,9 @@ def test_a_ratio_reached_at_the_first_evaluation_is_reported_as_a_lower_bound(sc
         run("ngpt", 3e-2, 1, [2.5, 1.9, 1.8]),  # at 2.0 by step 20: exactly 1.5x
     ]:
         ledger.add(row)
-    paired = scaling.paired(ledger, "tiny@32", "ngpt", 3e-2, 1e-2, [0, 1])
+    paired = scaling_report.paired(ledger, "tiny@32", "ngpt", 3e-2, 1e-2, [0, 1])
     assert paired["ratios"] == [3.0, 1.5] and paired["censored"] == [True, False]
-    assert scaling.paired(ledger, "tiny@32", "gpt", 1e-2, 1e-2, [0, 1])["censored"] == [False, False]
+    assert scaling_report.paired(ledger, "tiny@32", "gpt", 1e-2, 1e-2, [0, 1])["censored"] == [False, False]
 
     point = scaling.Point.parse("tiny@32")
     args = argparse.Namespace(

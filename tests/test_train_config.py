@@ -2,7 +2,7 @@
 
 import pytest
 
-from spherenet.train.config import ConfigError, load_config, parse_override
+from spherenet.train.config import ConfigError, load_config, parse_override, resolved
 
 
 def write(tmp_path, text):
@@ -65,3 +65,29 @@ def test_bad_files(tmp_path):
         load_config(write(tmp_path, "[optim]\nlearning_rate = 3"))
     with pytest.raises(ConfigError, match="must be a \\[section\\] table"):
         load_config(write(tmp_path, "steps = 3"))
+
+
+@pytest.mark.parametrize(
+    "method,weight_decay,warmup",
+    [("riemannian_adam", 0.0, 0), ("spherical_muon", 0.0, 0), ("adamw", 0.1, 2000), ("adamh", 0.1, 2000)],
+)
+def test_resolved_fills_every_unset_key_with_what_the_run_uses(method, weight_decay, warmup):
+    preset = "gpt-tiny" if method in ("adamw", "adamh") else "ngpt-tiny"
+    cfg = load_config(None, [f"model.preset={preset}", f"optim.method={method}", "optim.lr=0.02"])
+    assert (cfg.optim.weight_decay, cfg.optim.warmup_steps, cfg.optim.muon_lr, cfg.optim.matrix_lr) == (None,) * 4
+    full = resolved(cfg)
+    assert (full.optim.weight_decay, full.optim.warmup_steps) == (weight_decay, warmup)  # Table 3
+    assert full.optim.muon_lr == full.optim.matrix_lr == 0.02  # optim.lr
+    assert full.train.block_size == 128  # the preset's max_seq_len
+    assert full.model.overrides["d_model"] == 64 and "vocab_size" not in full.model.overrides  # the data's
+    assert resolved(full) == full
+    assert cfg.optim.weight_decay is None  # cfg itself is left as given
+
+
+def test_a_set_key_is_kept_and_vocab_size_only_when_given():
+    cfg = load_config(
+        None, ["optim.warmup_steps=7", "optim.matrix_lr=0.5", "model.vocab_size=300", "train.block_size=64"]
+    )
+    full = resolved(cfg)
+    assert (full.optim.warmup_steps, full.optim.matrix_lr, full.train.block_size) == (7, 0.5, 64)
+    assert full.model.overrides["vocab_size"] == 300

@@ -4,18 +4,29 @@ A run is described by four sections, each a dataclass: ``[model]`` (a preset nam
 field of its model config), ``[data]``, ``[optim]`` and ``[train]``. Every key is checked: an
 unknown key or a value of the wrong type is a ``ConfigError`` that names it, raised before any
 work starts.
+
+A key whose default is "unset" (``None``: ``optim.weight_decay``, ``optim.warmup_steps``,
+``optim.muon_lr``, ``optim.matrix_lr``) stands for a value derived from the others; TOML has no
+null, so an unset key is left out of the file. :func:`resolved` replaces every such value (and
+``train.block_size = 0``) by the one the run uses; the run records that form, in its checkpoints
+and metrics, and ``--print-config`` prints it.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import json
 import math
 import sys
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from ..models.presets import preset_config
+from ..optim import METHOD_DEFAULTS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +41,8 @@ __all__ = [
     "TrainSection",
     "RunConfig",
     "load_config",
+    "model_config",
+    "resolved",
     "parse_override",
     "to_toml",
 ]
@@ -69,8 +82,8 @@ class DataSection:
 class OptimSection:
     method: str = "riemannian_adam"  # riemannian_adam | adam_normalize | adamw | spherical_muon | muon | adamh | muonh
     lr: float = 3e-3
-    weight_decay: float = -1.0  # < 0: the recipe's default (Table 3: 0 for nGPT, 0.1 for GPT)
-    warmup_steps: int = -1  # < 0: the recipe's default (Table 3: 0 for nGPT, 2000 for GPT)
+    weight_decay: float | None = None  # unset: the method's default (Table 3: 0 for nGPT, 0.1 for GPT)
+    warmup_steps: int | None = None  # unset: the method's default (Table 3: 0 for nGPT, 2000 for GPT)
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -79,11 +92,11 @@ class OptimSection:
     sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | triton | foreach
     grad_clip: float = 0.0  # 0 = off
     reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift
-    muon_lr: float = -1.0  # spherical_muon | muon: lr of the Muon part; < 0: optim.lr
+    muon_lr: float | None = None  # spherical_muon | muon: lr of the Muon part; unset: optim.lr
     muon_momentum: float = 0.95  # spherical_muon | muon | muonh: Muon's momentum, in [0, 1)
     # adamh | muonh: the hidden matrices' rate, the angle (radians) a step turns a matrix by at the
-    # schedule's peak; < 0: optim.lr. optim.lr stays the AdamW part's (embeddings, head, gains).
-    matrix_lr: float = -1.0
+    # schedule's peak; unset: optim.lr. optim.lr stays the AdamW part's (embeddings, head, gains).
+    matrix_lr: float | None = None
 
 
 @dataclass
@@ -133,8 +146,17 @@ _CHOICES = {
 LOGGERS = ("jsonl", "tensorboard", "wandb")
 # List-valued keys: every element must be one of these.
 _LIST_CHOICES = {("train", "loggers"): LOGGERS}
+# Keys that may be unset (None), and the value unset stands for (see resolved()).
+_UNSET_MEANS = {
+    ("optim", "weight_decay"): "the method's default",
+    ("optim", "warmup_steps"): "the method's default",
+    ("optim", "muon_lr"): "optim.lr",
+    ("optim", "matrix_lr"): "optim.lr",
+}
 _POSITIVE = {
     ("optim", "lr"),
+    ("optim", "muon_lr"),
+    ("optim", "matrix_lr"),
     ("optim", "eps"),
     ("train", "steps"),
     ("train", "batch_size"),
@@ -152,6 +174,8 @@ _NON_NEGATIVE = {
     ("train", "sample_tokens"),
     ("train", "halt_after"),
     ("optim", "grad_clip"),
+    ("optim", "weight_decay"),
+    ("optim", "warmup_steps"),
     ("optim", "reproject_every"),
     ("data", "max_docs"),
 }
@@ -167,8 +191,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         model = out.pop("model")
-        out["model"] = {"preset": model["preset"], **model["overrides"]}
-        return out
+        return {"model": {"preset": model["preset"], **model["overrides"]}, **out}
 
     def validate(self) -> "RunConfig":
         for (section, key), choices in _CHOICES.items():
@@ -181,19 +204,16 @@ class RunConfig:
                 raise ConfigError(
                     f"{section}.{key}: {', '.join(map(repr, unknown))} not allowed (allowed values: {', '.join(choices)})"
                 )
-        for section, key in _POSITIVE:
-            value = getattr(getattr(self, section), key)
-            if not value > 0:
-                raise ConfigError(f"{section}.{key} must be > 0, got {value!r}")
-        for section, key in _NON_NEGATIVE:
-            value = getattr(getattr(self, section), key)
-            if value < 0:
-                raise ConfigError(f"{section}.{key} must be >= 0, got {value!r}")
+        for keys, bound in ((_POSITIVE, "> 0"), (_NON_NEGATIVE, ">= 0")):
+            for section, key in keys:
+                value = getattr(getattr(self, section), key)
+                if value is not None and not (value > 0 if bound == "> 0" else value >= 0):
+                    unset = (
+                        f" (leave it unset for {_UNSET_MEANS[section, key]})" if (section, key) in _UNSET_MEANS else ""
+                    )
+                    raise ConfigError(f"{section}.{key} must be {bound}, got {value!r}{unset}")
         if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
             raise ConfigError(f"optim.beta1/beta2 must be in [0, 1), got {self.optim.beta1}, {self.optim.beta2}")
-        for key in ("muon_lr", "matrix_lr"):
-            if getattr(self.optim, key) == 0:
-                raise ConfigError(f"optim.{key} must be > 0 (or < 0 for optim.lr), got 0.0")
         if not 0.0 <= self.optim.muon_momentum < 1.0:
             raise ConfigError(f"optim.muon_momentum must be in [0, 1), got {self.optim.muon_momentum!r}")
         if not 0.0 < self.data.val_fraction < 1.0:
@@ -269,7 +289,10 @@ def _set(cfg: RunConfig, section: str, key: str, value: Any) -> None:
             f"unknown config key {section}.{key}{_did_you_mean(key, names, section)} "
             f"(valid keys of [{section}]: {', '.join(names)})"
         )
-    setattr(obj, key, _coerce(section, key, value, getattr(obj, key)))
+    like = getattr(obj, key)
+    if like is None:  # an unset key: checked against its declared type (``float | None``: a float)
+        like = next(t for t in typing.get_args(typing.get_type_hints(type(obj))[key]) if t is not type(None))()
+    setattr(obj, key, _coerce(section, key, value, like))
 
 
 def _did_you_mean(word: str, choices, section: str | None = None) -> str:
@@ -286,7 +309,8 @@ def _did_you_mean(word: str, choices, section: str | None = None) -> str:
 
 
 def to_toml(cfg: RunConfig) -> str:
-    """``cfg`` as a TOML file that :func:`load_config` reads back into the same config."""
+    """``cfg`` as a TOML file that :func:`load_config` reads back into the same config; an unset
+    (``None``) key, in a section or in a table, is left out."""
 
     def value(v: Any) -> str:
         if isinstance(v, bool):
@@ -298,15 +322,59 @@ def to_toml(cfg: RunConfig) -> str:
         if isinstance(v, (list, tuple)):
             return "[" + ", ".join(value(x) for x in v) + "]"
         if isinstance(v, dict):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items() if x is not None) + " }"
         raise TypeError(f"cannot write {v!r} as TOML")
 
     lines = []
     for section, table in cfg.to_dict().items():
         lines.append(f"[{section}]")
-        lines.extend(f"{key} = {value(v)}" for key, v in table.items())
+        lines.extend(f"{key} = {value(v)}" for key, v in table.items() if v is not None)
+        if section == "model" and "vocab_size" not in table:
+            lines.append("# vocab_size: the data's (data.tokenizer's vocabulary) unless set here")
         lines.append("")
     return "\n".join(lines)
+
+
+def model_config(cfg: RunConfig, vocab_size: int | None = None):
+    """The model config ``[model]`` describes (an ``NGPTConfig`` or ``GPTConfig``): the preset's
+    fields with the section's overrides, and ``vocab_size`` (the data's vocabulary) unless the
+    section sets it. A preset or field that cannot work is a ``ConfigError``."""
+    overrides = dict(cfg.model.overrides)
+    if vocab_size is not None:
+        overrides.setdefault("vocab_size", vocab_size)
+    try:
+        return preset_config(cfg.model.preset, **overrides)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
+
+
+def resolved(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the values the run will use in place of every unset one: ``[model]`` holds
+    every field of the preset's config (overridden), except ``vocab_size`` (the data's, unless
+    set) and fields whose ``None`` the model resolves itself (``d_mlp``: ``4 d_model``); unset
+    ``optim.weight_decay`` and ``optim.warmup_steps`` are the method's defaults (Table 3 of the
+    nGPT paper), unset ``optim.muon_lr`` and ``optim.matrix_lr`` are ``optim.lr``, and
+    ``train.block_size = 0`` is the model's ``max_seq_len``. Resolving twice changes nothing, so
+    two spellings of one setting resolve to the same config."""
+    out = copy.deepcopy(cfg)
+    model = model_config(cfg)
+    out.model.overrides = {  # None (the model's own default) left out, in a table as in the section
+        key: {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
+        for key, value in dataclasses.asdict(model).items()
+        if value is not None and (key != "vocab_size" or key in cfg.model.overrides)
+    }
+    optim, defaults = out.optim, METHOD_DEFAULTS[cfg.optim.method]
+    if optim.weight_decay is None:
+        optim.weight_decay = float(defaults["weight_decay"])
+    if optim.warmup_steps is None:
+        optim.warmup_steps = int(defaults["warmup_steps"])
+    if optim.muon_lr is None:
+        optim.muon_lr = optim.lr
+    if optim.matrix_lr is None:
+        optim.matrix_lr = optim.lr
+    if out.train.block_size == 0:
+        out.train.block_size = model.max_seq_len
+    return out
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -1,0 +1,65 @@
+"""The data side of ``recipes.train``: the prepared dataset (tokenized once, by rank 0), the
+batch geometry (micro-batches and accumulation for the global batch) and each rank's windows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spherenet.data import prepare_dataset
+from spherenet.train.config import ConfigError, RunConfig
+from spherenet.train.distributed import barrier
+
+__all__ = ["batch_geometry", "prepare_data", "run_windows"]
+
+
+def batch_geometry(cfg: RunConfig, world_size: int) -> tuple[int, int]:
+    """(micro-batch size per rank, gradient-accumulation steps) for the global batch."""
+    batch = cfg.train.batch_size
+    if batch % world_size:
+        raise ConfigError(f"train.batch_size {batch} is not divisible by the world size {world_size}")
+    per_rank = batch // world_size
+    micro = cfg.train.micro_batch_size or per_rank
+    if per_rank % micro:
+        raise ConfigError(
+            f"train.micro_batch_size {micro} does not divide the per-rank batch {per_rank} "
+            f"(train.batch_size {batch} / {world_size} ranks)"
+        )
+    return micro, per_rank // micro
+
+
+def prepare_data(cfg: RunConfig, is_main: bool):
+    """The run's :class:`~spherenet.data.PreparedData`, in ``data.cache_dir`` (default: a
+    ``data_cache`` beside ``train.out_dir``)."""
+    d = cfg.data
+    cache = Path(d.cache_dir) if d.cache_dir else Path(cfg.train.out_dir).parent / "data_cache"
+    kwargs = dict(
+        text_field=d.text_field,
+        text_unit=d.text_unit,
+        hub_config=d.subset or None,
+        hub_split=d.split,
+        max_documents=d.max_docs or None,
+        val_fraction=d.val_fraction,
+        seed=d.seed,
+        num_proc=d.num_proc,
+    )
+    # Rank 0 tokenizes; the others wait, then read the cached files.
+    if is_main:
+        data = prepare_dataset(d.source, d.tokenizer, cache, progress=cfg.train.progress, **kwargs)
+    barrier()
+    if not is_main:
+        data = prepare_dataset(d.source, d.tokenizer, cache, **kwargs)
+    return data
+
+
+def run_windows(data, cfg: RunConfig, info, micro: int, accum: int, vocab_size: int):
+    """This rank's (train, val) windows of ``train.block_size`` tokens. One train draw per step
+    is this rank's share of the global batch (split into micro-batches by the loop), so the data
+    position is the step (global batches), whatever the micro-batch or world size."""
+    common = dict(
+        block_size=cfg.train.block_size,
+        seed=cfg.train.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+        vocab_size=vocab_size,
+    )
+    return data.windows("train", batch_size=micro * accum, **common), data.windows("val", batch_size=micro, **common)
