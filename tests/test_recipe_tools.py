@@ -95,7 +95,40 @@ def test_sample_goes_past_the_context_and_stops_at_a_stop_string(trained_run, ca
     stop = continuation[5:8]
     args = ["--prompt", "line 1", "--tokens", "60", "--temperature", "0", "--stop", stop]
     assert sample.main([str(trained_run), *args]) == 0
-    assert capsys.readouterr().out == "line 1" + continuation[: continuation.find(stop)] + "\n"
+    captured = capsys.readouterr()
+    assert captured.out == "line 1" + continuation[: continuation.find(stop)] + "\n"
+    assert f"# the sample stopped at --stop {stop!r} after " in captured.err
+
+
+def test_sample_says_when_it_stopped_at_end_of_text_and_after_how_many_tokens(trained_run, monkeypatch, capsys):
+    """A model that emits end-of-text after 5 new tokens: the text stops there, and stderr says
+    so with the count; a sample that runs to --tokens says nothing of the kind."""
+    import torch
+
+    real = sample.load_weights
+
+    def ends_after_five(run, device):
+        trained = real(run, device)
+        generate = trained.model.generate
+
+        def generate_then_end(prompt, n, **kwargs):
+            out = generate(prompt, min(n, 5), **{**kwargs, "eos_token_id": None})
+            return torch.cat([out, torch.tensor([[trained.tokenizer.eos_id]])], dim=1) if n > 5 else out
+
+        trained.model.generate = generate_then_end
+        return trained
+
+    args = [str(trained_run), "--prompt", "line 1", "--tokens", "40", "--temperature", "0"]
+    monkeypatch.setattr(sample, "load_weights", ends_after_five)
+    assert sample.main(args) == 0
+    captured = capsys.readouterr()
+    assert "# the sample stopped at end-of-text after 5 new tokens (--tokens 40)" in captured.err
+    assert len(captured.out) == len("line 1") + 5 + 1  # five bytes and the newline: the end-of-text is not printed
+    assert sample.main([*args, "--num-samples", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "# sample 1 stopped at end-of-text after 5" in err and "# sample 2 stopped at end-of-text after 5" in err
+    assert sample.main([*args[:4], "5", *args[5:]]) == 0  # exactly --tokens new tokens: no end-of-text
+    assert "stopped" not in capsys.readouterr().err
 
 
 def test_sample_without_checkpoint(tmp_path, capsys):
