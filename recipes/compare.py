@@ -1,41 +1,35 @@
 """Compare training variants on the same data and seeds: ``python -m recipes.compare``.
 
     python -m recipes.compare --variants gpt ngpt ngpt-slerp ngpt-riemannian --seeds 0 1 2 \\
-        --out runs/compare data.source=../shared/data/tinyshakespeare/input.txt train.steps=500
+        --size tiny --out runs/compare train.steps=500
 
-Every variant is the base config (``--config``, default ``recipes/configs/default.toml``) plus
-the shared overrides plus the variant's own. Built-in variants:
-
-    gpt                   baseline GPT of the same size, AdamW (Table 3)
-    ngpt (= ngpt-lerp)    nGPT, LERP update (eq. 10, 11), the paper's optimizer (RiemannianAdam,
-                          Adam's moments on the raw gradient, then Norm; Section 2.6)
-    ngpt-tangent          nGPT, RiemannianAdam with moments on the tangent-projected gradient
-    ngpt-slerp            nGPT, SLERP update (eq. 6)
-    ngpt-riemannian       nGPT, Riemannian update (eq. 24-26)
-    ngpt-adam_normalize   nGPT, the paper's Adam followed by renormalization (Section 2.6)
-    ngpt-row              nGPT, RiemannianAdam with geoopt's per-row second moment
-    gpt-muon              GPT, torch.optim.Muon on the blocks' matrices, AdamW on the rest
-    ngpt-muon             nGPT, SphericalMuon on the blocks' matrices, RiemannianAdam on the rest
-    gpt-adamh             GPT, AdamH (Hyperball) on the blocks' matrices, AdamW on the rest
-    gpt-muonh             GPT, MuonH (Hyperball) on the blocks' matrices, AdamW on the rest
-
-and any ``name:key=value,key=value`` for your own (e.g. ``big:model.n_layers=8``). The size
-comes from ``--size`` (tiny, cpu, small, base, 0.5b, 1b).
+Every variant is the base config (``--config``, default ``recipes/configs/default.toml``, which
+trains on the embedded default corpus) plus the shared overrides plus the variant's own: a
+built-in one (``--help`` lists them, one line each; :mod:`recipes.compare_variants`) or any
+``name:key=value,key=value`` of your own (e.g. ``big:model.n_layers=8``). The size comes from
+``--size`` (tiny, cpu, small, base, 0.5b, 1b).
 
 A fair comparison by default: each built-in variant trains at its own learning rate, the best
 rate the project's studies found for that variant at that size, at the measured budget nearest
-to ``train.steps`` (:data:`STUDIED_RATES`; the best rate moves with the budget), unless
-``optim.lr=`` is given; a variant with no studied rate keeps the config's, and the tool says
-which rate each variant gets and where it comes from. GPT's warmup (Table 3: 2000 steps) is
-scaled to the run, 5% of ``train.steps`` and at most 2000, unless ``optim.warmup_steps=`` is
-given; a warmup as long as the run is refused before the first run. Writes ``compare.json`` (every curve),
-``compare.md`` (a table) and ``compare.png`` (validation loss against steps and tokens).
+to ``train.steps`` (the best rate moves with the budget), unless ``optim.lr=`` is given; a
+variant with no studied rate keeps the config's, and the tool says which rate each variant gets
+and where it comes from. The studies trained 4,096 tokens a step at context 256; the tool says
+so when a run trains otherwise. GPT's warmup (Table 3: 2000 steps) is scaled to the run, 5% of
+``train.steps`` and at most 2000, unless ``optim.warmup_steps=`` is given; a warmup as long as
+the run is refused before the first run.
+
+Every run validates at least 10 times, and at its last step, so that each curve can be drawn
+(``train.eval_every`` set to a tenth of ``train.steps`` where the config validates less often),
+unless ``train.eval_every=`` is given; a curve of 3 points or fewer is flagged in the table and
+on stdout. Writes ``compare.json`` (every curve), ``compare.md`` (a table) and ``compare.png``
+(validation loss against steps and tokens).
 
 Shared overrides may stand anywhere on the command line (also after ``--seeds 0 1 2``); every
-one is checked against the config before the first run. Each run is a ``recipes.train``
-process; SIGTERM or Ctrl-C stops the running one (it saves a checkpoint) and then the tool
-(see :mod:`recipes.subprocesses`). On a terminal a bar counts the runs done with an ETA (each
-run's own output then goes to its ``train.log``); ``--no-progress`` turns it off.
+one, and every data path (``data.source``, a tokenizer file, ``train.init_from``), is checked
+before the first run. Each run is a ``recipes.train`` process; SIGTERM or Ctrl-C stops the
+running one (it saves a checkpoint) and then the tool (see :mod:`recipes.subprocesses`). On a
+terminal a bar counts the runs done with an ETA (each run's own output then goes to its
+``train.log``); ``--no-progress`` turns it off.
 """
 
 from __future__ import annotations
@@ -52,147 +46,38 @@ from pathlib import Path
 
 from recipes import subprocesses
 from recipes.cli import prog
+from recipes.compare_variants import (
+    BUILTIN,
+    check_warmups,
+    fair_defaults,
+    rate_context_note,
+    variant_overrides,
+    variants_help,
+)
 from recipes.progress import progress_bar
 from recipes.train import DEFAULT_CONFIG, resolve_config
-from spherenet.train.config import ConfigError, load_config, resolved
+from spherenet.data import DataError, resolve_source
+from spherenet.train.config import ConfigError, load_config
+
+__all__ = [  # the studies name built-in variants through this module
+    "BUILTIN",
+    "add_override_argument",
+    "check_data_paths",
+    "check_overrides",
+    "finished",
+    "main",
+    "parse_args_with_overrides",
+    "read_curve",
+    "steps_to_reach",
+    "summarize",
+    "train_env",
+    "variant_overrides",
+]
 
 ROOT = Path(__file__).resolve().parents[1]  # where ``python -m recipes.train`` is importable from
-
-BUILTIN = {
-    "gpt": ["model.preset=gpt-{size}", "optim.method=adamw"],
-    "ngpt": [
-        "model.preset=ngpt-{size}",
-        "model.update=lerp",
-        "optim.method=riemannian_adam",
-        "optim.gradient=euclidean",
-    ],
-    "ngpt-lerp": [
-        "model.preset=ngpt-{size}",
-        "model.update=lerp",
-        "optim.method=riemannian_adam",
-        "optim.gradient=euclidean",
-    ],
-    "ngpt-tangent": [
-        "model.preset=ngpt-{size}",
-        "model.update=lerp",
-        "optim.method=riemannian_adam",
-        "optim.gradient=riemannian",
-    ],
-    "ngpt-slerp": ["model.preset=ngpt-{size}", "model.update=slerp", "optim.method=riemannian_adam"],
-    "ngpt-riemannian": ["model.preset=ngpt-{size}", "model.update=riemannian", "optim.method=riemannian_adam"],
-    "ngpt-adam_normalize": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=adam_normalize"],
-    "ngpt-row": ["model.preset=ngpt-{size}", "optim.method=riemannian_adam", "optim.second_moment=row"],
-    "gpt-muon": ["model.preset=gpt-{size}", "optim.method=muon"],
-    "ngpt-muon": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=spherical_muon"],
-    "gpt-adamh": ["model.preset=gpt-{size}", "optim.method=adamh"],
-    "gpt-muonh": ["model.preset=gpt-{size}", "optim.method=muonh"],
-}
-
-
-# The best learning rate of each arm, by size and budget (steps of 4096 tokens), from the bracketed
-# sweeps (seed 0) of the studies on the default corpus at context 256: the scaling study (100
-# steps; benchmarks/results/scaling/default_corpus/scaling.md, where its "ngpt" rows are
-# ngpt-tangent) and the budget study (100, 400, 1600 steps; benchmarks/results/budget/
-# default_corpus/budget.md). ngpt and ngpt-adam_normalize are one optimizer (equal to float rounding).
-STUDIED_RATES: dict[str, dict[str, dict[int, float]]] = {
-    "gpt": {"tiny": {100: 1e-2, 400: 3e-3, 1600: 3e-3}, "cpu": {100: 1e-2}},
-    "ngpt": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 3e-2}, "cpu": {100: 3e-2}},
-    "ngpt-tangent": {"tiny": {100: 1e-1}, "cpu": {100: 3e-2}},
-    "gpt-muon": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 1e-2}, "cpu": {100: 3e-2}},
-    "ngpt-muon": {"tiny": {100: 3e-2}, "cpu": {100: 3e-2}},
-    # optim.matrix_lr (the hidden matrices' angle per step), with optim.lr at GPT's rate above
-    "gpt-adamh": {"tiny": {100: 1e-1, 400: 1e-1, 1600: 3e-2}, "cpu": {100: 3e-2}},
-    "gpt-muonh": {"tiny": {100: 3e-1, 400: 1e-1, 1600: 3e-2}, "cpu": {100: 1e-1}},
-}
-# Variants that take another arm's rates: the same optimizer (the residual update does not move
-# the best rate: the scaling study found one rate for LERP, SLERP and Riemannian at tiny@256).
-RATE_OF = {"ngpt-lerp": "ngpt", "ngpt-adam_normalize": "ngpt", "ngpt-slerp": "ngpt", "ngpt-riemannian": "ngpt"}
-# Variants whose studied rate is optim.matrix_lr (the hidden matrices' angle per step); their
-# AdamW part takes the named arm's studied rate as optim.lr, as in the studies.
-MATRIX_RATE_OF = {"gpt-adamh": "gpt", "gpt-muonh": "gpt"}
-GPT_WARMUP_FRACTION, GPT_WARMUP_MAX = 0.05, 2000
-
-
-def studied_rate(variant: str, size: str, steps: int) -> tuple[float, str] | None:
-    """The studies' best rate for a built-in variant at ``size``, at the measured budget nearest
-    to ``steps`` (in log steps), and a sentence saying where it comes from; None without one."""
-    arm = RATE_OF.get(variant, variant)
-    by_steps = STUDIED_RATES.get(arm, {}).get(size)
-    if not by_steps:
-        return None
-    budget = min(by_steps, key=lambda b: (abs(math.log(b / steps)), b))
-    via = f"{arm}'s, " if arm != variant else ""
-    return by_steps[budget], f"{via}best bracketed rate of the studies at {size}, {budget} steps"
-
-
-def fair_defaults(variants: list[tuple[str, list[str]]], specs: list[str], size: str, shared: list[str], steps: int):
-    """Each built-in variant's overrides with its studied rate and, for GPT, a warmup scaled to
-    ``steps``, unless the shared overrides (or a custom variant's own) set them; and one line per
-    variant saying what it got."""
-    given = {o.split("=", 1)[0] for o in shared}
-    out, notes = [], []
-    for (name, extra), spec in zip(variants, specs):
-        own = {o.split("=", 1)[0] for o in extra}
-        extra = list(extra)
-        builtin = ":" not in spec
-        if builtin and name in MATRIX_RATE_OF:
-            notes.append(_matrix_rate_defaults(name, size, steps, given | own, extra))
-        elif "optim.lr" in given | own:
-            notes.append(f"{name}: lr from the command line")
-        elif builtin and (rate := studied_rate(name, size, steps)) is not None:
-            extra.append(f"optim.lr={rate[0]:g}")
-            notes.append(f"{name}: lr {rate[0]:g} ({rate[1]})")
-        else:
-            notes.append(f"{name}: lr of the config (no studied rate for {name} at size {size})")
-        if builtin and name.startswith("gpt") and "optim.warmup_steps" not in given | own:
-            warmup = min(GPT_WARMUP_MAX, max(1, round(GPT_WARMUP_FRACTION * steps)))
-            extra.append(f"optim.warmup_steps={warmup}")
-            notes[-1] += f"; warmup {warmup} steps (5% of {steps}, at most {GPT_WARMUP_MAX})"
-        out.append((name, extra))
-    return out, notes
-
-
-def _matrix_rate_defaults(name: str, size: str, steps: int, given: set[str], extra: list[str]) -> str:
-    """A Hyperball variant's two rates (appended to ``extra`` unless given): ``optim.lr`` (its
-    AdamW part) at the base arm's studied rate, ``optim.matrix_lr`` at its own; the note says so."""
-    parts = []
-    for key, arm in (("optim.lr", MATRIX_RATE_OF[name]), ("optim.matrix_lr", name)):
-        label = "AdamW lr" if key == "optim.lr" else "matrix_lr"
-        if key in given:
-            parts.append(f"{label} from the command line")
-        elif (rate := studied_rate(arm, size, steps)) is not None:
-            extra.append(f"{key}={rate[0]:g}")
-            via = f"{arm}'s " if arm != name else ""
-            parts.append(f"{label} {rate[0]:g} ({via}{rate[1]})")
-        else:
-            parts.append(f"{label} of the config (no studied rate for {arm} at size {size})")
-    return f"{name}: " + "; ".join(parts)
-
-
-def check_warmups(config: str | Path, variants: list[tuple[str, list[str]]], shared: list[str]) -> None:
-    """A warmup as long as the run is refused before the first run, in the CLI's spelling."""
-    for name, extra in variants:
-        cfg = load_config(config, [*shared, *extra])
-        warmup = resolved(cfg).optim.warmup_steps  # unset: the method's default (GPT's: GPT_WARMUP_MAX)
-        if warmup >= cfg.train.steps:
-            raise SystemExit(
-                f"error: variant {name}: optim.warmup_steps={warmup} must be < train.steps={cfg.train.steps}; "
-                f"pass optim.warmup_steps=N with N < {cfg.train.steps}"
-            )
-
-
-def variant_overrides(spec: str, size: str) -> tuple[str, list[str]]:
-    """``"ngpt-slerp"`` or ``"name:key=value,key=value"`` -> (name, overrides)."""
-    if ":" in spec:
-        name, _, rest = spec.partition(":")
-        items = [kv for kv in rest.split(",") if kv]
-        if not name or not items or any("=" not in kv for kv in items):
-            raise SystemExit(f"error: variant {spec!r} must be name:section.key=value[,section.key=value...]")
-        return name, items
-    if spec not in BUILTIN:
-        raise SystemExit(f"error: unknown variant {spec!r} (built-in: {', '.join(BUILTIN)}; or name:key=value,...)")
-    return spec, [o.format(size=size) for o in BUILTIN[spec]]
-
+MIN_VALIDATIONS = 10  # each run validates at least this often unless train.eval_every is given
+FEW_POINTS = 3  # a curve of this many validation points or fewer is flagged
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # owner/name, as recipes.train reads init_from
 
 # ``section.key=value`` (or ``model.scaling.field=value``); a variant spec (``name:key=value``)
 # or a flag does not match.
@@ -223,6 +108,90 @@ def check_overrides(config: str | Path, *override_lists: list[str]) -> None:
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+
+
+def validation_defaults(config: str | Path, variants: list[tuple[str, list[str]]], shared: list[str]):
+    """Each variant's overrides with ``train.eval_every`` set so that the run validates at least
+    :data:`MIN_VALIDATIONS` times (``recipes.train`` also validates at the last step), unless the
+    shared overrides or the variant's own set it or the config already validates that often; and
+    one line per distinct outcome: how often each variant validates, and a warning with what to
+    do for one given so few points that its curve cannot be read."""
+    given = {o.split("=", 1)[0] for o in shared}
+    out, lines = [], {}
+    for name, extra in variants:
+        cfg = load_config(config, [*shared, *extra])
+        steps, every = cfg.train.steps, cfg.train.eval_every
+        chosen = "train.eval_every" in given | {o.split("=", 1)[0] for o in extra}
+        if not chosen and every > max(1, steps // MIN_VALIDATIONS):
+            every = max(1, steps // MIN_VALIDATIONS)
+            extra = [*extra, f"train.eval_every={every}"]
+        points = validation_points(steps, every)
+        if points <= FEW_POINTS:
+            line = f"warning: {few_points_advice(points, steps)}"
+        else:
+            source = "train.eval_every from the command line" if chosen else "train.eval_every= to choose"
+            line = f"validation every {every} steps and at step {steps}: {points} points a run ({source})"
+        lines.setdefault(line, []).append(name)
+        out.append((name, extra))
+    return out, [f"{', '.join(names)}: {line}" for line, names in lines.items()]
+
+
+def validation_points(steps: int, every: int) -> int:
+    """How many validations ``recipes.train`` runs: every ``every`` steps and at the last one."""
+    return steps // every + (steps % every != 0)
+
+
+def few_points_advice(points: int, steps: int) -> str:
+    """Why a curve of ``points`` validations says little, and what draws one."""
+    every = max(1, steps // MIN_VALIDATIONS)
+    if validation_points(steps, every) > FEW_POINTS:
+        todo = f"pass train.eval_every={every} (or leave it out) for {validation_points(steps, every)}"
+    else:
+        todo = f"train more than {FEW_POINTS} steps (train.steps=)"
+    s = "s" if points != 1 else ""
+    return f"{points} validation point{s} in {steps} steps: too few to draw a curve or to read a speedup from; {todo}"
+
+
+def check_data_paths(config: str | Path, variants: list[tuple[str, list[str]]], shared: list[str]) -> None:
+    """Every data path a run will read (``data.source``, a tokenizer file in ``data.tokenizer``,
+    ``train.init_from``) as the shared overrides and each variant's set it, checked before the
+    first run: a missing or unreadable one is one ``error:`` line (exit status 2)."""
+    seen = set()
+    for name, extra in [(None, []), *variants]:
+        cfg = load_config(config, [*shared, *extra])
+        for key, value in (
+            ("data.source", cfg.data.source),
+            ("data.tokenizer", cfg.data.tokenizer),
+            ("train.init_from", cfg.train.init_from),
+        ):
+            if (key, value) in seen:
+                continue
+            seen.add((key, value))
+            problem = _data_path_problem(key, value, cfg)
+            if problem is not None:
+                where = f"variant {name}: " if name is not None else ""
+                raise SystemExit(f"error: {where}{key}={value}: {problem}")
+
+
+def _data_path_problem(key: str, value: str, cfg) -> str | None:
+    """What is wrong with one data path, the way ``recipes.train`` will read it; None when sound."""
+    if key == "data.source":
+        try:
+            resolve_source(value, text_field=cfg.data.text_field, text_unit=cfg.data.text_unit)
+        except DataError as exc:
+            return str(exc)
+        return None
+    if key == "data.tokenizer":
+        kind, _, arg = value.partition(":")
+        path = Path(arg).expanduser()
+        local = arg.startswith((".", "/", "~")) or arg.endswith(".json")  # else a vocabulary size or Hub id
+        if kind in ("bpe", "hf") and local and not path.exists():
+            return f"no tokenizer file {path}"
+        return None
+    path = Path(value).expanduser()
+    if value and not path.exists() and (value.startswith((".", "/", "~")) or not HUB_ID.match(value)):
+        return f"no run directory, checkpoint or exported model at {path} (and it is not a Hub id like 'owner/name')"
+    return None
 
 
 def train_command(config: str | Path, overrides: list[str]) -> list[str]:
@@ -268,11 +237,11 @@ def steps_to_reach(curve: dict, target: float) -> float:
 
 
 def summarize(results: dict[str, dict[int, dict]], baseline: str | None) -> tuple[list[dict], float | None]:
-    """Per variant: best and final validation loss (mean, std over seeds) and, paired by seed
-    against the baseline, the steps the variant needs to reach that seed's baseline best
-    validation loss, and the speedup ``baseline steps / variant steps`` (mean, std over the
-    seeds where the variant reaches it). The returned target is the mean of the per-seed
-    targets, for display."""
+    """Per variant: best and final validation loss (mean, std over seeds; std None for one seed)
+    and, paired by seed against the baseline, the steps the variant needs to reach that seed's
+    baseline best validation loss, and the speedup ``baseline steps / variant steps`` (mean, std
+    over the seeds where the variant reaches it); and each seed's number of validation points.
+    The returned target is the mean of the per-seed targets, for display."""
     base = results.get(baseline) if baseline else None
     targets = {seed: min(c["val_loss"]) for seed, c in base.items()} if base else {}
     rows = []
@@ -282,10 +251,11 @@ def summarize(results: dict[str, dict[int, dict]], baseline: str | None) -> tupl
         row = {
             "variant": name,
             "seeds": len(by_seed),
+            "val_points": [len(c["val_loss"]) for c in by_seed.values()],
             "best_val": statistics.mean(best),
-            "best_val_std": statistics.stdev(best) if len(best) > 1 else 0.0,
+            "best_val_std": _std(best),
             "final_val": statistics.mean(final),
-            "final_val_std": statistics.stdev(final) if len(final) > 1 else 0.0,
+            "final_val_std": _std(final),
         }
         paired = [seed for seed in by_seed if seed in targets]
         if paired:
@@ -296,37 +266,81 @@ def summarize(results: dict[str, dict[int, dict]], baseline: str | None) -> tupl
             row["reached"] = f"{len(ratios)}/{len(paired)}"
             if ratios:
                 row["speedup_vs_baseline"] = statistics.mean(ratios)
-                row["speedup_std"] = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+                row["speedup_std"] = _std(ratios)
         rows.append(row)
     return rows, (statistics.mean(targets.values()) if targets else None)
 
 
-def write_table(rows: list[dict], target: float | None, baseline: str | None, path: Path, notes=()) -> str:
+def _std(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def _mean_std(mean: float, std: float | None, digits: int) -> str:
+    """``mean ± std``, or the mean alone where there is no spread to show (one seed)."""
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def few_point_runs(results: dict[str, dict[int, dict]]) -> list[str]:
+    """One line per run whose curve has :data:`FEW_POINTS` validation points or fewer: which run,
+    and what to do."""
+    return [
+        f"{name} seed {seed}: {few_points_advice(len(c['val_loss']), c['steps'][-1] if c['steps'] else 0)}"
+        for name, by_seed in results.items()
+        for seed, c in by_seed.items()
+        if len(c["val_loss"]) <= FEW_POINTS
+    ]
+
+
+def write_table(
+    rows: list[dict], target: float | None, baseline: str | None, path: Path, notes=(), flags=(), remarks=()
+) -> str:
+    """The table of ``rows`` (:func:`summarize`) as markdown, with the target, the runs flagged
+    for too few validation points (``flags``, :func:`few_point_runs`), the learning rates
+    (``notes``) and any ``remarks`` (a paragraph each) under it."""
     lines = [
-        "| variant | seeds | best val loss | final val loss | steps to baseline's best (per seed) | reached | speedup (x) |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | seeds | validation points | best val loss | final val loss | steps to baseline's best (per seed) "
+        "| reached | speedup (x) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         reach = r.get("steps_to_target")
         reach_s = ", ".join("never" if math.isinf(x) else str(int(x)) for x in reach) if reach else "-"
-        speed = f"{r['speedup_vs_baseline']:.2f} ± {r['speedup_std']:.2f}" if "speedup_vs_baseline" in r else "-"
+        speed = _mean_std(r["speedup_vs_baseline"], r["speedup_std"], 2) if "speedup_vs_baseline" in r else "-"
+        points = ", ".join(map(str, sorted(set(r["val_points"]))))
+        if min(r["val_points"]) <= FEW_POINTS:
+            points += " (too few: see below)"
         lines.append(
-            f"| {r['variant']} | {r['seeds']} | {r['best_val']:.4f} ± {r['best_val_std']:.4f} | "
-            f"{r['final_val']:.4f} ± {r['final_val_std']:.4f} | {reach_s} | {r.get('reached', '-')} | {speed} |"
+            f"| {r['variant']} | {r['seeds']} | {points} | {_mean_std(r['best_val'], r['best_val_std'], 4)} | "
+            f"{_mean_std(r['final_val'], r['final_val_std'], 4)} | {reach_s} | {r.get('reached', '-')} | {speed} |"
         )
     if target is not None:
         lines.append(
             f"\nTarget, per seed: that seed's {baseline} best validation loss (mean over seeds {target:.4f}); "
             f"speedup = {baseline}'s steps to it / the variant's, over the seeds that reach it."
         )
+    if flags:
+        lines.append(f"\n**Too few validation points ({FEW_POINTS} or fewer)**; their curves and speedups say little:")
+        lines.extend(f"- {flag}" for flag in flags)
     if notes:
         lines.append("\nLearning rates: " + "; ".join(notes) + ".")
+    lines.extend(f"\n{remark}" for remark in remarks)
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
 
 
 def plot(results: dict[str, dict[int, dict]], path: Path, title: str) -> None:
+    """:func:`figure` saved to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(results, title)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def figure(results: dict[str, dict[int, dict]], title: str):
+    """Validation loss against steps and against tokens: a line per run with a marker at each
+    validation point (a curve of one point still shows), one colour per variant."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -334,11 +348,11 @@ def plot(results: dict[str, dict[int, dict]], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=80)
     for i, (name, by_seed) in enumerate(results.items()):
-        color = f"C{i}"
+        style = dict(color=f"C{i}", alpha=0.8, marker="o", markersize=3)
         for j, c in enumerate(by_seed.values()):
             label = name if j == 0 else None
-            axes[0].plot(c["steps"], c["val_loss"], color=color, alpha=0.8, label=label)
-            axes[1].plot([t / 1e6 for t in c["tokens"]], c["val_loss"], color=color, alpha=0.8, label=label)
+            axes[0].plot(c["steps"], c["val_loss"], label=label, **style)
+            axes[1].plot([t / 1e6 for t in c["tokens"]], c["val_loss"], label=label, **style)
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("tokens (millions)")
     for ax in axes:
@@ -347,8 +361,7 @@ def plot(results: dict[str, dict[int, dict]], path: Path, title: str) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
 def run_variants(args: argparse.Namespace, variants: list[tuple[str, list[str]]], out: Path) -> dict | int:
@@ -400,8 +413,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=prog("recipes.compare"), description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="+", default=["gpt", "ngpt"])
+    p = argparse.ArgumentParser(
+        prog=prog("recipes.compare"),
+        description=__doc__.split("\n\n")[0],
+        epilog=variants_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--variants", nargs="+", default=["gpt", "ngpt"], help="built-in names (below) or name:key=value,..."
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--size", default="cpu", help="preset size for built-in variants (tiny, cpu, small, base, 0.5b, 1b)")
     p.add_argument(
@@ -425,11 +445,20 @@ def compare(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: duplicate variant names in {names}")
     check_overrides(args.config, *([*args.overrides, *extra] for _, extra in variants))
     steps = load_config(args.config, args.overrides).train.steps
-    variants, notes = fair_defaults(variants, args.variants, args.size, args.overrides, steps)
+    chosen, notes = fair_defaults(variants, args.variants, args.size, args.overrides, steps)
+    studied = {
+        name
+        for (name, extra), (_, before) in zip(chosen, variants)
+        if any(o.startswith(("optim.lr=", "optim.matrix_lr=")) for o in extra[len(before) :])
+    }
+    variants, validations = validation_defaults(args.config, chosen, args.overrides)
     check_overrides(args.config, *([*args.overrides, *extra] for _, extra in variants))
     check_warmups(args.config, variants, args.overrides)
-    for note in notes:
-        print(note, flush=True)
+    check_data_paths(args.config, variants, args.overrides)
+    context_note = rate_context_note(args.config, variants, args.overrides, studied)
+    remarks = [context_note] if context_note else []
+    for line in [*notes, *remarks, *validations]:
+        print(line, flush=True)
     out.mkdir(parents=True, exist_ok=True)
     with subprocesses.stop_children_on_signals():
         results = run_variants(args, variants, out)
@@ -437,10 +466,14 @@ def compare(argv: list[str] | None = None) -> int:
         return results  # a run failed
     baseline = args.baseline if args.baseline in results else None
     rows, target = summarize(results, baseline)
-    (out / "compare.json").write_text(json.dumps({"rows": rows, "target": target, "curves": results}, indent=1))
-    table = write_table(rows, target, baseline, out / "compare.md", notes)
+    flags = few_point_runs(results)
+    report = {"rows": rows, "target": target, "few_points": flags, "curves": results}
+    (out / "compare.json").write_text(json.dumps(report, indent=1))
+    table = write_table(rows, target, baseline, out / "compare.md", notes, flags, remarks)
     plot(results, out / "compare.png", f"{', '.join(names)}; seeds {args.seeds}")
     print(table)
+    for flag in flags:
+        print(f"warning: {flag}", flush=True)
     print(f"wrote {out / 'compare.md'}, {out / 'compare.png'}, {out / 'compare.json'}")
     return 0
 

@@ -7,7 +7,7 @@ RUN_DIR is a run's ``train.out_dir``, its ``checkpoints/`` directory, or one ``s
 checkpoint; the newest sound checkpoint is used. Generation uses the model's KV cache and slides
 past the model's context (each token then sees the last ``max_seq_len`` tokens). A sample ends
 after ``--tokens`` new tokens, at the tokenizer's end-of-text token, or at the first ``--stop``
-string (which is not printed).
+string (which is not printed); one that ends early says so on stderr, and after how many new tokens.
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ def stop_at(text: str, stops: list[str]) -> int | None:
     """Where the first of ``stops`` begins in ``text``, or None."""
     found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
     return min(found) if found else None
+
+
+def early_end(text: str, cut: int | None, ended: bool, stops: list[str]) -> str | None:
+    """What ended a sample before ``--tokens``: the ``--stop`` string found at ``cut`` (it ends
+    generation as soon as it appears), the end-of-text token (``ended``), or None."""
+    if cut is not None:
+        return f"--stop {next(s for s in stops if text.find(s) == cut)!r}"
+    return "end-of-text" if ended else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,13 +85,19 @@ def main(argv: list[str] | None = None) -> int:
                     else None,
                 )
             tokens = out[0].tolist()
-            if len(tokens) > len(prompt_ids) and tokens[-1] == tokenizer.eos_id:
+            ended = len(tokens) > len(prompt_ids) and tokens[-1] == tokenizer.eos_id
+            if ended:
                 tokens = tokens[:-1]
             text = continuation(tokenizer, prompt_ids, tokens)
             cut = stop_at(text, args.stop)
             if i:
                 print("\n" + "-" * 40)
             print(tokenizer.decode(prompt_ids) + (text if cut is None else text[:cut]), flush=True)
+            why = early_end(text, cut, ended, args.stop)
+            if why is not None:
+                which = f"sample {i + 1}" if args.num_samples > 1 else "the sample"
+                new = len(tokens) - len(prompt_ids)
+                print(f"# {which} stopped at {why} after {new} new tokens (--tokens {args.tokens})", file=sys.stderr)
     except (CheckpointError, DataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
