@@ -13,7 +13,7 @@ from typing import Any
 from recipes.checkpoints import model_class_name, saved_model_config
 from spherenet.checkpoint import CheckpointError, VerifiedCheckpoint
 from spherenet.data import DataError
-from spherenet.models.presets import preset_config
+from spherenet.models import model_class_of, preset_config
 from spherenet.optim import METHOD_DEFAULTS
 from spherenet.train.config import ConfigError, RunConfig
 from spherenet.train.tracking import flatten_config
@@ -65,7 +65,7 @@ def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[
         config = preset_config(cfg.model.preset, **overrides)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[model] preset {cfg.model.preset!r}: {exc}") from None
-    return ("NGPT" if type(config).__name__ == "NGPTConfig" else "GPT"), dataclasses.asdict(config)
+    return model_class_of(config).architecture, dataclasses.asdict(config)
 
 
 def _saved_model_config(class_name: str, config: dict) -> dict:
