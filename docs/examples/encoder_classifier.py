@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spherenet.layers import NGPTBlock, SphereClassifier, SphereEmbedding, ops
+from spherenet.layers import NGPTBlock, NGPTConfig, SphereClassifier, SphereEmbedding, ops
 from spherenet.optim import RiemannianAdam
 
 VOCAB, LENGTH, TARGET = 16, 12, 1
@@ -30,7 +30,8 @@ class EncoderClassifier(nn.Module):
     def __init__(self, vocab: int, d_model: int = 32, n_heads: int = 4, n_layers: int = 2, n_classes: int = 2):
         super().__init__()
         self.embed = SphereEmbedding(vocab, d_model)
-        self.blocks = nn.ModuleList(NGPTBlock(d_model, n_heads, causal=False) for _ in range(n_layers))
+        config = NGPTConfig(vocab_size=vocab, n_layers=n_layers, d_model=d_model, n_heads=n_heads, causal=False)
+        self.blocks = nn.ModuleList(NGPTBlock(config) for _ in range(n_layers))
         self.head = SphereClassifier(d_model, n_classes)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -28,8 +28,8 @@ from einops import rearrange
 from torch import nn
 
 from . import ops
-from .linear import SphereLinear
 from .config import S_QK, gpt_softmax_scale, ngpt_softmax_scale
+from .linear import SphereLinear
 from .rotary import RotaryEmbedding
 from .scale import Scale, ScaleSpec
 

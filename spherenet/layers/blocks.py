@@ -38,6 +38,8 @@ class NGPTBlock(nn.Module):
 
     def __init__(self, config: NGPTConfig, rope: RotaryEmbedding | None = None):
         super().__init__()
+        if not isinstance(config, NGPTConfig):
+            raise TypeError(f"NGPTBlock takes an NGPTConfig, got {config!r}")
         c = self.config = config
         self.attn = NGPTAttention(
             c.d_model, c.n_heads, rope=rope, rope_base=c.rope_base, causal=c.causal, qk_norm=c.qk_norm, s_qk=c.s_qk
@@ -68,6 +70,8 @@ class GPTBlock(nn.Module):
 
     def __init__(self, config: GPTConfig, rope: RotaryEmbedding | None = None):
         super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPTBlock takes an GPTConfig, got {config!r}")
         c = self.config = config
         self.norm_attn = RMSNorm(c.d_model, c.norm_eps)
         self.attn = GPTAttention(c.d_model, c.n_heads, rope=rope, rope_base=c.rope_base, causal=c.causal)

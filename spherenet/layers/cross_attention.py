@@ -21,8 +21,8 @@ from torch import nn
 
 from . import ops
 from .attention import GPTAttention, KVCache, NGPTAttention
-from .blocks import GPTBlock, NGPTBlock
 from .config import ALPHA, GPTConfig, NGPTConfig
+from .mlp import GPTMLP, NGPTMLP
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
 from .scale import Scale, ScaleSpec
@@ -89,9 +89,10 @@ def _check_context(block: nn.Module, context, cross_cache) -> None:
         raise ValueError(f"{type(block).__name__} has cross-attention: give it context= (B, S, d_model)")
 
 
-class NGPTCrossBlock(NGPTBlock):
-    """An nGPT decoder layer that also attends to ``context``: between its self-attention and
-    its MLP, a cross-attention step with its own update, in the form of eq. 10::
+class NGPTCrossBlock(nn.Module):
+    """An nGPT decoder layer (:class:`~spherenet.layers.NGPTBlock`) that also attends to
+    ``context``: between its self-attention and its MLP, a cross-attention step with its own
+    update, in the form of eq. 10::
 
         h_C = Norm(CROSS(h, context));   h <- Norm(h + alpha_C (h_C - h))
 
@@ -107,12 +108,20 @@ class NGPTCrossBlock(NGPTBlock):
         cross_positions: bool = False,
         alpha_cross: ScaleSpec = ALPHA,
     ):
-        super().__init__(config, rope)
-        c = config
+        super().__init__()
+        if not isinstance(config, NGPTConfig):
+            raise TypeError(f"NGPTCrossBlock takes an NGPTConfig, got {config!r}")
+        c = self.config = config
+        self.attn = NGPTAttention(
+            c.d_model, c.n_heads, rope=rope, rope_base=c.rope_base, causal=c.causal, qk_norm=c.qk_norm, s_qk=c.s_qk
+        )
+        self.residual_attn = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_attn, c.d_model)})
         self.cross_attn = NGPTCrossAttention(
             c.d_model, c.n_heads, rope=self.attn.rope, cross_positions=cross_positions, qk_norm=c.qk_norm, s_qk=c.s_qk
         )
         self.residual_cross = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, alpha_cross, c.d_model)})
+        self.mlp = NGPTMLP(c.d_model, c.d_mlp, s_u=c.s_u, s_v=c.s_v)
+        self.residual_mlp = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_mlp, c.d_model)})
 
     def forward(
         self,
@@ -133,8 +142,9 @@ class NGPTCrossBlock(NGPTBlock):
         return ops.residual_update(update, h, h_mlp, self.residual_mlp.alpha())  # eq. 11
 
 
-class GPTCrossBlock(GPTBlock):
-    """A baseline decoder layer that also attends to ``context``, pre-norm as the others::
+class GPTCrossBlock(nn.Module):
+    """A baseline decoder layer (:class:`~spherenet.layers.GPTBlock`) that also attends to
+    ``context``, pre-norm as the others::
 
         h <- h + ATTN(RMSNorm(h))
         h <- h + CROSS(RMSNorm(h), context)
@@ -142,10 +152,16 @@ class GPTCrossBlock(GPTBlock):
     """
 
     def __init__(self, config: GPTConfig, rope: RotaryEmbedding | None = None, *, cross_positions: bool = False):
-        super().__init__(config, rope)
-        c = config
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPTCrossBlock takes an GPTConfig, got {config!r}")
+        c = self.config = config
+        self.norm_attn = RMSNorm(c.d_model, c.norm_eps)
+        self.attn = GPTAttention(c.d_model, c.n_heads, rope=rope, rope_base=c.rope_base, causal=c.causal)
         self.norm_cross = RMSNorm(c.d_model, c.norm_eps)
         self.cross_attn = GPTCrossAttention(c.d_model, c.n_heads, rope=self.attn.rope, cross_positions=cross_positions)
+        self.norm_mlp = RMSNorm(c.d_model, c.norm_eps)
+        self.mlp = GPTMLP(c.d_model, c.d_mlp)
 
     def forward(
         self,

@@ -88,7 +88,6 @@ class LanguageModel(nn.Module, HubMixin):
         return generate(self, input_ids, max_new_tokens, temperature, top_k, generator, eos_token_id, stop)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Input checks
 

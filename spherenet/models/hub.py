@@ -130,7 +130,9 @@ class HubMixin:
         if model_type is None:  # a shared base class, or a wrapper's subclass (FSDP2's FSDP<name>)
             return
         if model_type in MODEL_CLASSES:
-            raise TypeError(f"{cls.__name__}: model_type {model_type!r} is taken by {MODEL_CLASSES[model_type].__name__}")
+            raise TypeError(
+                f"{cls.__name__}: model_type {model_type!r} is taken by {MODEL_CLASSES[model_type].__name__}"
+            )
         MODEL_CLASSES[model_type] = cls
 
     @classmethod
