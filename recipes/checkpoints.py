@@ -34,12 +34,12 @@ from spherenet.checkpoint import (
 )
 from spherenet.data import DataError, Tokenizer, build_tokenizer
 from spherenet.data.tokenizer import SPEC_FILE, TOKENIZER_JSON, load_tokenizer
-from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, load_pretrained
+from spherenet.models import MODEL_CLASSES, load_pretrained
 from spherenet.models.hub import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError
 
 MODEL_FILE = "model.json"
 TOKENIZER_DIR = "tokenizer"
-_MODELS = {"NGPT": (NGPT, NGPTConfig), "GPT": (GPT, GPTConfig)}
+_MODELS = {cls.architecture: cls for cls in MODEL_CLASSES.values()}  # by class name: "NGPT", "GPT"
 
 
 @dataclass
@@ -77,11 +77,10 @@ def checkpoint_files(model: nn.Module, tokenizer: Tokenizer) -> dict[str, str]:
     return files
 
 
-def saved_model_config(class_name: str, config: dict[str, Any]) -> NGPTConfig | GPTConfig:
+def saved_model_config(class_name: str, config: dict[str, Any]) -> Any:
     """The config of a saved model description (model.json, or ``model_config`` in the state).
     Raises ``ValueError`` naming every field this version does not know."""
-    model_cls, _ = _MODELS[class_name]
-    return model_cls.config_from_dict(config, f"the saved {class_name} config")
+    return _MODELS[class_name].config_from_dict(config, f"the saved {class_name} config")
 
 
 def find_checkpoint(path: str | Path) -> VerifiedCheckpoint:
@@ -141,7 +140,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Traine
     class_name = model_class_name(class_name)
     if class_name not in _MODELS:
         raise CheckpointError(f"{ckpt.path} holds a model of unknown class {class_name!r}; known: {sorted(_MODELS)}")
-    model_cls = _MODELS[class_name][0]
+    model_cls = _MODELS[class_name]
     try:
         model = model_cls(saved_model_config(class_name, config))
     except (TypeError, ValueError) as exc:

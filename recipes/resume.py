@@ -13,6 +13,7 @@ from typing import Any
 from recipes.checkpoints import is_exported, model_class_name, saved_model_config
 from spherenet.checkpoint import CheckpointError, CheckpointManager, VerifiedCheckpoint
 from spherenet.data import DataError
+from spherenet.models import model_class_of
 from spherenet.train.config import ConfigError, RunConfig, model_config, resolved
 from spherenet.train.tracking import flatten_config
 
@@ -59,7 +60,7 @@ class ResumePlan:
 
 def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[str, Any]]:
     config = model_config(cfg, vocab_size)
-    return ("NGPT" if type(config).__name__ == "NGPTConfig" else "GPT"), dataclasses.asdict(config)
+    return model_class_of(config).architecture, dataclasses.asdict(config)
 
 
 def _saved_model_config(class_name: str, config: dict) -> dict:

@@ -222,7 +222,7 @@ def test_wrapped_models_are_unwrapped_and_other_modules_rejected(ngpt):
 
     assert analysis.scaling_factors(Wrapper(ngpt))["s_z"].shape == (V,)
     assert analysis.condition_numbers(Wrapper(Wrapper(ngpt)))["n_layers"] == L
-    with pytest.raises(TypeError, match="NGPT or GPT"):
+    with pytest.raises(TypeError, match=r"expected one of the model classes \(GPT, NGPT\), got Linear"):
         analysis.scaling_factors(torch.nn.Linear(2, 2))
 
 

@@ -4,6 +4,7 @@ reasons beside ``fmt: skip``, and deprecated module names that still work."""
 import ast
 import importlib
 import re
+import subprocess
 import sys
 import tokenize
 from pathlib import Path
@@ -106,6 +107,65 @@ def test_import_check_names_the_offending_module_and_import(tmp_path, monkeypatc
     monkeypatch.setattr(sys.modules[__name__], "LIBRARY", fake)
     with pytest.raises(AssertionError, match=r"spherenet/manifolds/sphere\.py:2 imports spherenet\.models\.NGPT"):
         test_library_imports_follow_the_layers()
+
+
+def module_import_cycles() -> list[list[str]]:
+    """Cycles among spherenet's modules, package ``__init__`` s left out (importing a submodule
+    always runs its package's ``__init__`` first, so those edges say nothing about order)."""
+    modules = {name: path for name, path in library_modules() if path.name != "__init__.py"}
+
+    def module_of(name: str) -> str | None:  # the longest prefix of an imported name that is a module
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {
+        name: {m for n, _ in imported_names(name, path) if (m := module_of(n)) and m != name}
+        for name, path in modules.items()
+    }
+    cycles, done = [], set()
+
+    def visit(name: str, stack: list[str]) -> None:
+        if name in stack:
+            cycles.append(stack[stack.index(name) :] + [name])
+            return
+        if name in done:
+            return
+        for target in sorted(graph[name]):
+            visit(target, stack + [name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    return cycles
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No import circle between modules (function-level imports included): e.g. the model
+    classes register themselves with spherenet.models.hub, which imports no model class."""
+    cycles = module_import_cycles()
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_import_cycle_check_finds_a_function_level_cycle(tmp_path, monkeypatch):
+    fake = tmp_path / "spherenet"
+    (fake / "models").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "models" / "__init__.py").write_text("")
+    (fake / "models" / "hub.py").write_text("def load():\n    from .ngpt import NGPT\n")
+    (fake / "models" / "ngpt.py").write_text("from .hub import load\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "LIBRARY", fake)
+    assert module_import_cycles() == [["spherenet.models.hub", "spherenet.models.ngpt", "spherenet.models.hub"]]
+
+
+@pytest.mark.parametrize("module", ["spherenet.models.hub", "spherenet.models.ngpt", "spherenet.models.gpt"])
+def test_each_model_module_imports_alone_and_the_registry_is_full(module):
+    """In a fresh interpreter, importing one model module first works, and every model class is
+    registered by then (the package's __init__ imports them)."""
+    code = f"import {module}; from spherenet.models import MODEL_CLASSES; print(sorted(MODEL_CLASSES))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["['gpt',", "'ngpt']"]
 
 
 def test_library_files_stay_short():

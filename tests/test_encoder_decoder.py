@@ -12,7 +12,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spherenet.layers import GPTAttention, GPTBlock, KVCache, NGPTAttention, NGPTBlock, SphereClassifier
+from spherenet.layers import (
+    GPTAttention,
+    GPTBlock,
+    GPTConfig,
+    GPTCrossBlock,
+    KVCache,
+    NGPTAttention,
+    NGPTBlock,
+    NGPTConfig,
+    NGPTCrossBlock,
+    SphereClassifier,
+)
 from spherenet.manifolds import named_sphere_parameters, normalize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,10 +97,14 @@ def test_bad_masks_are_refused_by_name():
         module(x, attn_mask=torch.ones(2, 1, 1, 5, dtype=torch.long))
 
 
+def config(kind: str):
+    return (NGPTConfig if kind == "ngpt" else GPTConfig)(vocab_size=8, n_layers=1, d_model=D, n_heads=HEADS, d_mlp=32)
+
+
 def cross_block(kind: str, cross_positions: bool = False):
     torch.manual_seed(0)
-    cls = NGPTBlock if kind == "ngpt" else GPTBlock
-    return cls(D, HEADS, 32, cross_attention=True, cross_positions=cross_positions).double()
+    cls = NGPTCrossBlock if kind == "ngpt" else GPTCrossBlock
+    return cls(config(kind), cross_positions=cross_positions).double()
 
 
 def test_ngpt_cross_block_is_eq_10_three_times():
@@ -99,9 +114,9 @@ def test_ngpt_cross_block_is_eq_10_three_times():
     h = normalize(torch.randn(2, 5, D, generator=_gen(4), dtype=torch.float64))
     ctx = normalize(torch.randn(2, 3, D, generator=_gen(5), dtype=torch.float64))
     step = lambda h, b, alpha: normalize(h + alpha * (b - h))  # noqa: E731  eq. 10, 11 (LERP)
-    want = step(h, normalize(block.attn(h)), block.residual_attn.effective_alpha())
-    want = step(want, normalize(block.cross_attn(want, context=ctx)), block.residual_cross.effective_alpha())
-    want = step(want, normalize(block.mlp(want)), block.residual_mlp.effective_alpha())
+    want = step(h, normalize(block.attn(h)), block.residual_attn.alpha())
+    want = step(want, normalize(block.cross_attn(want, context=ctx)), block.residual_cross.alpha())
+    want = step(want, normalize(block.mlp(want)), block.residual_mlp.alpha())
     got = block(h, context=ctx)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert (got.norm(dim=-1) - 1).abs().max() < 1e-12
@@ -113,8 +128,8 @@ def test_context_and_its_absence_are_checked(kind):
     h = torch.randn(2, 5, D, dtype=torch.float64)
     with pytest.raises(ValueError, match="has cross-attention: give it context="):
         block(h)
-    plain = (NGPTBlock if kind == "ngpt" else GPTBlock)(D, HEADS).double()
-    with pytest.raises(ValueError, match="built without cross_attention; it takes no context"):
+    plain = (NGPTBlock if kind == "ngpt" else GPTBlock)(config(kind)).double()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'context'"):  # decoder-only
         plain(h, context=h)
 
 

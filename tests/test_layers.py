@@ -13,18 +13,23 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spherenet import kernels
 from spherenet.layers import (
     GPTMLP,
     NGPTMLP,
     GPTAttention,
     GPTBlock,
+    GPTConfig,
+    GPTCrossAttention,
     KVCache,
     NGPTAttention,
     NGPTBlock,
+    NGPTConfig,
+    NGPTCrossAttention,
     RMSNorm,
     RotaryEmbedding,
+    Scale,
     ScaleSpec,
-    SphericalResidual,
 )
 from spherenet.manifolds import angle, normalize
 
@@ -128,25 +133,34 @@ def test_rope_rejects_odd_head_dim():
 # ----------------------------------------------------------------------------- residual update
 
 
+def ngpt_config(d_model=16, n_heads=2, d_mlp=32, **fields) -> NGPTConfig:
+    return NGPTConfig(vocab_size=8, n_layers=1, d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, **fields)
+
+
+def _update(update, spec, dim):
+    """The hidden-state update of the blocks, ``h <- update(h, h_block; alpha)``, with alpha a
+    :class:`Scale` of ``spec``."""
+    alpha = Scale.from_spec(dim, spec, dim).double()
+    return lambda h, h_block: kernels.residual_update(update, h, h_block, alpha())
+
+
 def _residual(update, alpha, dim, alpha_abs=True):
-    """A residual with a fixed (scalar) alpha."""
-    return SphericalResidual(dim, update, ScaleSpec(alpha, mode="fixed", absolute=alpha_abs)).double()
+    """The update with a fixed (scalar) alpha."""
+    return _update(update, ScaleSpec(alpha, mode="fixed", absolute=alpha_abs), dim)
 
 
 def test_residual_alpha_parametrization():
-    r = SphericalResidual(64)
-    assert r.alpha.param.shape == (64,)
-    torch.testing.assert_close(r.alpha.param.detach(), torch.full((64,), 1 / 8.0))  # stored at 1/sqrt(d)
-    torch.testing.assert_close(r.effective_alpha().detach(), torch.full((64,), 0.05))  # used at alpha_init
+    block = NGPTBlock(ngpt_config(d_model=64, n_heads=4))
+    for alpha in (block.residual_attn.alpha, block.residual_mlp.alpha):
+        assert alpha.param.shape == (64,)
+        torch.testing.assert_close(alpha.param.detach(), torch.full((64,), 1 / 8.0))  # stored at 1/sqrt(d)
+        torch.testing.assert_close(alpha().detach(), torch.full((64,), 0.05))  # used at alpha_init
 
 
 def test_residual_three_updates_differ_and_stay_unit():
     dim = 16
     h, h_block = unit(4, dim, seed=1), unit(4, dim, seed=2)
-    outs = {
-        u: SphericalResidual(dim, update=u, alpha=ScaleSpec(0.3, absolute=True)).double()(h, h_block)
-        for u in ("lerp", "slerp", "riemannian")
-    }
+    outs = {u: _update(u, ScaleSpec(0.3, absolute=True), dim)(h, h_block) for u in ("lerp", "slerp", "riemannian")}
     for out in outs.values():
         torch.testing.assert_close(out.norm(dim=-1), torch.ones(4, dtype=torch.float64))
     names = list(outs)
@@ -202,8 +216,8 @@ def test_residual_alpha_abs_option():
 
 
 def test_residual_rejects_unknown_update():
-    with pytest.raises(ValueError, match="geodesic"):
-        SphericalResidual(8, update="geodesic")
+    with pytest.raises(ValueError, match="NGPTConfig.update must be one of .* got 'geodesic'"):
+        ngpt_config(update="geodesic")
 
 
 # ------------------------------------------------------------------------------- attention
@@ -305,10 +319,10 @@ def test_attention_causal_masks_the_future_and_noncausal_sees_it(cls):
     assert (free_a[:, :4] - free_b[:, :4]).abs().amax(dim=-1).min() > 1e-8  # every earlier token sees it
 
 
-@pytest.mark.parametrize("cls", [NGPTAttention, GPTAttention])
+@pytest.mark.parametrize("cls", [NGPTCrossAttention, GPTCrossAttention])
 def test_cross_attention(cls):
     torch.manual_seed(3)
-    attn = cls(16, 4, causal=False).double()
+    attn = cls(16, 4).double()
     x, context = unit(2, 5, 16, seed=9), unit(2, 11, 16, seed=10)
     with torch.no_grad():
         out = attn(x, context=context)
@@ -323,19 +337,15 @@ def test_cross_attention(cls):
         second = attn(x[:, 2:], context=context[:, :1], cache=cache)  # cached: this context is unused
         assert cache.length == 11
         torch.testing.assert_close(torch.cat([first, second], 1), out, rtol=1e-10, atol=1e-12)
-    with pytest.raises(ValueError, match="causal"):
-        attn(x, context=context, causal=True)
-    # A causal (decoder) module's own setting does not mask cross-attention.
-    causal_module = cls(16, 4, causal=True).double()
-    causal_module.load_state_dict(attn.state_dict())
-    with torch.no_grad():
-        torch.testing.assert_close(causal_module(x, context=context), out, rtol=1e-10, atol=1e-12)
+    assert attn.causal is False  # a cross-attention never masks the context
+    with pytest.raises(ValueError, match="give context="):
+        attn(x)
 
 
 def test_ngpt_cross_attention_matches_reference():
     """Cross-attention per the same equations, without RoPE and without a mask."""
     torch.manual_seed(4)
-    attn = NGPTAttention(8, 2, causal=False).double()
+    attn = NGPTCrossAttention(8, 2).double()
     randomize_scales(attn)
     x, ctx = unit(1, 3, 8, seed=12), unit(1, 4, 8, seed=13)
     dk, s_qk = 4, attn.s_qk()
@@ -399,7 +409,7 @@ def test_rmsnorm_formula_and_gain():
 def test_ngpt_block_keeps_hidden_state_unit():
     torch.manual_seed(7)
     for update in ("lerp", "slerp", "riemannian"):
-        block = NGPTBlock(16, 2, 32, update=update, alpha_attn=ScaleSpec(0.5), alpha_mlp=ScaleSpec(0.5))
+        block = NGPTBlock(ngpt_config(update=update, alpha_attn=ScaleSpec(0.5), alpha_mlp=ScaleSpec(0.5)))
         h = unit(2, 6, 16, dtype=torch.float32, seed=15)
         out = block(h)
         torch.testing.assert_close(out.norm(dim=-1), torch.ones(2, 6), rtol=0, atol=1e-5)
@@ -409,7 +419,7 @@ def test_ngpt_block_keeps_hidden_state_unit():
 def test_ngpt_block_equations():
     """eq. 10, 11 spelled out with the block's own attention and MLP."""
     torch.manual_seed(8)
-    block = NGPTBlock(16, 2, 32).double()
+    block = NGPTBlock(ngpt_config()).double()
     randomize_scales(block)
     h = unit(1, 5, 16, seed=16)
     with torch.no_grad():
@@ -423,7 +433,7 @@ def test_ngpt_block_equations():
 def test_gpt_block_is_prenorm_with_raw_residual():
     """With both output projections zeroed, a pre-norm block is the identity. (The bug
     ``x = norm(x) + attn(norm(x))`` would return norm(x) instead.)"""
-    block = GPTBlock(16, 2, 32)
+    block = GPTBlock(GPTConfig(vocab_size=8, n_layers=1, d_model=16, n_heads=2, d_mlp=32))
     with torch.no_grad():
         block.attn.w_o.weight.zero_()
         block.mlp.w_o.weight.zero_()

@@ -3,6 +3,7 @@ KV-cached generation, configs and presets, torch.compile."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,7 +15,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from spherenet.layers import KVCache
 from spherenet.manifolds import Sphere, named_manifold_parameters
 from spherenet.manifolds.sphere import geoopt
-from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, from_preset, preset_config, sample_next_token
+from spherenet.models import (
+    GPT,
+    MODEL_CLASSES,
+    NGPT,
+    PRESETS,
+    GPTConfig,
+    LanguageModel,
+    NGPTConfig,
+    from_preset,
+    model_class,
+    model_class_of,
+    preset_config,
+    sample_next_token,
+)
 from spherenet.models.common import assert_ids_in_vocab
 
 SETTINGS = settings(max_examples=10, deadline=None)
@@ -454,3 +468,46 @@ def test_torch_compile_matches_eager():
         eager = model(x)
         compiled = torch.compile(model, fullgraph=True)(x)  # fullgraph: no silent eager fallback
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry of model classes
+
+
+def test_model_classes_are_registered_by_model_type():
+    assert MODEL_CLASSES == {"gpt": GPT, "ngpt": NGPT}
+    assert model_class("ngpt") is NGPT and model_class("gpt") is GPT
+    with pytest.raises(ValueError, match=r"unknown model_type 'llama'; spherenet knows \['gpt', 'ngpt'\]"):
+        model_class("llama")
+    config = preset_config("ngpt-tiny")
+    assert model_class_of(config) is NGPT and model_class_of(preset_config("gpt-tiny")) is GPT
+    with pytest.raises(TypeError, match="expected a model config \\(GPTConfig, NGPTConfig\\), got dict"):
+        model_class_of({"vocab_size": 8})
+    assert sorted({name.split("-")[0] for name in PRESETS}) == ["gpt", "ngpt"]
+
+
+def test_a_new_model_class_registers_itself_and_subclasses_without_model_type_do_not():
+    @dataclasses.dataclass
+    class TinyConfig:
+        vocab_size: int = 8
+
+    try:
+
+        class Tiny(LanguageModel):
+            config_class = TinyConfig
+            model_type = "tiny-test"
+            architecture = "Tiny"
+
+        class Wrapped(Tiny):  # as FSDP2's fully_shard subclasses a model's class
+            pass
+
+        assert MODEL_CLASSES["tiny-test"] is Tiny and Wrapped not in MODEL_CLASSES.values()
+        assert model_class_of(TinyConfig()) is Tiny
+        with pytest.raises(TypeError, match="model_type 'ngpt' is taken by NGPT"):
+
+            class Other(LanguageModel):
+                model_type = "ngpt"
+
+    finally:
+        MODEL_CLASSES.pop("tiny-test", None)
+    assert list(MODEL_CLASSES) == ["gpt", "ngpt"]

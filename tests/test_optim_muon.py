@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spherenet.checkpoint import CheckpointManager
-from spherenet.layers import NGPTBlock, SphereClassifier, SphereEmbedding
+from spherenet.layers import NGPTBlock, NGPTConfig, SphereClassifier, SphereEmbedding
 from spherenet.manifolds import point_tolerance
 from spherenet.models.presets import from_preset
 from spherenet.optim import (
@@ -413,7 +413,8 @@ class _Encoder(nn.Module):
     def __init__(self, vocab=32, d=16, classes=3):
         super().__init__()
         self.tokens = SphereEmbedding(vocab, d)
-        self.encoder = nn.ModuleList(NGPTBlock(d, 2, 32, causal=False) for _ in range(2))
+        config = NGPTConfig(vocab_size=vocab, n_layers=2, d_model=d, n_heads=2, d_mlp=32, causal=False)
+        self.encoder = nn.ModuleList(NGPTBlock(config) for _ in range(2))
         self.head = SphereClassifier(d, classes)
 
     def forward(self, ids):

@@ -96,7 +96,7 @@ def test_built_models_use_the_papers_constants(name, tmp_path):
             (model.s_z, 1.0, 1 / math.sqrt(d)),
         ):
             assert (scale.init, scale.scale) == pytest.approx((init, s_scale))
-        assert block.residual_attn.alpha_abs and block.residual_mlp.alpha_abs
+        assert block.residual_attn.alpha.absolute and block.residual_mlp.alpha.absolute
     else:
         assert block.attn.softmax_scale == pytest.approx(1 / math.sqrt(d_k))
         assert block.norm_attn.eps == block.norm_mlp.eps == model.norm_out.eps == 1e-6

@@ -11,9 +11,7 @@ import pytest
 import torch
 
 from spherenet.layers import Scale, ScaleSpec
-from spherenet.layers.attention import S_QK
-from spherenet.layers.mlp import S_U, S_V
-from spherenet.layers.residual import ALPHA
+from spherenet.layers.config import ALPHA, S_QK, S_U, S_V
 from spherenet.models import NGPT, NGPTConfig, from_preset, load_pretrained, preset_config
 from spherenet.train.config import ConfigError, load_config, parse_override
 
@@ -179,26 +177,27 @@ def test_bad_nested_overrides_are_named(override, message):
 
 
 def test_layer_keywords_of_earlier_versions_are_refused():
-    from spherenet.layers import NGPTMLP, NGPTAttention, NGPTBlock, SphericalResidual
+    from spherenet.layers import NGPTMLP, NGPTAttention, NGPTBlock
 
+    config = NGPTConfig(**SIZES)
     for build, keyword in [
-        (lambda: SphericalResidual(8, alpha_init=0.2), "alpha_init"),
         (lambda: NGPTAttention(16, 2, s_qk_init=2.0), "s_qk_init"),
         (lambda: NGPTMLP(16, 32, s_uv_mode="fixed"), "s_uv_mode"),
-        (lambda: NGPTBlock(16, 2, alpha_init=0.1), "alpha_init"),
-        (lambda: NGPTBlock(16, 2, attention={"qk_norm": False}), "attention"),
+        (lambda: NGPTBlock(config, alpha_init=0.1), "alpha_init"),
+        (lambda: NGPTBlock(config, attention={"qk_norm": False}), "attention"),
     ]:
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'"):
             build()
+    with pytest.raises(TypeError, match="NGPTBlock takes an NGPTConfig, got 16"):
+        NGPTBlock(16, 2)  # the sizes as arguments, as earlier versions took them
 
 
-def test_block_takes_each_scaling_as_a_plain_argument():
+def test_block_takes_each_scaling_from_the_config():
     """NGPTBlock's scalings and options reach the part that uses them."""
     from spherenet.layers import NGPTBlock
 
-    block = NGPTBlock(
-        16,
-        2,
+    config = NGPTConfig(
+        **SIZES,
         alpha_attn=dataclasses.replace(ALPHA, init=0.1),
         alpha_mlp=dataclasses.replace(ALPHA, init=0.2, mode="scalar"),
         qk_norm=False,
@@ -206,6 +205,7 @@ def test_block_takes_each_scaling_as_a_plain_argument():
         s_u=dataclasses.replace(S_U, init=0.5),
         s_v=dataclasses.replace(S_V, mode="fixed"),
     )
+    block = NGPTBlock(config)
     assert block.residual_attn.alpha.init == 0.1 and block.residual_attn.alpha.mode == "vector"
     assert block.residual_mlp.alpha.init == 0.2 and block.residual_mlp.alpha.mode == "scalar"
     assert block.attn.qk_norm is False and block.attn.s_qk.mode == "scalar"

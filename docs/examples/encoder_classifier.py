@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spherenet.layers import NGPTBlock, SphereClassifier, SphereEmbedding, ops
+from spherenet import kernels
+from spherenet.layers import NGPTBlock, NGPTConfig, SphereClassifier, SphereEmbedding
 from spherenet.optim import RiemannianAdam
 
 VOCAB, LENGTH, TARGET = 16, 12, 1
@@ -30,7 +31,8 @@ class EncoderClassifier(nn.Module):
     def __init__(self, vocab: int, d_model: int = 32, n_heads: int = 4, n_layers: int = 2, n_classes: int = 2):
         super().__init__()
         self.embed = SphereEmbedding(vocab, d_model)
-        self.blocks = nn.ModuleList(NGPTBlock(d_model, n_heads, causal=False) for _ in range(n_layers))
+        config = NGPTConfig(vocab_size=vocab, n_layers=n_layers, d_model=d_model, n_heads=n_heads, causal=False)
+        self.blocks = nn.ModuleList(NGPTBlock(config) for _ in range(n_layers))
         self.head = SphereClassifier(d_model, n_classes)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -39,7 +41,7 @@ class EncoderClassifier(nn.Module):
         for block in self.blocks:
             h = block(h, attn_mask=real[:, None, None, :])  # every query sees the real keys only
         pooled = (h * real[..., None]).sum(1)  # the padded positions do not count
-        return self.head(ops.normalize(pooled))
+        return self.head(kernels.normalize(pooled))
 
 
 def batch(size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -2,8 +2,8 @@
 
     python docs/examples/seq2seq.py
 
-The encoder is a stack of nGPT blocks without the causal mask; the decoder's blocks are built
-with ``cross_attention=True``: after its causal self-attention each one attends to the
+The encoder is a stack of nGPT blocks without the causal mask; the decoder's blocks are
+:class:`~spherenet.layers.NGPTCrossBlock` s: after its causal self-attention each one attends to the
 encoder's output (``context=``), with its own update on the sphere (eq. 10 with ``alpha_C``).
 ``cross_positions=True`` rotates queries and context keys by their positions (RoPE), so a
 decoder position can find the source position it corresponds to. Output logits are cosines
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spherenet.layers import KVCache, NGPTBlock, SphereClassifier, SphereEmbedding
+from spherenet.layers import KVCache, NGPTBlock, NGPTConfig, NGPTCrossBlock, SphereClassifier, SphereEmbedding
 from spherenet.optim import RiemannianAdam
 
 VOCAB, LENGTH, BOS = 12, 8, 0  # tokens 1 .. VOCAB-1; 0 starts the decoder
@@ -35,10 +35,10 @@ class Seq2Seq(nn.Module):
         super().__init__()
         self.source_embed = SphereEmbedding(vocab, d_model)
         self.target_embed = SphereEmbedding(vocab, d_model)
-        self.encoder = nn.ModuleList(NGPTBlock(d_model, n_heads, causal=False) for _ in range(n_layers))
-        self.decoder = nn.ModuleList(
-            NGPTBlock(d_model, n_heads, cross_attention=True, cross_positions=True) for _ in range(n_layers)
-        )
+        sizes = dict(vocab_size=vocab, n_layers=n_layers, d_model=d_model, n_heads=n_heads)
+        encoder, decoder = NGPTConfig(**sizes, causal=False), NGPTConfig(**sizes)
+        self.encoder = nn.ModuleList(NGPTBlock(encoder) for _ in range(n_layers))
+        self.decoder = nn.ModuleList(NGPTCrossBlock(decoder, cross_positions=True) for _ in range(n_layers))
         self.logits = SphereClassifier(d_model, vocab, normalize_input=False)  # h is unit already
 
     def encode(self, source: torch.Tensor) -> torch.Tensor:

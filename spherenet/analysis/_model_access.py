@@ -7,6 +7,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..models import MODEL_CLASSES
+
 
 def _unwrap(model: nn.Module) -> nn.Module:
     """The NGPT/GPT inside ``torch.compile`` (``_orig_mod``) and DDP (``module``) wrappers."""
@@ -21,14 +23,13 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def _family(model: nn.Module) -> str:
-    """``"ngpt"`` or ``"gpt"``; a TypeError for anything else."""
-    from ..models import GPT, NGPT
-
-    if isinstance(model, NGPT):
-        return "ngpt"
-    if isinstance(model, GPT):
-        return "gpt"
-    raise TypeError(f"expected an NGPT or GPT model, got {type(model).__name__}")
+    """The model's ``model_type`` (``"ngpt"``, ``"gpt"``); a TypeError for a model that is not
+    one of :data:`spherenet.models.MODEL_CLASSES`."""
+    for model_type, cls in MODEL_CLASSES.items():
+        if isinstance(model, cls):
+            return model_type
+    known = ", ".join(cls.__name__ for cls in MODEL_CLASSES.values())
+    raise TypeError(f"expected one of the model classes ({known}), got {type(model).__name__}")
 
 
 def _matrix(layer: nn.Module) -> torch.Tensor:

@@ -49,7 +49,7 @@ def eigen_learning_rates(model: nn.Module, device: torch.device | str = "cpu") -
     with torch.no_grad():
         for block in blocks:
             for residual in (block.residual_attn, block.residual_mlp):
-                alpha = _local(residual.effective_alpha())
+                alpha = _local(residual.alpha())
                 total = alpha.abs().sum(dtype=torch.float64)
                 parts.append(torch.stack([total, total.new_tensor(float(alpha.numel()))]).to(device))
     # sums and counts over ranks: their ratio is the mean over every element

@@ -18,8 +18,8 @@ def scaling_factors(model: nn.Module) -> dict[str, Any]:
     nGPT (Fig. 6, 14) -- every array float64, one row per layer:
 
     - ``alpha_A``, ``alpha_M``: ``(L, d)`` the eigen learning rates of eq. 10, 11 as applied:
-      ``|alpha|`` when the model uses ``alpha_abs`` (Appendix A.2), else signed
-      (:meth:`~spherenet.layers.SphericalResidual.effective_alpha`). Fig. 6 (left) plots the
+      ``|alpha|`` when the spec's ``absolute`` is set (Appendix A.2), else signed
+      (``block.residual_attn.alpha()``). Fig. 6 (left) plots the
       per-layer mean of their absolute values.
     - ``s_qk``: ``(L, d)`` (``d_k`` per head, heads concatenated), eq. 15, 16.
     - ``s_u``, ``s_v``: ``(L, d_MLP)``, eq. 20, 21. ``s_v`` is the learned factor alone: the
@@ -40,8 +40,8 @@ def scaling_factors(model: nn.Module) -> dict[str, Any]:
     if family == "ngpt":
         rows: dict[str, list] = {k: [] for k in ("alpha_A", "alpha_M", "s_qk", "s_u", "s_v")}
         for block in model.blocks:
-            rows["alpha_A"].append(_f64(block.residual_attn.effective_alpha()))
-            rows["alpha_M"].append(_f64(block.residual_mlp.effective_alpha()))
+            rows["alpha_A"].append(_f64(block.residual_attn.alpha()))
+            rows["alpha_M"].append(_f64(block.residual_mlp.alpha()))
             rows["s_qk"].append(_f64(block.attn.s_qk()))
             rows["s_u"].append(_f64(block.mlp.s_u()))
             rows["s_v"].append(_f64(block.mlp.s_v()))

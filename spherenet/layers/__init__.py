@@ -1,24 +1,27 @@
-"""Reusable spherical layers (and the baseline's plain parts) for nGPT-style models. The
-element-wise operations they share, and the choice of their implementation, are in
+"""Reusable spherical layers (and the baseline's plain parts) for nGPT-style models, and the
+models' configs (:mod:`spherenet.layers.config`, with the paper's constants). The element-wise
+operations they share, and the choice of their implementation, are in
 :mod:`spherenet.kernels`."""
 
 from .attention import GPTAttention, KVCache, NGPTAttention
 from .blocks import GPTBlock, NGPTBlock
+from .config import RESIDUAL_UPDATES, GPTConfig, NGPTConfig
+from .cross_attention import GPTCrossAttention, GPTCrossBlock, NGPTCrossAttention, NGPTCrossBlock
 from .head import SphereClassifier
 from .linear import SphereEmbedding, SphereLinear
 from .mlp import GPTMLP, NGPTMLP
 from .norm import RMSNorm
-from .residual import RESIDUAL_UPDATES, SphericalResidual
 from .rotary import RotaryEmbedding, apply_rotary
 from .scale import Scale, ScaleSpec
 
 __all__ = [
+    "NGPTConfig",
+    "GPTConfig",
+    "RESIDUAL_UPDATES",
     "Scale",
     "ScaleSpec",
     "SphereLinear",
     "SphereEmbedding",
-    "SphericalResidual",
-    "RESIDUAL_UPDATES",
     "RotaryEmbedding",
     "apply_rotary",
     "KVCache",
@@ -29,5 +32,9 @@ __all__ = [
     "RMSNorm",
     "NGPTBlock",
     "GPTBlock",
+    "NGPTCrossAttention",
+    "GPTCrossAttention",
+    "NGPTCrossBlock",
+    "GPTCrossBlock",
     "SphereClassifier",
 ]

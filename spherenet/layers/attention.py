@@ -1,27 +1,18 @@
-"""Multi-head attention: nGPT's (Section 2.3.2, eq. 15, 16) and the baseline's (eq. 12-14).
+"""Multi-head self-attention: nGPT's (Section 2.3.2, eq. 15, 16) and the baseline's (eq. 12-14).
+Cross-attention, for encoder-decoder models, is in :mod:`spherenet.layers.cross_attention`.
 
 Shared conventions of both classes:
 
-- ``forward(x, context=None, cache=None, causal=None, attn_mask=None)``, ``x`` of shape
-  ``(B, T, d_model)``.
-- Self-attention (``context=None``): queries, keys and values come from ``x``; RoPE is applied
-  to q and k at positions ``offset .. offset + T - 1``, where ``offset`` is the number of tokens
-  already held in ``cache``. ``causal`` (default: the module's) masks the future.
-- Cross-attention (``context`` of shape ``(B, S, d_model)``): keys and values come from
-  ``context``, and every query may see the whole context (unless ``attn_mask`` says
-  otherwise). The module's ``causal`` setting does not apply to it, and an explicit
-  ``causal=True`` is rejected. Positions: by default none (``cross_positions=False``): the two
-  sequences share no position axis, and the context carries its own positions from its
-  encoder. With ``cross_positions=True`` queries are rotated at their positions and context
-  keys at theirs (both from 0), so a score depends on how far apart a query and a context
-  token are: for sequences that run roughly in step (transcription, monotonic alignment).
+- ``forward(x, cache=None, causal=None, attn_mask=None)``, ``x`` of shape ``(B, T, d_model)``:
+  queries, keys and values come from ``x``; RoPE is applied to q and k at positions
+  ``offset .. offset + T - 1``, where ``offset`` is the number of tokens already held in
+  ``cache``. ``causal`` (default: the module's) masks the future.
 - ``attn_mask``: SDPA's convention, a bool tensor (True: may attend) or an additive float
   tensor, broadcastable to ``(B, H, T, keys)`` (``keys``: the cached ones included), e.g.
   ``(B, 1, 1, keys)`` for padding. It is combined with the causal mask.
-- ``cache`` (a :class:`KVCache`) makes incremental decoding possible. In self-attention it
-  holds the keys (after RoPE, and for nGPT after ``Norm``/``s_qk``) and values of all tokens
-  seen so far; new ones are appended. In cross-attention it stores the context's keys and
-  values at the first call and reuses them afterwards (``context`` is then ignored).
+- ``cache`` (a :class:`KVCache`) makes incremental decoding possible: it holds the keys (after
+  RoPE, and for nGPT after ``Norm``/``s_qk``) and values of all tokens seen so far; new ones are
+  appended.
 
 The causal mask with a cache: queries are the last ``T`` of ``offset + T`` positions, so query
 ``i`` may see keys ``j <= offset + i``. SDPA's ``is_causal=True`` would align the mask top-left
@@ -31,22 +22,18 @@ the bottom-right mask is built explicitly whenever ``offset > 0``.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
 from .. import kernels
+from .config import S_QK, gpt_softmax_scale, ngpt_softmax_scale
 from .linear import SphereLinear
 from .rotary import RotaryEmbedding
 from .scale import Scale, ScaleSpec
 
-__all__ = ["NGPTAttention", "GPTAttention", "KVCache", "S_QK"]
-
-#: The paper's s_qk (Section 2.6, step 4): init 1, scale 1/sqrt(d_model), one per dimension.
-S_QK = ScaleSpec(init=1.0)
+__all__ = ["NGPTAttention", "GPTAttention", "KVCache"]
 
 
 class KVCache:
@@ -76,9 +63,6 @@ class KVCache:
             self.keys = torch.cat((self.keys, keys), dim=-2)
             self.values = torch.cat((self.values, values), dim=-2)
         return self.keys, self.values
-
-    def reset(self) -> None:
-        self.keys = self.values = None
 
     def __repr__(self) -> str:
         return f"KVCache(length={len(self)})"
@@ -119,15 +103,7 @@ class _Attention(nn.Module):
 
     softmax_scale: float
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        rope: RotaryEmbedding | None,
-        rope_base: float,
-        causal: bool,
-        cross_positions: bool = False,
-    ):
+    def __init__(self, d_model: int, n_heads: int, rope: RotaryEmbedding | None, rope_base: float, causal: bool):
         super().__init__()
         for name, value in (("d_model", d_model), ("n_heads", n_heads)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -136,7 +112,6 @@ class _Attention(nn.Module):
             raise ValueError(f"{type(self).__name__}: d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.causal = bool(causal)
-        self.cross_positions = bool(cross_positions)
         if rope is None:
             rope = RotaryEmbedding(self.head_dim, rope_base)
         elif rope.head_dim != self.head_dim:
@@ -152,62 +127,42 @@ class _Attention(nn.Module):
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return rearrange(x, "b t (h d) -> b h t d", h=self.n_heads)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-        causal: bool | None = None,
-        attn_mask: torch.Tensor | None = None,
-        query_offset: int = 0,
-    ) -> torch.Tensor:
-        """``query_offset``: in cross-attention with ``cross_positions``, the position of the first
-        query (the tokens decoded before it); self-attention takes it from ``cache``."""
+    def _check_input(self, x: torch.Tensor) -> None:
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"{type(self).__name__} expected x of shape (B, T, {self.d_model}), got {tuple(x.shape)}")
-        q = self._split_heads(self.w_q(x))
-        offset = 0 if cache is None or context is not None else cache.length
 
-        if context is None:  # self-attention
-            causal = self.causal if causal is None else causal
-            k = self._split_heads(self.w_k(x))
-            v = self._split_heads(self.w_v(x))
-            q = self._scale_qk(self.rope(q, offset))
-            k = self._scale_qk(self.rope(k, offset))
-            if cache is not None:
-                k, v = cache.append(k, v)
-            n_queries, n_keys = q.shape[-2], k.shape[-2]
-            if not causal or n_queries == 1:
-                mask, is_causal = None, False  # a single newest query may see every key
-            elif n_queries == n_keys and attn_mask is None:
-                mask, is_causal = None, True  # square: SDPA's own causal mask is right
-            else:
-                mask, is_causal = _causal_mask(n_queries, n_keys, x.device), False
-        else:  # cross-attention: no RoPE, no mask
-            if causal:
-                raise ValueError(f"{type(self).__name__}: cross-attention (context given) cannot be causal")
-            if self.cross_positions:  # queries at their own positions (after any cached ones)
-                q = self.rope(q, query_offset)
-            q = self._scale_qk(q)
-            if cache is not None and cache.length > 0:
-                k, v = cache.keys, cache.values
-            else:
-                if context.ndim != 3 or context.shape[-1] != self.d_model or context.shape[0] != x.shape[0]:
-                    raise ValueError(
-                        f"{type(self).__name__} expected context of shape ({x.shape[0]}, S, {self.d_model}), got {tuple(context.shape)}"
-                    )
-                k = self._split_heads(self.w_k(context))
-                k = self._scale_qk(self.rope(k) if self.cross_positions else k)
-                v = self._split_heads(self.w_v(context))
-                if cache is not None:
-                    cache.append(k, v)
-            mask, is_causal = None, False
+    def _attend(self, q, k, v, mask, is_causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """SDPA over heads with ``mask`` and the user's ``attn_mask`` combined, then ``W_o``."""
         if attn_mask is not None:
             _check_mask(type(self).__name__, attn_mask, q.shape[0], self.n_heads, q.shape[-2], k.shape[-2])
             mask = attn_mask if mask is None else _with_causal(attn_mask, mask)
-
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.softmax_scale)
         return self.w_o(rearrange(out, "b h t d -> b t (h d)"))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        causal: bool | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Self-attention of ``x`` (``(B, T, d_model)``), after the tokens held in ``cache``."""
+        self._check_input(x)
+        causal = self.causal if causal is None else causal
+        offset = 0 if cache is None else cache.length
+        q = self._scale_qk(self.rope(self._split_heads(self.w_q(x)), offset))
+        k = self._scale_qk(self.rope(self._split_heads(self.w_k(x)), offset))
+        v = self._split_heads(self.w_v(x))
+        if cache is not None:
+            k, v = cache.append(k, v)
+        n_queries, n_keys = q.shape[-2], k.shape[-2]
+        if not causal or n_queries == 1:
+            mask, is_causal = None, False  # a single newest query may see every key
+        elif n_queries == n_keys and attn_mask is None:
+            mask, is_causal = None, True  # square: SDPA's own causal mask is right
+        else:
+            mask, is_causal = _causal_mask(n_queries, n_keys, x.device), False
+        return self._attend(q, k, v, mask, is_causal, attn_mask)
 
 
 class NGPTAttention(_Attention):
@@ -236,29 +191,25 @@ class NGPTAttention(_Attention):
         rope: RotaryEmbedding | None = None,
         rope_base: float = 10000.0,
         causal: bool = True,
-        cross_positions: bool = False,
         qk_norm: bool = True,
         s_qk: ScaleSpec = S_QK,
     ):
-        super().__init__(d_model, n_heads, rope, rope_base, causal, cross_positions)
+        super().__init__(d_model, n_heads, rope, rope_base, causal)
         self.qk_norm = bool(qk_norm)
-        self.softmax_scale = math.sqrt(self.head_dim)
+        self.softmax_scale = ngpt_softmax_scale(self.head_dim)
         self.w_q = SphereLinear(d_model, d_model, sphere="in")
         self.w_k = SphereLinear(d_model, d_model, sphere="in")
         self.w_v = SphereLinear(d_model, d_model, sphere="in")
         self.w_o = SphereLinear(d_model, d_model, sphere="out")
         self.s_qk = Scale.from_spec(d_model, s_qk, d_model)
 
-    def _s_qk_per_head(self) -> torch.Tensor:
-        """s_qk shaped to broadcast over ``(B, H, T, d_k)``: ``(H, 1, d_k)`` (or ``(1,)``)."""
-        s_qk = self.s_qk()
-        if s_qk.numel() == 1:
-            return s_qk
-        return rearrange(s_qk, "(h d) -> h 1 d", h=self.n_heads)
-
     def _scale_qk(self, x: torch.Tensor) -> torch.Tensor:
-        """eq. 15, 16 for q or k of shape (B, H, T, d_k): ``Norm(x) * s_qk`` per head."""
-        return kernels.qk_normalize(x, self._s_qk_per_head(), self.qk_norm)
+        """eq. 15, 16 for q or k of shape (B, H, T, d_k): ``Norm(x) * s_qk`` per head (s_qk of
+        shape ``(H, 1, d_k)``, or ``(1,)`` for a scalar one)."""
+        s_qk = self.s_qk()
+        if s_qk.numel() > 1:
+            s_qk = rearrange(s_qk, "(h d) -> h 1 d", h=self.n_heads)
+        return kernels.qk_normalize(x, s_qk, self.qk_norm)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, qk_norm={self.qk_norm}"
@@ -280,10 +231,9 @@ class GPTAttention(_Attention):
         rope: RotaryEmbedding | None = None,
         rope_base: float = 10000.0,
         causal: bool = True,
-        cross_positions: bool = False,
     ):
-        super().__init__(d_model, n_heads, rope, rope_base, causal, cross_positions)
-        self.softmax_scale = 1 / math.sqrt(self.head_dim)
+        super().__init__(d_model, n_heads, rope, rope_base, causal)
+        self.softmax_scale = gpt_softmax_scale(self.head_dim)
         self.w_q = nn.Linear(d_model, d_model, bias=False)
         self.w_k = nn.Linear(d_model, d_model, bias=False)
         self.w_v = nn.Linear(d_model, d_model, bias=False)

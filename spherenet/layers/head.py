@@ -12,19 +12,17 @@ import torch
 from torch import nn
 
 from .. import kernels
+from .config import S_Z
 from .linear import SphereLinear
 from .scale import Scale, ScaleSpec
 
-__all__ = ["SphereClassifier", "S_CLASS"]
-
-#: As nGPT's s_z (Section 2.6, step 6): init 1, stored at 1/sqrt(d_model), one per class.
-S_CLASS = ScaleSpec(init=1.0)
+__all__ = ["SphereClassifier"]
 
 
 class SphereClassifier(nn.Module):
     """``logits = cos(x, w_c) * s_c`` for every class ``c``: unit class vectors ``w_c`` (declared
     on the sphere, so the sphere optimizers keep them unit) and scales ``s_c`` (a
-    :class:`ScaleSpec`, default :data:`S_CLASS`).
+    :class:`ScaleSpec`, default nGPT's s_z, :data:`spherenet.layers.config.S_Z`).
 
     ``x``: ``(..., d_model)``. ``normalize_input`` (default True) takes ``Norm(x)`` first; pass
     False when ``x`` is unit already (an nGPT hidden state). Returns ``(..., n_classes)``.
@@ -32,7 +30,7 @@ class SphereClassifier(nn.Module):
 
     is_output_layer = True  # an output layer: Muon leaves it to Adam (spherenet.optim.hidden_matrices)
 
-    def __init__(self, d_model: int, n_classes: int, *, scale: ScaleSpec = S_CLASS, normalize_input: bool = True):
+    def __init__(self, d_model: int, n_classes: int, *, scale: ScaleSpec = S_Z, normalize_input: bool = True):
         super().__init__()
         self.weight = SphereLinear(d_model, n_classes, sphere="in")
         self.scale = Scale.from_spec(n_classes, scale, d_model)

@@ -9,14 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from .config import S_U, S_V
 from .linear import SphereLinear
 from .scale import Scale, ScaleSpec
 
-__all__ = ["NGPTMLP", "GPTMLP", "S_U", "S_V"]
-
-#: The paper's s_u and s_v (Section 2.6, step 5): init 1, scale 1, one per element of d_MLP.
-S_U = ScaleSpec(init=1.0, scale=1.0)
-S_V = ScaleSpec(init=1.0, scale=1.0)
+__all__ = ["NGPTMLP", "GPTMLP"]
 
 
 class GPTMLP(nn.Module):

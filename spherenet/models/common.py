@@ -1,4 +1,5 @@
-"""What NGPT and GPT share: config checks, input checks, and KV-cached generation."""
+"""What NGPT and GPT share: the model's scaffolding (:class:`LanguageModel`: embedding, stack of
+blocks, KV caches, activation checkpointing), input checks, and KV-cached generation."""
 
 from __future__ import annotations
 
@@ -8,68 +9,84 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..layers import KVCache
+from .. import kernels
+from ..layers import KVCache, RotaryEmbedding
+from .hub import HubMixin
 
-__all__ = ["generate", "sample_next_token", "check_input_ids", "assert_ids_in_vocab", "check_token_ids"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Config checks (each error names the config class, the field and the value)
-
-
-def check_positive_int(config, name: str) -> None:
-    value = getattr(config, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
-
-
-def check_positive_field(config, name: str, allow_none: bool = False) -> None:
-    """``config.<name>`` is a finite number > 0 (or None with ``allow_none``); the error names the field."""
-    value = getattr(config, name)
-    if value is None and allow_none:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok:
-        raise ValueError(f"{type(config).__name__}.{name} must be a finite number > 0, got {value!r}")
+__all__ = [
+    "LanguageModel",
+    "generate",
+    "sample_next_token",
+    "check_input_ids",
+    "assert_ids_in_vocab",
+    "check_token_ids",
+]
 
 
-def check_finite_float(config, name: str) -> None:
-    value = getattr(config, name)
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
-        raise ValueError(f"{type(config).__name__}.{name} must be a finite number, got {value!r}")
+class LanguageModel(nn.Module, HubMixin):
+    """A decoder-only language model: ``h = embed_in(ids)``, ``h <- block(h)`` for each of
+    ``config.n_layers`` blocks (``block_class(config, rope)``, sharing one stateless
+    :class:`RotaryEmbedding`), then ``logits(h)``: each subclass (NGPT, GPT) builds its output
+    layers after this ``__init__`` and defines ``logits``, the last hidden state ``(B, T,
+    d_model)`` -> logits ``(B, T, vocab_size)``."""
 
+    def __init__(self, config, embed_in: nn.Module, block_class: type[nn.Module]):
+        super().__init__()
+        self.config = c = config
+        self.embed_in = embed_in
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_base, initial_length=c.max_seq_len)
+        self.blocks = nn.ModuleList(block_class(c, self.rope) for _ in range(c.n_layers))
+        self.activation_checkpointing = False  # set_activation_checkpointing
 
-def check_choice(config, name: str, choices) -> None:
-    value = getattr(config, name)
-    if value not in choices:
-        raise ValueError(f"{type(config).__name__}.{name} must be one of {tuple(choices)}, got {value!r}")
+    def forward(self, input_ids: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        """Token ids ``(B, T)`` -> logits ``(B, T, vocab_size)``.
 
+        ``kv_caches``: one :class:`KVCache` per block, for incremental decoding; the new tokens
+        are then at positions ``cache length .. cache length + T - 1``.
+        """
+        if kv_caches is not None and len(kv_caches) != len(self.blocks):
+            raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.blocks)} blocks")
+        offset = 0 if kv_caches is None else kv_caches[0].length
+        check_input_ids(input_ids, self.config.max_seq_len, offset)
+        assert_ids_in_vocab(input_ids, self.config.vocab_size)  # device-side: no host sync
+        caches = kv_caches if kv_caches is not None else [None] * len(self.blocks)
 
-def check_bool(config, name: str) -> None:
-    value = getattr(config, name)
-    if not isinstance(value, bool):
-        raise ValueError(f"{type(config).__name__}.{name} must be True or False, got {value!r}")
+        h = self.embed_in(input_ids)
+        for block, cache in zip(self.blocks, caches):
+            if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
+                h = kernels.checkpoint(block, h)  # keep h only; recompute in backward
+            else:
+                h = block(h, cache=cache)
+        return self.logits(h)
 
+    def get_input_embeddings(self) -> nn.Module:
+        """``embed_in`` (the Hugging Face name for the input embedding)."""
+        return self.embed_in
 
-def check_transformer_shape(config) -> None:
-    """Sizes positive, ``d_mlp`` resolved (None -> 4 d_model), heads that divide d_model into
-    even head dims (RoPE rotates pairs)."""
-    name = type(config).__name__
-    for field in ("vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len"):
-        check_positive_int(config, field)
-    if config.d_mlp is None:
-        config.d_mlp = 4 * config.d_model
-    check_positive_int(config, "d_mlp")
-    if config.d_model % config.n_heads:
-        raise ValueError(f"{name}: d_model={config.d_model} is not divisible by n_heads={config.n_heads}")
-    head_dim = config.d_model // config.n_heads
-    if head_dim % 2:
-        raise ValueError(
-            f"{name}: head dim d_model/n_heads = {config.d_model}/{config.n_heads} = {head_dim} is odd; "
-            "RoPE rotates pairs of coordinates and needs an even head dim"
-        )
-    check_positive_field(config, "rope_base")
-    check_bool(config, "causal")
+    def get_output_embeddings(self) -> nn.Module:
+        """``embed_out``, the output layer (the Hugging Face name; Muon leaves it to Adam)."""
+        return self.embed_out
+
+    def set_activation_checkpointing(self, enabled: bool = True) -> None:
+        """Activation checkpointing per block: in training forwards (gradients enabled, no KV
+        caches) each block keeps only its input for the backward pass and recomputes its forward
+        there (``torch.utils.checkpoint``, non-reentrant: works under DDP, FSDP2 and
+        ``torch.compile``). Same loss and gradients, less activation memory, one more forward."""
+        self.activation_checkpointing = bool(enabled)
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        eos_token_id: int | None = None,
+        stop: Callable[[torch.Tensor], bool] | None = None,
+    ) -> torch.Tensor:
+        """Sample up to ``max_new_tokens`` tokens after ``input_ids`` with a KV cache, sliding
+        past the context; see :func:`generate`."""
+        return generate(self, input_ids, max_new_tokens, temperature, top_k, generator, eos_token_id, stop)
 
 
 # ---------------------------------------------------------------------------------------------

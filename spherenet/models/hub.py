@@ -42,10 +42,13 @@ __all__ = [
     "INSTALL_HINT",
     "MANIFEST_NAME",
     "WEIGHTS_NAME",
+    "MODEL_CLASSES",
     "HubMixin",
     "PretrainedFileError",
     "PretrainedFileWarning",
     "load_pretrained",
+    "model_class",
+    "model_class_of",
 ]
 
 WEIGHTS_NAME = "model.safetensors"
@@ -123,9 +126,33 @@ def _check_unit_rows(named_tensors: dict[str, torch.Tensor], where: str) -> None
         )
 
 
+#: The model classes by ``model_type``, in the order they were defined. A subclass of
+#: :class:`HubMixin` that sets ``model_type`` in its class body enters itself here.
+MODEL_CLASSES: dict[str, type] = {}
+
+
+def model_class(model_type: str) -> type:
+    """The model class saved as ``model_type`` (``"ngpt"``, ``"gpt"``); a ``ValueError`` listing
+    the known ones for any other."""
+    if model_type not in MODEL_CLASSES:
+        raise ValueError(f"unknown model_type {model_type!r}; spherenet knows {sorted(MODEL_CLASSES)}")
+    return MODEL_CLASSES[model_type]
+
+
+def model_class_of(config: Any) -> type:
+    """The model class that ``config`` builds (the one whose ``config_class`` is its type); a
+    ``TypeError`` naming the known config classes for any other."""
+    for cls in MODEL_CLASSES.values():
+        if type(config) is cls.config_class:
+            return cls
+    known = ", ".join(cls.config_class.__name__ for cls in MODEL_CLASSES.values())
+    raise TypeError(f"expected a model config ({known}), got {type(config).__name__}")
+
+
 class HubMixin:
     """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for a model built from one
-    config dataclass (``Model(config)``, kept as ``model.config``).
+    config dataclass (``Model(config)``, kept as ``model.config``). A subclass that sets
+    ``model_type`` in its class body is entered in :data:`MODEL_CLASSES`.
 
     huggingface_hub's ``PyTorchModelHubMixin`` is not a base class here: a base class cannot be
     optional, and the mixin decodes a dataclass ``config`` argument from its annotation, which
@@ -137,6 +164,17 @@ class HubMixin:
     architecture: ClassVar[str]  # config.json's "architectures" entry: the class name
 
     config: Any
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        model_type = cls.__dict__.get("model_type")
+        if model_type is None:  # a shared base class, or a wrapper's subclass (FSDP2's FSDP<name>)
+            return
+        if model_type in MODEL_CLASSES:
+            raise TypeError(
+                f"{cls.__name__}: model_type {model_type!r} is taken by {MODEL_CLASSES[model_type].__name__}"
+            )
+        MODEL_CLASSES[model_type] = cls
 
     @classmethod
     def config_from_dict(cls, values: dict[str, Any], where: str):
@@ -281,9 +319,10 @@ class HubMixin:
             raise PretrainedFileError(f"{config_file} must hold a JSON object, got {type(values).__name__}")
         model_type = values.get("model_type")
         if model_type != cls.model_type:
+            other = MODEL_CLASSES[model_type].__name__ if model_type in MODEL_CLASSES else "the class that saved it"
             raise PretrainedFileError(
                 f"{config_file} describes model_type {model_type!r}, not {cls.model_type!r}: load it with "
-                f"{_ARCHITECTURE_HINT.get(model_type, 'the class that saved it')}.from_pretrained"
+                f"{other}.from_pretrained"
             )
         fields = {k: v for k, v in values.items() if k not in _METADATA_KEYS}
         try:
@@ -291,8 +330,6 @@ class HubMixin:
         except ValueError as exc:
             raise PretrainedFileError(str(exc)) from None
 
-
-_ARCHITECTURE_HINT = {"ngpt": "NGPT", "gpt": "GPT"}
 
 _DTYPES = {
     "float32": torch.float32,
@@ -391,12 +428,8 @@ def _check_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], weights_f
 
 
 def load_pretrained(pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> nn.Module:
-    """An NGPT or GPT saved by ``save_pretrained``, whichever its config.json names
-    (keyword arguments as in :meth:`HubMixin.from_pretrained`)."""
-    from .gpt import GPT
-    from .ngpt import NGPT
-
-    models = {cls.model_type: cls for cls in (NGPT, GPT)}
+    """A model saved by ``save_pretrained``, of the class its config.json's ``model_type`` names
+    in :data:`MODEL_CLASSES` (keyword arguments as in :meth:`HubMixin.from_pretrained`)."""
     download = {
         k: kwargs[k] for k in ("revision", "cache_dir", "force_download", "token", "local_files_only") if k in kwargs
     }
@@ -405,6 +438,8 @@ def load_pretrained(pretrained_model_name_or_path: str | os.PathLike, **kwargs) 
         model_type = json.loads(Path(config_file).read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError) as exc:
         raise PretrainedFileError(f"cannot read the model_type of {config_file}: {exc}") from None
-    if model_type not in models:
-        raise PretrainedFileError(f"{config_file} has model_type {model_type!r}; spherenet knows {sorted(models)}")
-    return models[model_type].from_pretrained(pretrained_model_name_or_path, **kwargs)
+    if model_type not in MODEL_CLASSES:
+        raise PretrainedFileError(
+            f"{config_file} has model_type {model_type!r}; spherenet knows {sorted(MODEL_CLASSES)}"
+        )
+    return MODEL_CLASSES[model_type].from_pretrained(pretrained_model_name_or_path, **kwargs)

@@ -10,11 +10,11 @@ builds the model. Build on the meta device to count parameters without allocatin
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from torch import nn
 
-from .gpt import GPT, GPTConfig
-from .ngpt import NGPT, NGPTConfig
+from .hub import MODEL_CLASSES, model_class_of
 
 __all__ = ["PRESETS", "preset_config", "from_preset", "model_from_config"]
 
@@ -32,15 +32,16 @@ _SIZES = {
     "base": dict(vocab_size=32000, n_layers=12, d_model=768, n_heads=12, max_seq_len=4096),
 }
 
-#: ``{name: (config class, fields)}``
+#: ``{name: (config class, fields)}``: ``<model_type>-<size>`` for every registered model class
+#: (:data:`spherenet.models.hub.MODEL_CLASSES`) and every size
 PRESETS: dict[str, tuple[type, dict]] = {
-    f"{family}-{size}": (config_cls, fields)
-    for family, config_cls in (("ngpt", NGPTConfig), ("gpt", GPTConfig))
+    f"{model_type}-{size}": (cls.config_class, fields)
+    for model_type, cls in MODEL_CLASSES.items()
     for size, fields in _SIZES.items()
 }
 
 
-def preset_config(name: str, **overrides) -> NGPTConfig | GPTConfig:
+def preset_config(name: str, **overrides) -> Any:
     """The config of preset ``name`` with any field replaced by ``overrides``.
 
     Raises ``ValueError`` for an unknown preset or an unknown field, listing the valid ones.
@@ -58,13 +59,10 @@ def preset_config(name: str, **overrides) -> NGPTConfig | GPTConfig:
     return config_cls(**{**fields, **overrides})
 
 
-def model_from_config(config: NGPTConfig | GPTConfig) -> nn.Module:
-    """``NGPT(config)`` or ``GPT(config)``, by the config's type."""
-    if isinstance(config, NGPTConfig):
-        return NGPT(config)
-    if isinstance(config, GPTConfig):
-        return GPT(config)
-    raise TypeError(f"expected an NGPTConfig or GPTConfig, got {type(config).__name__}")
+def model_from_config(config) -> nn.Module:
+    """The model ``config`` describes (``NGPT(config)`` for an ``NGPTConfig``, ...), by the
+    config's type (:func:`spherenet.models.hub.model_class_of`)."""
+    return model_class_of(config)(config)
 
 
 def from_preset(name: str, **overrides) -> nn.Module:

@@ -1,0 +1,169 @@
+"""The two models' configs, and the paper's constants they default to.
+
+Every constant of the nGPT paper (Loshchilov et al. 2024) that the layers use is stated here
+once: the learnable scalings' initial values and stored scales (Section 2.5, 2.6) and the
+softmax scales. A block takes the whole config (``NGPTBlock(config)``), as the models do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .scale import ScaleSpec
+
+__all__ = ["NGPTConfig", "GPTConfig", "ALPHA", "S_QK", "S_U", "S_V", "S_Z", "RESIDUAL_UPDATES"]
+
+# ---------------------------------------------------------------------------------------------
+# The paper's constants (Section 2.6; a ScaleSpec's ``scale=None`` is 1/sqrt(d_model))
+
+#: alpha_A and alpha_M (step 3): init 0.05 ("in order of 1/n_layers"), scale 1/sqrt(d_model), one
+#: per dimension, used as |alpha| (Appendix A.2).
+ALPHA = ScaleSpec(init=0.05, absolute=True)
+#: s_qk (step 4): init 1, scale 1/sqrt(d_model), one per dimension.
+S_QK = ScaleSpec(init=1.0)
+#: s_u and s_v (step 5): init 1, scale 1, one per element of d_MLP.
+S_U = ScaleSpec(init=1.0, scale=1.0)
+S_V = ScaleSpec(init=1.0, scale=1.0)
+#: s_z (step 6): init 1, scale 1/sqrt(d_model), one per vocabulary entry (or class).
+S_Z = ScaleSpec(init=1.0)
+
+#: The hidden-state updates: ``"lerp"`` (eq. 10, 11, the paper's), ``"slerp"`` (eq. 6),
+#: ``"riemannian"`` (eq. 24-26); computed by :func:`spherenet.kernels.residual_update`.
+RESIDUAL_UPDATES = ("lerp", "slerp", "riemannian")
+
+
+def ngpt_softmax_scale(head_dim: int) -> float:
+    """``sqrt(d_k)`` (Section 2.3.2): q and k are unit, so their dot product has variance 1/d_k."""
+    return math.sqrt(head_dim)
+
+
+def gpt_softmax_scale(head_dim: int) -> float:
+    """``1/sqrt(d_k)``, the usual scaled dot product (eq. 13)."""
+    return 1 / math.sqrt(head_dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# Field checks (each error names the config class, the field and the value)
+
+
+def check_positive_int(config, name: str) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
+
+
+def check_positive_field(config, name: str) -> None:
+    """``config.<name>`` is a finite number > 0; the error names the field."""
+    value = getattr(config, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise ValueError(f"{type(config).__name__}.{name} must be a finite number > 0, got {value!r}")
+
+
+def check_choice(config, name: str, choices) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"{type(config).__name__}.{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_bool(config, name: str) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, bool):
+        raise ValueError(f"{type(config).__name__}.{name} must be True or False, got {value!r}")
+
+
+def check_transformer_shape(config) -> None:
+    """Sizes positive, ``d_mlp`` resolved (None -> 4 d_model), heads that divide d_model into
+    even head dims (RoPE rotates pairs)."""
+    name = type(config).__name__
+    for field in ("vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len"):
+        check_positive_int(config, field)
+    if config.d_mlp is None:
+        config.d_mlp = 4 * config.d_model
+    check_positive_int(config, "d_mlp")
+    if config.d_model % config.n_heads:
+        raise ValueError(f"{name}: d_model={config.d_model} is not divisible by n_heads={config.n_heads}")
+    head_dim = config.d_model // config.n_heads
+    if head_dim % 2:
+        raise ValueError(
+            f"{name}: head dim d_model/n_heads = {config.d_model}/{config.n_heads} = {head_dim} is odd; "
+            "RoPE rotates pairs of coordinates and needs an even head dim"
+        )
+    check_positive_field(config, "rope_base")
+    check_bool(config, "causal")
+
+
+# ---------------------------------------------------------------------------------------------
+# The configs
+
+
+@dataclass
+class NGPTConfig:
+    """Sizes and nGPT's choices. Defaults are the paper's (Section 2.6, Table 1).
+
+    Each learnable scaling is one :class:`~spherenet.layers.ScaleSpec` (``init``, ``scale``,
+    ``mode``, ``absolute``; Section 2.5), named as in the paper; its default is the constant
+    above. A field may also be given as a dict of some of the spec's fields (TOML
+    ``alpha_attn = {init = 0.1}``): the others keep their defaults.
+    """
+
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_mlp: int | None = None  # None -> 4 * d_model
+    max_seq_len: int = 1024
+    rope_base: float = 10000.0
+    causal: bool = True
+    # residual update (eq. 10, 11 / eq. 6 / eq. 25, 26) and its eigen learning rates
+    update: str = "lerp"
+    alpha_attn: ScaleSpec = ALPHA  # alpha_A, eq. 10
+    alpha_mlp: ScaleSpec = ALPHA  # alpha_M, eq. 11
+    # attention: q, k normalization (eq. 15, 16; Table 6) and s_qk
+    qk_norm: bool = True
+    s_qk: ScaleSpec = S_QK  # eq. 15, 16
+    # MLP (eq. 20, 21) and logits (eq. 3)
+    s_u: ScaleSpec = S_U
+    s_v: ScaleSpec = S_V
+    s_z: ScaleSpec = S_Z
+
+    def __post_init__(self):
+        check_transformer_shape(self)
+        check_choice(self, "update", RESIDUAL_UPDATES)
+        check_bool(self, "qk_norm")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(f.default, ScaleSpec) and not isinstance(value, ScaleSpec):
+                setattr(self, f.name, ScaleSpec.from_dict(value, base=f.default, where=f"NGPTConfig.{f.name}"))
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass
+class GPTConfig:
+    """Sizes of the baseline. Init: normal ``init_std`` for every matrix, and
+    ``init_std / sqrt(2 n_layers)`` for the output projections W_o and W_o_mlp (A.5)."""
+
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_mlp: int | None = None  # None -> 4 * d_model
+    max_seq_len: int = 1024
+    rope_base: float = 10000.0
+    causal: bool = True
+    init_std: float = 0.02
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        check_transformer_shape(self)
+        check_positive_field(self, "init_std")
+        check_positive_field(self, "norm_eps")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
