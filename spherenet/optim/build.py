@@ -52,11 +52,9 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from ..manifolds import declare_matrix_sphere, declared_matrix_spheres
-from ._checks import check_betas, check_positive_float
-from ._row_kernels import is_dtensor
+from ._checks import check_betas, check_positive_float, is_dtensor
 from .combined import CombinedOptimizer
-from .groups import EUCLIDEAN, MATRIX_SPHERE, SPHERE, named_sphere_parameters, param_groups
-from .kernel_choice import split_fused
+from .groups import EUCLIDEAN, MATRIX_SPHERE, SPHERE, named_sphere_parameters, param_groups, split_fused
 from .muon import SphericalMuon, hidden_matrices
 from .normalize import add_normalize_hook, normalize_
 from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
@@ -368,7 +366,7 @@ def _torch_groups(
 ) -> list[dict]:
     """Param groups for torch's AdamW. ``fused=None`` on plain tensors: each group is split into
     a fused-kernel part (the tensors torch has a fused kernel for) and a part for torch's other kernels, by
-    :func:`spherenet.optim.kernel_choice.split_fused` (torch alone would take a per-tensor loop on CPU).
+    :func:`spherenet.optim.groups.split_fused` (torch alone would take a per-tensor loop on CPU).
     torch's AdamW ignores the extra ``"manifold"`` key; it is kept for readers."""
     groups = _without(param_groups(model, weight_decay), exclude)
     if fused is not None or any(is_dtensor(p) for g in groups for _, p in g["params"]):

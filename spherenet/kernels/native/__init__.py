@@ -1,4 +1,4 @@
-"""The native CPU kernel of the sphere step (``csrc/sphere_adam.cpp``), compiled on first use.
+"""The native CPU kernel of the sphere-Adam step (``sphere_adam.cpp`` beside this file), compiled on first use.
 
 The sphere Adam step puts row reductions (tangent projection, retraction norm, transport)
 between its elementwise stages. As ``torch._foreach_*`` calls that is about a dozen passes over
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = "SPHERENET_NATIVE"
 NATIVE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-_SOURCE = Path(__file__).parent / "csrc" / "sphere_adam.cpp"
+_SOURCE = Path(__file__).parent / "sphere_adam.cpp"
 # Compiler flags per CPU capability, and the CPU_CAPABILITY macros that make ATen's Vectorized<T>
 # use those lanes (as torch's own kernels are built); anything else gets the portable DEFAULT.
 _ISA_FLAGS = {

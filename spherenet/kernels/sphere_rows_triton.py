@@ -1,4 +1,5 @@
-"""The sphere Adam step as one Triton kernel: moments, update and retraction of a block of rows in
+"""The Triton implementations of the sphere row ops (:mod:`spherenet.kernels.sphere_adam`,
+:mod:`spherenet.kernels.sphere_rows`). The sphere-Adam step as one kernel: moments, update and retraction of a block of rows in
 one read and one write of parameter, gradient and states (28 bytes per float32 parameter with
 a per-element second moment, as fused Adam).
 
@@ -13,8 +14,8 @@ stores in each tensor's own dtype (float32 or bf16/fp16 parameters and states). 
     x = y / ||y||                          the manifold's ``retr`` (Norm)
     m = m - <x, m> x                       ``transp`` by projection: row v and riemannian gradient only
 
-the algorithm of :mod:`spherenet.optim.riemannian_adam` (whose native CPU kernel has the same
-signature as :func:`sphere_adam_`; ``project``: the riemannian gradient).
+the algorithm of :func:`spherenet.kernels.sphere_adam_` (the native CPU operator has the same
+arguments as :func:`sphere_adam_rows_`; ``project``: the riemannian gradient).
 
 Few launches: the tensors of one call are grouped by device, dtype and row length, and each group
 is one launch over a table of (tensor, block of rows) work items, the tensors reached through a
@@ -23,9 +24,9 @@ matrices of one width is one launch, however many layers it has. On CPU tensors 
 only under Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported), which is how
 the tests run them; float64 parameters are stepped in float32.
 
-:func:`normalize_rows_` is the paper's renormalization after a Euclidean step (``adam_normalize``,
+:func:`normalize_rows_triton_` is the paper's renormalization after a Euclidean step (``adam_normalize``,
 :func:`spherenet.optim.normalize_`) as one pass of the same shape: 8 bytes per float32 parameter;
-:func:`sphere_muon_tail_` is :class:`spherenet.optim.SphericalMuon`'s step after Newton-Schulz.
+:func:`sphere_muon_tail_triton_` is :class:`spherenet.optim.SphericalMuon`'s step after Newton-Schulz.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["sphere_adam_", "sphere_muon_tail_", "normalize_rows_", "launch_groups"]
+__all__ = ["sphere_adam_rows_", "sphere_muon_tail_triton_", "normalize_rows_triton_", "launch_groups"]
 
 ELEMENTS_PER_PROGRAM = 4096
 
@@ -212,7 +213,7 @@ def _launch(kernel, device, d: int, tensors: list[list[torch.Tensor]], *args, **
         )
 
 
-def sphere_adam_(
+def sphere_adam_rows_(
     xs, gs, ms, vs, step_sizes, bias2_sqrts, beta1: float, beta2: float, eps: float, tiny: float,
     row_v: bool, project: bool,
 ) -> None:  # fmt: skip  # the native kernel's signature, argument for argument
@@ -227,7 +228,7 @@ def sphere_adam_(
         named = [[("gradient", gs[i]), ("exp_avg", ms[i]), ("exp_avg_sq", vs[i]), ("parameter", xs[i])] for i in idx]
         _check(
             "sphere_adam_",
-            "; use sphere_kernel='native' or 'foreach' on CPU",
+            "; use the native or foreach implementation on CPU",
             device,
             [pair for tensors in named for pair in tensors],
         )
@@ -247,7 +248,7 @@ def sphere_adam_(
         )  # fmt: skip  # one launch per group
 
 
-def sphere_muon_tail_(xs, updates, ms, step_sizes, project_update: bool, tiny: float = 1e-30) -> None:
+def sphere_muon_tail_triton_(xs, updates, ms, step_sizes, project_update: bool, tiny: float = 1e-30) -> None:
     """The element-wise tail of :class:`spherenet.optim.SphericalMuon`'s step, after
     Newton-Schulz, in one pass (read x, O, M; write x, M: 20 bytes per float32 parameter, where
     the ``_foreach`` passes move about 64)::
@@ -274,7 +275,7 @@ def sphere_muon_tail_(xs, updates, ms, step_sizes, project_update: bool, tiny: f
         )  # fmt: skip  # one launch per group
 
 
-def normalize_rows_(xs, tiny: float = 1e-30) -> None:
+def normalize_rows_triton_(xs, tiny: float = 1e-30) -> None:
     """``x <- x / ||x||`` row by row, in place, for every tensor of ``xs`` (the sphere's ``retr``,
     Section 2.6 step 2): one read and one write per element (8 bytes per float32 parameter),
     norms in float32, a zero row left zero. Every tensor must be contiguous. One launch per
