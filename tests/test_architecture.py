@@ -19,14 +19,14 @@ LIBRARY = ROOT / "spherenet"
 MAY_IMPORT: dict[str, set[str]] = {
     "manifolds": set(),
     "kernels": {"manifolds"},
-    "layers": {"manifolds"},
+    "layers": {"manifolds", "kernels"},
     "optim": {"manifolds", "kernels"},
-    "models": {"manifolds", "layers", "optim"},
-    "analysis": {"manifolds", "layers", "optim", "models"},
+    "models": {"manifolds", "kernels", "layers", "optim"},
+    "analysis": {"manifolds", "kernels", "layers", "optim", "models"},
     "data": set(),
     "checkpoint": set(),
-    "train": {"manifolds", "layers", "optim", "models", "data", "checkpoint"},
-    "__main__": {"manifolds", "layers", "optim", "models", "analysis", "data", "checkpoint", "train"},
+    "train": {"manifolds", "kernels", "layers", "optim", "models", "data", "checkpoint"},
+    "__main__": {"manifolds", "kernels", "layers", "optim", "models", "analysis", "data", "checkpoint", "train"},
 }
 APPLICATIONS = ("recipes", "benchmarks", "tests")  # they import the library, never the reverse
 

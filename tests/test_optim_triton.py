@@ -215,14 +215,14 @@ def test_spherenet_kernels_triton_makes_auto_pick_the_triton_kernel():
     import sys
 
     code = (
-        "from spherenet.kernels._choice import _wanted as r; "
-        "print(r('auto', 'cpu'), r('auto', 'cuda'), r('native', 'cpu'))"
+        "from spherenet.kernels.resolve import resolve; from spherenet.kernels.sphere_adam import SPHERE_ADAM as op; "
+        "print(resolve(op, None, 'cpu'), resolve(op, None, 'cuda'), resolve(op, 'native', 'cpu'))"
     )
     import os
 
     for setting, want in (
         ("triton", "triton triton native"),
-        ("torch", "native foreach native"),
+        ("torch", "torch torch native"),
         ("", "native triton native"),
     ):
         env = dict(os.environ, SPHERENET_KERNELS=setting)
@@ -260,7 +260,7 @@ def test_normalize_rows_matches_the_float64_reference(rows, d):
 def test_normalize_hook_takes_the_triton_kernel_where_the_optimizer_does(monkeypatch):
     """``adam_normalize``'s tail (normalize_) on the Triton kernel under SPHERENET_KERNELS=triton,
     equal to the _foreach path's result."""
-    from spherenet.kernels import _choice as kernel_choice
+    from spherenet.kernels import resolve as kernel_choice
     from spherenet.models import from_preset
     from spherenet.optim import normalize_
 
@@ -311,7 +311,7 @@ def test_muon_tail_matches_the_float64_reference(project_update, rows, d):
 def test_spherical_muon_takes_the_triton_tail_under_spherenet_kernels_triton(monkeypatch):
     """SphericalMuon with the Triton tail equals its foreach path over several steps, and the
     tail ran once per matrix per step."""
-    from spherenet.kernels import _choice as kernel_choice
+    from spherenet.kernels import resolve as kernel_choice
     from spherenet.models import from_preset
     from spherenet.optim import SphericalMuon
 
@@ -386,7 +386,7 @@ def test_auto_leaves_float64_parameters_to_the_float64_foreach_step(monkeypatch)
     """The Triton kernel computes in float32: under "auto" (the CUDA default, and every device's
     with SPHERENET_KERNELS=triton) float64 parameters take the foreach path and keep float64
     precision; asking for sphere_kernel="triton" by name still steps them there, in float32."""
-    from spherenet.kernels import _choice as kernel_choice
+    from spherenet.kernels import resolve as kernel_choice
     from spherenet.manifolds import declare_sphere
     from spherenet.optim.riemannian_adam import RiemannianAdam
 

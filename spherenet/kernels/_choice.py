@@ -1,39 +1,35 @@
-"""Which implementation of a row op (sphere-Adam, row normalization, the spherical-Muon tail)
-steps which tensors: each op hands in its table (name -> function, one signature) and the
-requested name, and the tensors are grouped by the implementation that takes them.
+"""Running a row op (sphere-Adam, row normalization, the spherical-Muon tail) with the
+implementation the resolver names, tensor by tensor.
 
-``None`` (or ``"auto"``): native on CPU, Triton on CUDA, the reference (``"foreach"``)
-elsewhere; ``SPHERENET_KERNELS=triton``: Triton on every device (CPU tensors under
-``TRITON_INTERPRET=1``), ``=torch``: never Triton. A named implementation is used where it can be
-(``"native"``: CPU tensors), the reference elsewhere. Either way a tensor goes to the reference
-when the chosen implementation is not in the op's table, its dtype is not one that
-implementation takes, or its tensors are not contiguous and of the parameter's dtype. An
-implementation chosen by ``None`` that cannot run (not built, Triton missing) is warned about
-once and the reference takes its tensors.
+:func:`spherenet.kernels.resolve.resolve` names the implementation for the tensors' device type
+(the op's argument, a ``use()`` block, ``SPHERENET_KERNELS``, the op's ``auto`` table). The row
+ops then send a tensor to their plain-torch reference where that implementation cannot take it:
+``"native"`` on a tensor that is not on the CPU, a dtype the implementation does not compute in
+(Triton: float32, bf16, fp16, and float64 in float32 only when named explicitly), tensors that
+are not contiguous and of the parameter's dtype, or an implementation chosen without being named
+that cannot run here (not built, Triton missing: warned about once).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import warnings
 
 import torch
 
-__all__ = ["IMPLEMENTATION_CHOICES", "implementation_status", "run_by_implementation"]
+from .resolve import Op, resolve
 
-IMPLEMENTATION_CHOICES = ("auto", "native", "triton", "foreach")
-_ENVIRONMENT = os.environ.get("SPHERENET_KERNELS", "").strip().lower()
+__all__ = ["implementation_status", "run"]
+
 _DTYPES = {
     "native": (torch.float32, torch.float64, torch.bfloat16, torch.float16),
-    # float64 is stepped in float32 by Triton: only when asked for by name
     "triton": (torch.float32, torch.bfloat16, torch.float16),
 }
 _warned: set[tuple[str, str]] = set()
 
 
 def implementation_status(name: str) -> tuple[bool, str | None]:
-    """Whether ``name`` can run here, and why not."""
+    """Whether the implementation ``name`` can run here, and why not."""
     if name == "native":
         from . import native
 
@@ -43,50 +39,39 @@ def implementation_status(name: str) -> tuple[bool, str | None]:
     return True, None
 
 
-def _wanted(requested: str, device_type: str) -> str:
-    if requested == "auto":
-        if _ENVIRONMENT == "triton":
-            return "triton"
-        if _ENVIRONMENT == "torch" and device_type == "cuda":
-            return "foreach"
-        return {"cpu": "native", "cuda": "triton"}.get(device_type, "foreach")
-    if requested == "native" and device_type != "cpu":
-        return "foreach"
-    return requested
-
-
-def _fits(name: str, tensors: list[torch.Tensor], explicit: bool) -> bool:
+def _fits(name: str, tensors: list[torch.Tensor], named: bool) -> bool:
     x = tensors[0]
-    dtypes = _DTYPES[name] + ((torch.float64,) if explicit and name == "triton" else ())
+    if name == "native" and x.device.type != "cpu":
+        return False
+    dtypes = _DTYPES[name] + ((torch.float64,) if named and name == "triton" else ())
     return x.dtype in dtypes and all(t.is_contiguous() and t.dtype == x.dtype for t in tensors)
 
 
-def run_by_implementation(op: str, table: dict, requested: str | None, lists, options: dict, checked: int = 4) -> None:
-    """Call ``table[name](*sublists, **options)`` once per implementation ``name``, each with the
-    positions of ``lists`` it takes; the first ``checked`` lists hold the tensors whose layout
-    decides (the parameter first)."""
-    requested = "auto" if requested is None else requested
-    if requested not in IMPLEMENTATION_CHOICES:
-        raise ValueError(f"{op}: implementation must be one of {IMPLEMENTATION_CHOICES} or None, got {requested!r}")
+def run(op: Op, requested: str | None, lists, options: dict, checked: int) -> None:
+    """Call ``op.implementations[name](*sublists, **options)`` once per implementation ``name``,
+    each with the positions of ``lists`` it takes. The first ``checked`` lists hold the tensors
+    whose layout decides (the parameter first); a tensor no other implementation takes goes to
+    ``"reference"``."""
+    named = requested not in (None, "auto")
     by_name: dict[str, list[int]] = {}
     for i, x in enumerate(lists[0]):
-        name = _wanted(requested, x.device.type)
-        tensors = [lst[i] for lst in lists[:checked]]
-        if name != "foreach" and (name not in table or not _fits(name, tensors, requested == name)):
-            name = "foreach"
+        name = resolve(op, requested, x.device.type)
+        if name in _DTYPES and not _fits(name, [lst[i] for lst in lists[:checked]], named):
+            name = "reference"
         by_name.setdefault(name, []).append(i)
-    for name in [n for n in by_name if n != "foreach"]:
+    for name in [n for n in by_name if n in _DTYPES]:
         available, reason = implementation_status(name)
-        if available or requested == name:  # a named choice was checked by whoever named it
+        if available or named:  # a named implementation was checked by whoever named it
             continue
-        if (op, name) not in _warned:
-            _warned.add((op, name))
+        if (op.name, name) not in _warned:
+            _warned.add((op.name, name))
             warnings.warn(
-                f"{op}: the {name} implementation is unavailable ({reason}); using the foreach one (same step, slower)",
+                f"{op.name}: the {name} implementation is unavailable ({reason}); using the reference (same step, "
+                "slower)",
                 RuntimeWarning,
                 stacklevel=4,
             )
-        by_name.setdefault("foreach", []).extend(by_name.pop(name))
+        by_name.setdefault("reference", []).extend(by_name.pop(name))
     for name, idx in by_name.items():
         whole = len(idx) == len(lists[0])
-        table[name](*(lst if whole else [lst[i] for i in idx] for lst in lists), **options)
+        op.implementations[name](*(lst if whole else [lst[i] for i in idx] for lst in lists), **options)

@@ -25,10 +25,10 @@ an object with ``proju_(xs, us)`` (step 2, in place), ``step_(xs, directions, lr
 ``blocks(lists)`` (how the lists may be cut while stepping).
 
 Implementations, registered below under one signature and computing the same step to float
-rounding: ``"foreach"`` (this module's reference, any device), ``"native"`` (one fused C++ pass
+rounding: ``"reference"`` (this module's ``_foreach`` passes, any device; also ``"torch"``), ``"native"`` (one fused C++ pass
 per row, CPU; :mod:`spherenet.kernels.native`) and ``"triton"`` (one launch per dtype and row
 length; :mod:`spherenet.kernels.sphere_rows_triton`). ``implementation=None`` lets the
-resolver choose per tensor.
+resolver (:mod:`spherenet.kernels.resolve`) choose.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ import math
 
 import torch
 
-from ._choice import run_by_implementation
+from . import _choice
+from .resolve import Op
 from .sphere_rows import ROW_SPHERE, TINY, RowOps
 
-__all__ = ["sphere_adam_", "SECOND_MOMENTS", "GRADIENTS", "IMPLEMENTATIONS"]
+__all__ = ["sphere_adam_", "SPHERE_ADAM", "SECOND_MOMENTS", "GRADIENTS"]
 
 SECOND_MOMENTS = ("element", "row")
 GRADIENTS = ("riemannian", "euclidean")
@@ -128,8 +129,18 @@ def _sphere_adam_triton(
     )  # fmt: skip  # the native operator's order
 
 
-#: implementation name -> function, all with :func:`sphere_adam_`'s arguments.
-IMPLEMENTATIONS = {"foreach": _sphere_adam_foreach, "native": _sphere_adam_native, "triton": _sphere_adam_triton}
+#: The op: its implementations, all with :func:`sphere_adam_`'s arguments ("torch" is the reference:
+#: torch's foreach kernels), and what ``"auto"`` takes per device type.
+SPHERE_ADAM = Op(
+    "sphere_adam_",
+    implementations={
+        "reference": _sphere_adam_foreach,
+        "torch": _sphere_adam_foreach,
+        "native": _sphere_adam_native,
+        "triton": _sphere_adam_triton,
+    },
+    auto={"cpu": "native", "cuda": "triton", "*": "torch"},
+)
 
 
 def sphere_adam_(
@@ -154,9 +165,10 @@ def sphere_adam_(
     (``exp_avg_sqs[i]`` of the parameter's shape, or ``shape[:-1] + (1,)`` with
     ``second_moment="row"``), ``steps`` 0-d float32 counters, each moved by one. ``manifold``:
     ``None`` for the unit sphere along the last dimension, else another manifold's operations
-    (the module docstring; the ``"foreach"`` implementation only). ``implementation``:
-    ``"foreach"``, ``"native"``, ``"triton"`` or ``None`` (chosen per tensor: native on CPU,
-    Triton on CUDA, the reference for the tensors they cannot take)."""
+    (the module docstring; the reference only). ``implementation``:
+    a name of :data:`spherenet.kernels.VALUES` (``"reference"`` and ``"torch"`` are the foreach
+    reference), or ``None``: the resolver's choice (:mod:`spherenet.kernels.resolve`; native on
+    CPU, Triton on CUDA), the reference for the tensors those cannot take."""
     if second_moment not in SECOND_MOMENTS:
         raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
     if gradient not in GRADIENTS:
@@ -170,6 +182,6 @@ def sphere_adam_(
         lr=float(lr), beta1=float(beta1), beta2=float(beta2), eps=float(eps),
         second_moment=second_moment, gradient=gradient, manifold=manifold,
     )  # fmt: skip  # the signature's order
-    if manifold is not None:
-        implementation = "foreach" if implementation is None else implementation
-    run_by_implementation("sphere_adam_", IMPLEMENTATIONS, implementation, lists, options)
+    if manifold is not None and implementation in (None, "auto"):
+        implementation = "reference"  # the fused kernels step the unit sphere's rows only
+    _choice.run(SPHERE_ADAM, implementation, lists, options, checked=4)

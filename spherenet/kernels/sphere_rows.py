@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..manifolds.geodesic import TINY
+from .resolve import Op
 
 __all__ = ["RowOps", "RowSphere", "ROW_SPHERE", "waves", "TINY", "WAVE_BYTES", "normalize_rows_", "sphere_muon_tail_"]
 
@@ -241,11 +242,12 @@ def _normalize_rows_triton(xs: list[torch.Tensor]) -> None:
 def normalize_rows_(xs: list[torch.Tensor], *, implementation: str | None = None) -> None:
     """``x <- x / ||x||`` row by row, in place, for every tensor of ``xs`` (the sphere's ``retr``,
     ``Norm`` of Section 2.2.2; the paper's renormalization after a Euclidean step, Section 2.6
-    step 2). A zero row stays zero. ``implementation``: ``"foreach"`` (the reference),
-    ``"triton"`` (one read and one write per element) or ``None`` (chosen per tensor)."""
-    from ._choice import run_by_implementation
+    step 2). A zero row stays zero. ``implementation``: ``"reference"`` / ``"torch"``
+    (``_foreach`` passes), ``"triton"`` (one read and one write per element) or ``None`` (the
+    resolver's choice, :mod:`spherenet.kernels.resolve`)."""
+    from . import _choice
 
-    run_by_implementation("normalize_rows_", NORMALIZE_ROWS, implementation, (xs,), {})
+    _choice.run(NORMALIZE_ROWS, implementation, (xs,), {}, checked=1)
 
 
 def _sphere_muon_tail_foreach(xs, updates, ms, step_sizes, *, project_update: bool) -> None:
@@ -274,14 +276,30 @@ def sphere_muon_tail_(xs, updates, ms, step_sizes, *, project_update: bool, impl
         M = M - <x, M> x      the momentum at the new point
 
     ``implementation`` as for :func:`normalize_rows_`."""
-    from ._choice import run_by_implementation
+    from . import _choice
 
-    run_by_implementation(
-        "sphere_muon_tail_", SPHERE_MUON_TAIL, implementation, (xs, updates, ms, step_sizes),
-        {"project_update": project_update}, checked=3,
-    )  # fmt: skip  # one call
+    _choice.run(
+        SPHERE_MUON_TAIL, implementation, (xs, updates, ms, step_sizes), {"project_update": project_update}, checked=3
+    )
 
 
-#: implementation name -> function, each table's functions with their op's arguments.
-NORMALIZE_ROWS = {"foreach": _normalize_rows_foreach, "triton": _normalize_rows_triton}
-SPHERE_MUON_TAIL = {"foreach": _sphere_muon_tail_foreach, "triton": _sphere_muon_tail_triton}
+#: The ops, each with its implementations under its signature ("torch" is the reference) and what
+#: ``"auto"`` takes per device type.
+NORMALIZE_ROWS = Op(
+    "normalize_rows_",
+    implementations={
+        "reference": _normalize_rows_foreach,
+        "torch": _normalize_rows_foreach,
+        "triton": _normalize_rows_triton,
+    },
+    auto={"cuda": "triton", "*": "torch"},
+)
+SPHERE_MUON_TAIL = Op(
+    "sphere_muon_tail_",
+    implementations={
+        "reference": _sphere_muon_tail_foreach,
+        "torch": _sphere_muon_tail_foreach,
+        "triton": _sphere_muon_tail_triton,
+    },
+    auto={"cuda": "triton", "*": "torch"},
+)

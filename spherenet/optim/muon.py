@@ -63,8 +63,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ..kernels import sphere_muon_tail_
-from ..kernels.sphere_rows import RowOps
+from ..kernels.sphere_rows import RowOps, sphere_muon_tail_
 from ..manifolds import geometry_for
 from ._checks import check_off_sphere, check_positive_float, check_sphere_layout, ensure_on_sphere, is_dtensor, local
 from .groups import EUCLIDEAN, SPHERE, _names_of, known_manifolds

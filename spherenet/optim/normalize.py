@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ..kernels import normalize_rows_
+from ..kernels.sphere_rows import normalize_rows_
 from ..manifolds import named_sphere_parameters
 from ._checks import check_sphere_layout, local
 

@@ -45,9 +45,8 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
-from ..kernels import sphere_adam_
-from ..kernels._choice import IMPLEMENTATION_CHOICES, implementation_status
-from ..kernels.sphere_adam import GRADIENTS, SECOND_MOMENTS
+from ..kernels._choice import implementation_status
+from ..kernels.sphere_adam import GRADIENTS, SECOND_MOMENTS, sphere_adam_
 from ..manifolds import GeometryLists, geometry_for
 from ._checks import (
     ModelWatch,
@@ -62,8 +61,9 @@ from .groups import EUCLIDEAN, SPHERE, _names_of, check_groups, describe, known_
 
 __all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS"]
 
-#: The values of ``sphere_kernel``: the implementation of :func:`spherenet.kernels.sphere_adam_`.
-SPHERE_KERNELS = IMPLEMENTATION_CHOICES
+#: The values of ``sphere_kernel``: the implementation of :func:`spherenet.kernels.sphere_adam_`
+#: (``"foreach"``: its plain-torch reference, the resolver's ``"torch"``).
+SPHERE_KERNELS = ("auto", "native", "triton", "foreach")
 
 
 class RiemannianAdam(Optimizer):
@@ -305,7 +305,7 @@ class RiemannianAdam(Optimizer):
         if not xs:
             return
         if on_sphere:
-            manifold, implementation = None, self.sphere_kernel
+            manifold, implementation = None, {"foreach": "torch"}.get(self.sphere_kernel, self.sphere_kernel)
             if new:
                 names = _names_of(self.param_groups)
                 for i in new:
@@ -318,7 +318,7 @@ class RiemannianAdam(Optimizer):
             for p, x in zip(params, xs):
                 if "geometry" not in self.state[p]:
                     self.state[p].update(geometry.init_state(x, like=p), geometry=geometry.name)
-            manifold, implementation = GeometryLists(geometry, [self.state[p] for p in params], params), "foreach"
+            manifold, implementation = GeometryLists(geometry, [self.state[p] for p in params], params), "reference"
         b1, b2 = group["betas"]
         sphere_adam_(
             xs, gs, ms, vs, steps, lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"],

@@ -1,0 +1,133 @@
+"""Which implementation runs an accelerated op: the one resolver, for the layer ops and the
+optimizer's steps alike.
+
+Every op of :mod:`spherenet.kernels` has implementations with the same signature and the same
+values (to float rounding), named from one set, :data:`VALUES`:
+
+- ``"reference"``: plain torch, written in the algorithm's order (every intermediate kept for
+  autograd). The readable definition, and what the others are tested against.
+- ``"torch"``: torch alone, fused where it pays: autograd functions that keep fewer activations,
+  torch's foreach and fused kernels.
+- ``"native"``: C++ (``torch.ops.spherenet``, compiled on first use), for CPU tensors.
+- ``"triton"``: Triton kernels, for CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1``).
+- ``"auto"``: the op's own choice for the tensors' device type (its :attr:`Op.auto` table).
+
+An op declares its implementations in one table and what ``"auto"`` takes per device type, as an
+:class:`Op`; :func:`resolve` names the implementation to run. The choice, first that applies:
+
+1. the op's explicit argument (the optimizer's ``sphere_kernel=``), unless ``None`` or ``"auto"``;
+   an implementation the op lacks is a ``ValueError``;
+2. the innermost ``with use(name):`` block;
+3. the environment variable ``SPHERENET_KERNELS``, read once, at import (unset: ``"auto"``);
+4. ``"auto"``.
+
+A name from 2 or 3 covers every op, so an op that lacks it takes its ``"auto"`` choice instead:
+``SPHERENET_KERNELS=triton`` leaves the scaled linear (which has no Triton kernel: its scale is
+folded into the matmul) on ``"torch"``. ``SPHERENET_KERNELS=reference`` runs every op's plain
+reference; ``=torch`` keeps everything in torch (no C++ build, no Triton). Whether the named
+implementation can run for given tensors (Triton installed, a dtype it computes in, the native
+kernel built) is the op's business: it may fall back, and says so where it does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+
+__all__ = ["VALUES", "ENVIRONMENT_VARIABLE", "Op", "resolve", "check", "use", "active", "checkpoint"]
+
+IMPLEMENTATIONS = ("reference", "torch", "native", "triton")
+VALUES = ("auto", *IMPLEMENTATIONS)
+ENVIRONMENT_VARIABLE = "SPHERENET_KERNELS"
+
+
+def check(value: str, what: str = "kernel implementation") -> str:
+    """``value`` if it is one of :data:`VALUES`, else a ``ValueError`` naming ``what``, the value
+    and the allowed ones."""
+    if value not in VALUES:
+        raise ValueError(f"{what} must be one of {', '.join(VALUES)}, got {value!r}")
+    return value
+
+
+def _from_environment() -> str:
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "").strip().lower() or "auto"
+    return check(value, ENVIRONMENT_VARIABLE)
+
+
+_ENVIRONMENT = _from_environment()
+_scope: str | None = None  # the innermost use() block's name
+
+
+@dataclass(frozen=True)
+class Op:
+    """An accelerated op: ``implementations`` maps each name of :data:`VALUES` it has (never
+    ``"auto"``) to whatever the op runs (a function, or a kernel name the op's code knows);
+    ``auto`` maps a device type (``"cpu"``, ``"cuda"``, ...) to the implementation ``"auto"``
+    takes there, ``"*"`` to the one for every other device type."""
+
+    name: str
+    implementations: Mapping[str, Any]
+    auto: Mapping[str, str]
+
+    def __post_init__(self):
+        unknown = [k for k in self.implementations if k not in IMPLEMENTATIONS]
+        if unknown:
+            raise ValueError(f"op {self.name}: implementations {unknown} are not among {', '.join(IMPLEMENTATIONS)}")
+        if "*" not in self.auto:
+            raise ValueError(f"op {self.name}: its auto table needs a '*' entry (every other device type)")
+        missing = sorted({v for v in self.auto.values() if v not in self.implementations})
+        if missing:
+            raise ValueError(f"op {self.name}: auto names {missing}, which it does not implement")
+
+
+def resolve(op: Op, requested: str | None = None, device_type: str = "cpu") -> str:
+    """The name of the implementation of ``op`` to run on tensors of ``device_type``, by the order
+    of the module docstring; ``requested`` is the op's explicit argument."""
+    if requested is not None and requested != "auto":
+        if requested not in op.implementations:
+            check(requested, f"{op.name}'s implementation")
+            raise ValueError(
+                f"{op.name} has no {requested!r} implementation; it has {', '.join(op.implementations)} (or 'auto')"
+            )
+        return requested
+    name = _scope or _ENVIRONMENT
+    if name == "auto" or name not in op.implementations:
+        return op.auto.get(device_type, op.auto["*"])
+    return name
+
+
+def active() -> str:
+    """The name every op not given an explicit one follows now: the innermost :func:`use`
+    block's, else ``SPHERENET_KERNELS``'s, else ``"auto"``."""
+    return _scope or _ENVIRONMENT
+
+
+@contextlib.contextmanager
+def use(name: str):
+    """Within the ``with`` block every op not given an explicit implementation follows ``name``
+    (one of :data:`VALUES`); the previous choice is restored on exit. Under ``torch.compile`` the
+    choice is fixed when the graph is traced."""
+    global _scope
+    check(name)
+    previous, _scope = _scope, name
+    try:
+        yield
+    finally:
+        _scope = previous
+
+
+def checkpoint(function, *args):
+    """``torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)`` whose
+    recomputation in the backward pass runs the implementations of the forward pass (a backward
+    run outside the forward's ``with use(...)`` block recomputes the same graph)."""
+    if torch.compiler.is_compiling():
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
+    name = active()
+    contexts = lambda: (contextlib.nullcontext(), use(name))  # noqa: E731  (forward, recomputation)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=contexts)

@@ -1,0 +1,106 @@
+"""The one resolver of spherenet.kernels: its order (argument, use() block, SPHERENET_KERNELS,
+the op's auto table), its refusals, and the shared Triton helpers' constants."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from spherenet import kernels
+from spherenet.kernels import resolve as resolve_module
+from spherenet.kernels.resolve import Op, resolve, use
+
+OP = Op("demo", implementations={"reference": 0, "torch": 1, "triton": 2}, auto={"cuda": "triton", "*": "torch"})
+
+
+def test_auto_follows_the_device_table():
+    assert resolve(OP, None, "cpu") == "torch"
+    assert resolve(OP, "auto", "cuda") == "triton"
+    assert resolve(OP, None, "xpu") == "torch"
+
+
+def test_the_argument_beats_a_use_block_which_beats_auto():
+    with use("reference"):
+        assert resolve(OP, None, "cuda") == "reference"
+        assert resolve(OP, "triton", "cpu") == "triton"
+        with use("auto"):
+            assert resolve(OP, None, "cuda") == "triton"
+        assert kernels.active() == "reference"
+    assert kernels.active() == "auto"
+
+
+def test_a_scope_naming_an_implementation_the_op_lacks_takes_its_auto_choice():
+    with use("native"):
+        assert resolve(OP, None, "cuda") == "triton"
+        assert resolve(OP, None, "cpu") == "torch"
+
+
+def test_refusals_name_the_value_and_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"demo has no 'native' implementation; it has reference, torch, triton"):
+        resolve(OP, "native", "cpu")
+    with pytest.raises(ValueError, match=r"must be one of auto, reference, torch, native, triton, got 'cuda'"):
+        resolve(OP, "cuda", "cpu")
+    with pytest.raises(ValueError, match=r"got 'fast'"), use("fast"):
+        pass
+    with pytest.raises(ValueError, match=r"auto names \['native'\]"):
+        Op("bad", implementations={"torch": 0}, auto={"*": "native"})
+    with pytest.raises(ValueError, match=r"'\*' entry"):
+        Op("bad", implementations={"torch": 0}, auto={"cpu": "torch"})
+    with pytest.raises(ValueError, match=r"\['foreach'\] are not among"):
+        Op("bad", implementations={"foreach": 0}, auto={"*": "foreach"})
+
+
+def _in_subprocess(code: str, value: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPHERENET_KERNELS": value}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_environment_is_read_once_with_the_same_values():
+    code = (
+        "from spherenet.kernels.resolve import Op, resolve, active\n"
+        "op = Op('demo', {'reference': 0, 'torch': 1}, {'*': 'torch'})\n"
+        "print(active(), resolve(op, None, 'cpu'))"
+    )
+    assert _in_subprocess(code, "reference").stdout.split() == ["reference", "reference"]
+    assert _in_subprocess(code, " Triton ").stdout.split() == ["triton", "torch"]  # lacks triton: auto
+    bad = _in_subprocess(code, "foreach")
+    assert bad.returncode != 0 and "SPHERENET_KERNELS must be one of auto, reference, torch" in bad.stderr
+
+
+def test_the_optimizer_keeps_its_defaults_through_the_resolver():
+    from spherenet.kernels.sphere_adam import SPHERE_ADAM
+
+    def chosen(requested, device_type):
+        return resolve_module.resolve(SPHERE_ADAM, requested, device_type)
+
+    assert resolve_module.active() == "auto"
+    assert [chosen(None, d) for d in ("cpu", "cuda", "mps")] == ["native", "triton", "torch"]
+    assert chosen("torch", "cuda") == "torch"
+    assert chosen("triton", "cpu") == "triton"
+    with use("torch"):  # SPHERENET_KERNELS=torch: torch alone, no C++ build and no Triton
+        assert [chosen(None, d) for d in ("cpu", "cuda")] == ["torch", "torch"]
+    with use("triton"):
+        assert chosen(None, "cpu") == "triton"
+
+
+def test_the_one_tiny_is_the_references():
+    pytest.importorskip("triton")
+    from spherenet.kernels import _triton
+    from spherenet.manifolds.geodesic import TINY
+
+    assert _triton.TINY == TINY[torch.float32] == 1e-30
+
+
+def test_tiles_and_warps_keep_both_callers_launch_shapes():
+    pytest.importorskip("triton")
+    from spherenet.kernels._triton import blocks, warps
+
+    assert blocks(64) == (64, 64) and blocks(100) == (128, 32) and blocks(5000) == (8192, 1)
+    assert blocks(3) == (4, 64)
+    # layer ops: 4..16 warps from the tile; optimizer: 8..32 (its former max(8, min(32, BLOCK_D // 512)))
+    for d in (1, 3, 64, 100, 768, 4096, 5000, 20000, 70000):
+        block_d, rows = blocks(d)
+        assert warps(block_d * rows, fewest=8, most=32) == max(8, min(32, block_d // 512))
+    assert [warps(t) for t in (256, 2048, 4096, 8192, 65536)] == [4, 4, 8, 16, 16]
