@@ -106,9 +106,9 @@ def _refuse_manifold(manifold, name: str) -> None:
 def _sphere_adam_native(
     params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, second_moment, gradient, manifold
 ) -> None:
+    _refuse_manifold(manifold, "native")
     from . import native
 
-    _refuse_manifold(manifold, "native")
     step_sizes, bias2_sqrts = _bias_corrected_scalars(steps, lr, beta1, beta2)
     native.sphere_adam_op()(
         params, grads, exp_avgs, exp_avg_sqs, step_sizes, bias2_sqrts, beta1, beta2, eps,
@@ -119,9 +119,9 @@ def _sphere_adam_native(
 def _sphere_adam_triton(
     params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, second_moment, gradient, manifold
 ) -> None:
+    _refuse_manifold(manifold, "triton")
     from .sphere_rows_triton import sphere_adam_rows_  # imports Triton: only when it is used
 
-    _refuse_manifold(manifold, "triton")
     step_sizes, bias2_sqrts = _bias_corrected_scalars(steps, lr, beta1, beta2)
     sphere_adam_rows_(
         params, grads, exp_avgs, exp_avg_sqs, step_sizes, bias2_sqrts, beta1, beta2, eps,

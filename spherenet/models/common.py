@@ -33,12 +33,6 @@ def check_positive_field(config, name: str, allow_none: bool = False) -> None:
         raise ValueError(f"{type(config).__name__}.{name} must be a finite number > 0, got {value!r}")
 
 
-def check_finite_float(config, name: str) -> None:
-    value = getattr(config, name)
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
-        raise ValueError(f"{type(config).__name__}.{name} must be a finite number, got {value!r}")
-
-
 def check_choice(config, name: str, choices) -> None:
     value = getattr(config, name)
     if value not in choices:

@@ -7,8 +7,8 @@ streams each tensor once, like ``torch.optim.Adam(fused=True)``.
 
 It is built with ``torch.utils.cpp_extension`` (a C++17 compiler and ninja are needed; the
 ``ninja`` package is a dependency of spherenet) into ``TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``), once per machine: about 15 s on 2 cores. Building is skipped,
-and the optimizers use their ``_foreach`` path, when ``SPHERENET_NATIVE=0`` is set.
+``~/.cache/torch_extensions``), once per machine. Building is skipped,
+and the optimizers use the plain-torch reference, when ``SPHERENET_NATIVE=0`` is set.
 The module name carries the CPU instruction set torch selected (``AVX2``, ``AVX512``, ...), so
 one cache directory shared by different machines never loads code built for another CPU, and a
 hash of the source, the flags and the torch version, so a library found there under that name
