@@ -6,8 +6,8 @@ d_MLP (4 d), vocabulary and context (the presets ``ngpt-SIZE`` and ``gpt-SIZE`` 
 overrides); each gets its paper recipe from ``spherenet.optim.build_optimizer`` (nGPT:
 ``riemannian_adam``; GPT: ``adamw``, Table 3). "torch.compile" is ``torch.compile(model)``
 (forward and backward graphs; the optimizer step stays eager, as in training). nGPT's eager
-forward uses the fused autograd functions of ``spherenet.layers.fused`` (``ops.use("torch")``) (the default);
-``--variants [plain] [checkpointed]`` adds the contenders "eager, plain autograd" (nGPT with ``ops.use("reference")``,
+forward uses the fused autograd functions of ``spherenet.kernels`` (``kernels.use("torch")``) (the default);
+``--variants [plain] [checkpointed]`` adds the contenders "eager, plain autograd" (nGPT with ``kernels.use("reference")``,
 compared with GPT's eager time) and "eager, activation checkpointing" (both models,
 ``set_activation_checkpointing(True)``).
 
@@ -49,7 +49,7 @@ from _machine import (  # benchmarks/ is on sys.path
     sync,
 )
 
-from spherenet.layers import ops
+from spherenet import kernels
 from spherenet.models import model_from_config, preset_config
 from spherenet.optim import build_optimizer
 from spherenet.train.loop import autocast_context
@@ -139,7 +139,7 @@ def make_step(model, optimizer, scheduler, x, y, device, dtype, mode: str = "eag
     autocast = "bf16" if dtype == "bf16" else "off"
 
     def step():
-        with ops.use(IMPLEMENTATION.get(mode, "torch")):
+        with kernels.use(IMPLEMENTATION.get(mode, "torch")):
             with autocast_context(autocast, device):
                 logits = model(x)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())

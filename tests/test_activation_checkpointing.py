@@ -16,7 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from spherenet.layers import KVCache, ops
+from spherenet import kernels
+from spherenet.layers import KVCache
 from spherenet.models import from_preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors
@@ -50,12 +51,12 @@ def test_same_loss_and_gradients_with_less_kept(kind, saved_bytes):
 
 
 def test_recomputation_uses_the_implementation_of_the_forward():
-    """A forward under ``ops.use("reference")`` whose backward runs after the ``with`` block
+    """A forward under ``kernels.use("reference")`` whose backward runs after the ``with`` block
     recomputes the plain graph (recomputing the fused one would not match what was saved)."""
     model = model_of("ngpt")
     model.set_activation_checkpointing(True)
     ids = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(2))
-    with ops.use("reference"):
+    with kernels.use("reference"):
         loss = F.cross_entropy(model(ids).flatten(0, 1), ids.roll(-1, 1).flatten())
     grads = torch.autograd.grad(loss, list(model.parameters()))
     _, want = loss_and_grads(model, ids)

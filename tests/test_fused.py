@@ -1,4 +1,5 @@
-"""The fused autograd functions of spherenet.layers.fused: exact gradients (gradcheck, float64),
+"""The fused autograd functions of spherenet.kernels (the ops' "torch" implementations): exact
+gradients (gradcheck, float64),
 the values and gradients of the plain autograd versions (float32, float64, bf16, every alpha
 shape, zero norms), and fewer bytes kept for the backward pass in the model."""
 
@@ -13,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spherenet.layers import fused, ops
+from spherenet import kernels
+from spherenet.kernels import activation, norm, residual
 from spherenet.manifolds import lerp, normalize, riemannian_update
 from spherenet.models import preset_config
 from spherenet.models.gpt import GPT
@@ -74,7 +76,7 @@ def plain_swiglu(u, v):
     return u * F.silu(v)
 
 
-UPDATES = {"lerp": (fused.lerp_normalize, lerp), "riemannian": (fused.riemannian_normalize, riemannian_update)}
+UPDATES = {"lerp": (residual.lerp_normalize, lerp), "riemannian": (residual.riemannian_normalize, riemannian_update)}
 TOL = {torch.float64: {"rtol": 1e-12, "atol": 1e-12}, torch.float32: {"rtol": 2e-5, "atol": 2e-6}}
 
 
@@ -94,9 +96,9 @@ def test_norm_and_scaled_norm_and_swiglu_gradcheck(scale_shape):
     x = leaf(torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=_gen(0)))
     s = leaf(torch.rand(scale_shape, dtype=torch.float64, generator=_gen(1)) + 0.5)
     v = leaf(torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=_gen(2)))
-    assert torch.autograd.gradcheck(fused.normalize, (x,))
-    assert torch.autograd.gradcheck(fused.scaled_normalize, (x, s))
-    assert torch.autograd.gradcheck(fused.swiglu, (x, v))
+    assert torch.autograd.gradcheck(norm.normalize_fused, (x,))
+    assert torch.autograd.gradcheck(norm.scaled_normalize_fused, (x, s))
+    assert torch.autograd.gradcheck(activation.swiglu_fused, (x, v))
 
 
 # ------------------------------------------------------------------- same as plain autograd
@@ -116,9 +118,9 @@ def test_norm_scaled_norm_and_swiglu_match_plain(dtype, scale_shape):
     x = 3 * torch.randn(2, 4, 5, 8, dtype=dtype, generator=_gen(5))
     s = torch.rand(scale_shape, dtype=torch.float64, generator=_gen(6)).to(dtype) + 0.5
     v = torch.randn(2, 4, 5, 8, dtype=dtype, generator=_gen(7))
-    assert_same(fused.normalize, normalize, (x,), **TOL[dtype])
-    assert_same(fused.scaled_normalize, plain_scaled_normalize, (x, s), **TOL[dtype])
-    assert_same(fused.swiglu, plain_swiglu, (x, v), **TOL[dtype])
+    assert_same(norm.normalize_fused, normalize, (x,), **TOL[dtype])
+    assert_same(norm.scaled_normalize_fused, plain_scaled_normalize, (x, s), **TOL[dtype])
+    assert_same(activation.swiglu_fused, plain_swiglu, (x, v), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -131,7 +133,7 @@ def test_zero_and_tiny_norms_behave_as_the_plain_clamp(dtype):
     x[0] = 0
     x[1] = x[1] / x[1].norm() * eps * 0.5
     x[2] = x[2] / x[2].norm() * eps * 4
-    out, grads = grads_of(fused.normalize, (x,))
+    out, grads = grads_of(norm.normalize_fused, (x,))
     ref, ref_grads = grads_of(normalize, (x,))
     assert torch.isfinite(grads[0]).all()
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=0)
@@ -157,57 +159,67 @@ def test_bf16_inputs_keep_the_plain_dtypes_and_values():
         assert_same(*pair, (h, b, alpha), **tol)
     x = torch.randn(2, 4, 8, 16, generator=_gen(13)).bfloat16()
     s = torch.rand(4, 1, 16, generator=_gen(14)) + 0.5
-    assert_same(fused.normalize, normalize, (x,), **tol)
-    assert_same(fused.scaled_normalize, plain_scaled_normalize, (x, s), **tol)
-    assert_same(fused.swiglu, plain_swiglu, (x, 2 * x.flip(-1)), **tol)
+    assert_same(norm.normalize_fused, normalize, (x,), **tol)
+    assert_same(norm.scaled_normalize_fused, plain_scaled_normalize, (x, s), **tol)
+    assert_same(activation.swiglu_fused, plain_swiglu, (x, 2 * x.flip(-1)), **tol)
 
 
 def test_use_switches_and_restores_the_implementation():
-    assert ops.active() == "torch"
-    with ops.use("reference"):
-        assert ops.active() == "reference"
-        with ops.use("torch"):
-            assert ops.active() == "torch"
-        assert ops.active() == "reference"
-    assert ops.active() == "torch"
-    with pytest.raises(ValueError, match="kernel implementation must be one of reference, torch, triton, got 'cuda'"):
-        with ops.use("cuda"):
+    assert kernels.active() == "auto"
+    with kernels.use("reference"):
+        assert kernels.active() == "reference"
+        with kernels.use("torch"):
+            assert kernels.active() == "torch"
+        assert kernels.active() == "reference"
+    assert kernels.active() == "auto"
+    with pytest.raises(
+        ValueError, match="kernel implementation must be one of auto, reference, torch, native, triton, got 'cuda'"
+    ):
+        with kernels.use("cuda"):
             pass
-    assert ops.active() == "torch"
+    assert kernels.active() == "auto"
 
 
 def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
-    """Each entry point calls the function of the active implementation, and only that one."""
+    """Each entry point calls the function of the chosen implementation, and only that one; the
+    layer ops take their fused torch functions under "auto"."""
     calls = []
     record = lambda name: lambda *args: calls.append(name) or args[0]  # noqa: E731
-    fake = ops.Implementation(
-        normalize=record("normalize"),
-        qk_normalize=record("qk_normalize"),
-        residual_updates={"lerp": record("lerp"), "slerp": record("slerp"), "riemannian": record("riemannian")},
-        swiglu=record("swiglu"),
-        scaled_linear=record("scaled_linear"),
-    )
-    monkeypatch.setitem(ops.IMPLEMENTATIONS, "fake", fake)
+    ops = {
+        "normalize": kernels.norm.NORMALIZE,
+        "qk_normalize": kernels.norm.QK_NORMALIZE,
+        **kernels.residual.UPDATES,
+        "swiglu": kernels.activation.SWIGLU,
+        "scaled_linear": kernels.linear.SCALED_LINEAR,
+    }
+    assert {name: op.auto for name, op in ops.items()} == {name: {"*": "torch"} for name in ops}
+    for name, op in ops.items():
+        monkeypatch.setitem(op.implementations, "reference", record(name))
     x = torch.ones(2, 4)
-    with ops.use("fake"):
-        ops.normalize(x)
-        ops.qk_normalize(x, x)
+    with kernels.use("reference"):
+        kernels.normalize(x)
+        kernels.qk_normalize(x, x)
         for update in ("lerp", "slerp", "riemannian"):
-            ops.residual_update(update, x, x, x)
-        ops.swiglu(x, x)
-        ops.scaled_linear(x, x, x)
+            kernels.residual_update(update, x, x, x)
+        kernels.swiglu(x, x)
+        kernels.scaled_linear(x, x, x)
     assert calls == ["normalize", "qk_normalize", "lerp", "slerp", "riemannian", "swiglu", "scaled_linear"]
+    kernels.normalize(x)  # "auto": the fused function, not the recorder
+    assert len(calls) == 7
 
 
 @pytest.mark.slow
 def test_the_environment_chooses_the_implementation_at_import():
-    code = "import spherenet.layers.ops as ops; print(ops.active())"
+    code = "import spherenet.kernels as kernels; print(kernels.active())"
     env = dict(os.environ, SPHERENET_KERNELS="reference")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "reference"
     env["SPHERENET_KERNELS"] = "gpu"
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert bad.returncode != 0 and "SPHERENET_KERNELS='gpu' is not one of reference, torch, triton" in bad.stderr
+    assert (
+        bad.returncode != 0
+        and "SPHERENET_KERNELS must be one of auto, reference, torch, native, triton, got 'gpu'" in bad.stderr
+    )
 
 
 # --------------------------------------------------------------------------------- the model
@@ -226,7 +238,7 @@ def ngpt(dtype=torch.float64, **overrides):
 
 
 def loss_and_grads(model, ids, fused_ops: bool, autocast: bool = False):
-    with ops.use("torch" if fused_ops else "reference"), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+    with kernels.use("torch" if fused_ops else "reference"), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
         logits = model(ids)
     loss = F.cross_entropy(logits.float().flatten(0, 1), ids.roll(-1, 1).flatten())
     return logits, torch.autograd.grad(loss, list(model.parameters()))
@@ -278,7 +290,7 @@ def test_fused_model_keeps_fewer_activations_than_plain_and_than_gpt(update, sav
     model = NGPT(preset_config("ngpt-tiny", update=update, **shape))
     gpt = GPT(preset_config("gpt-tiny", **shape))
     ids = torch.randint(0, 64, (4, 64), generator=_gen(4))
-    with ops.use("reference"):
+    with kernels.use("reference"):
         plain = saved_bytes(model, lambda: model(ids).sum().backward())
     lean = saved_bytes(model, lambda: model(ids).sum().backward())
     baseline = saved_bytes(gpt, lambda: gpt(ids).sum().backward())

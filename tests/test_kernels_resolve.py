@@ -104,3 +104,24 @@ def test_tiles_and_warps_keep_both_callers_launch_shapes():
         block_d, rows = blocks(d)
         assert warps(block_d * rows, fewest=8, most=32) == max(8, min(32, block_d // 512))
     assert [warps(t) for t in (256, 2048, 4096, 8192, 65536)] == [4, 4, 8, 16, 16]
+
+
+def test_alignment_needs_every_address_and_row_on_16_bytes():
+    pytest.importorskip("triton")
+    from spherenet.kernels._triton import aligned
+
+    assert aligned(1024, 4, [0, 4096, 16])
+    assert not aligned(1024, 4, [0, 8])  # an address off 16 bytes
+    assert not aligned(6, 2, [0, 16])  # rows of 12 bytes: the second row starts off 16 bytes
+    assert aligned(8, 2, [])
+
+
+def test_cpu_tensors_outside_the_interpreter_are_refused_with_the_op_named(monkeypatch):
+    pytest.importorskip("triton")
+    from spherenet.kernels._triton import check_device
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match=r"swiglu \(Triton\): CPU tensors need TRITON_INTERPRET=1.*; use X"):
+        check_device("swiglu", torch.ones(2), hint="; use X")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    check_device("swiglu", torch.ones(2))

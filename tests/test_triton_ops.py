@@ -1,4 +1,4 @@
-"""The Triton kernels of nGPT's element-wise operations (spherenet.layers.triton_ops), forward
+"""The Triton kernels of nGPT's element-wise operations (the *_triton modules of spherenet.kernels), forward
 and backward, against float64 references of the paper's equations; then the whole model with
 them against plain autograd, eagerly and under torch.compile(fullgraph=True). Without a GPU the
 kernels run on CPU tensors under Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET),
@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from spherenet.layers import ops, triton_ops, triton_slerp  # noqa: E402
+from spherenet import kernels  # noqa: E402
+from spherenet.kernels import _triton, activation_triton, norm_triton, residual_triton  # noqa: E402
 from spherenet.manifolds import lerp, normalize, riemannian_update, slerp  # noqa: E402
 from spherenet.models import preset_config  # noqa: E402
 from spherenet.models.ngpt import NGPT  # noqa: E402
@@ -54,7 +55,7 @@ ROWS = [(3, 5, 48), (37, 8), (2, 130)]
 @pytest.mark.parametrize("shape", ROWS)
 def test_normalize(shape):
     x = torch.randn(*shape, generator=_gen(1), dtype=torch.float64) * 3
-    check(triton_ops.normalize, normalize, [x])
+    check(norm_triton.normalize, normalize, [x])
 
 
 def test_normalize_of_a_zero_row_is_zero_with_the_references_gradient():
@@ -63,7 +64,7 @@ def test_normalize_of_a_zero_row_is_zero_with_the_references_gradient():
     x = torch.randn(4, 16, generator=_gen(2))
     x[1] = 0.0
     got_x, ref_x = x.to(DEVICE).requires_grad_(), x.clone().requires_grad_()
-    got, want = triton_ops.normalize(got_x), normalize(ref_x)
+    got, want = norm_triton.normalize(got_x), normalize(ref_x)
     assert got[1].abs().max().item() == 0.0
     torch.testing.assert_close(got.cpu(), want, **FP32)
     upstream = torch.randn(4, 16, generator=_gen(3))
@@ -79,7 +80,7 @@ def test_normalize_of_a_zero_row_is_zero_with_the_references_gradient():
 def test_scaled_normalize_is_eq_15_16_per_head(scale_shape):
     x = torch.randn(2, 3, 5, 8, generator=_gen(3), dtype=torch.float64)
     s_qk = torch.rand(*scale_shape, generator=_gen(4), dtype=torch.float64) + 0.5
-    check(triton_ops.scaled_normalize, lambda x, s: normalize(x) * s, [x, s_qk])
+    check(norm_triton.scaled_normalize, lambda x, s: normalize(x) * s, [x, s_qk])
 
 
 @pytest.mark.parametrize("alpha_shape", [(48,), (1,)], ids=["per_dimension", "scalar"])
@@ -88,9 +89,9 @@ def test_residual_updates_are_eq_10_11_and_24_26(update, alpha_shape):
     h, b = unit(6, 7, 48, seed=5), unit(6, 7, 48, seed=6)
     alpha = torch.rand(*alpha_shape, generator=_gen(7), dtype=torch.float64) * 0.4
     if update == "lerp":
-        kernel, reference = triton_ops.lerp_normalize, lambda h, b, a: normalize(h + a * (b - h))  # eq. 10, 11
+        kernel, reference = residual_triton.lerp_normalize, lambda h, b, a: normalize(h + a * (b - h))  # eq. 10, 11
     else:
-        kernel = triton_ops.riemannian_normalize
+        kernel = residual_triton.riemannian_normalize
         reference = lambda h, b, a: normalize(h - a * (h * (h * b).sum(-1, keepdim=True) - b))  # noqa: E731  eq. 24-26
     check(kernel, reference, [h, b, alpha])
     # and the library's own definitions agree with the equations
@@ -110,12 +111,12 @@ def slerp_eq_6(h, b, alpha):
 def test_slerp_is_eq_6(alpha_shape, alpha_scale):
     h, b = unit(6, 7, 48, seed=13), unit(6, 7, 48, seed=14)
     alpha = torch.rand(*alpha_shape, generator=_gen(15), dtype=torch.float64) * alpha_scale
-    got = triton_slerp.slerp_normalize(h.float().to(DEVICE), b.float().to(DEVICE), alpha.float().to(DEVICE))
+    got = residual_triton.slerp_normalize(h.float().to(DEVICE), b.float().to(DEVICE), alpha.float().to(DEVICE))
     torch.testing.assert_close(got.double().cpu(), slerp_eq_6(h, b, alpha), **FP32)
     torch.testing.assert_close(slerp(h, b, alpha), slerp_eq_6(h, b, alpha), rtol=1e-12, atol=1e-12)
     # gradients: the library's float64 autograd (eq. 6 and the library's angle agree on the sphere,
     # not in their derivatives off it, which reach the inputs' radial components)
-    check(triton_slerp.slerp_normalize, slerp, [h, b, alpha])
+    check(residual_triton.slerp_normalize, slerp, [h, b, alpha])
 
 
 @pytest.mark.parametrize("apart", [0.0, 1e-6, 1e-3, 0.3], ids=["equal", "1e-6", "1e-3", "0.3"])
@@ -126,7 +127,7 @@ def test_slerp_of_near_and_equal_points_is_the_librarys(apart):
     h = unit(9, 40, seed=16)
     b = normalize(h + apart * torch.randn(9, 40, generator=_gen(17), dtype=torch.float64))
     alpha = torch.rand(40, generator=_gen(18), dtype=torch.float64)
-    check(triton_slerp.slerp_normalize, slerp, [h, b, alpha])
+    check(residual_triton.slerp_normalize, slerp, [h, b, alpha])
 
 
 def test_slerp_of_antipodal_points_turns_towards_the_fallback_axis():
@@ -134,10 +135,10 @@ def test_slerp_of_antipodal_points_turns_towards_the_fallback_axis():
     smallest) in value and gradient, in float32 and float64, and alpha = 1 lands on -h."""
     h = unit(5, 16, seed=19)
     alpha = torch.rand(16, generator=_gen(20), dtype=torch.float64)
-    check(triton_slerp.slerp_normalize, slerp, [h, -h, alpha], ref_dtype=torch.float32)
-    check(triton_slerp.slerp_normalize, slerp, [h, -h, alpha])
+    check(residual_triton.slerp_normalize, slerp, [h, -h, alpha], ref_dtype=torch.float32)
+    check(residual_triton.slerp_normalize, slerp, [h, -h, alpha])
     one = torch.ones(16, device=DEVICE)
-    landed = triton_slerp.slerp_normalize(h.float().to(DEVICE), -h.float().to(DEVICE), one)
+    landed = residual_triton.slerp_normalize(h.float().to(DEVICE), -h.float().to(DEVICE), one)
     torch.testing.assert_close(landed.cpu(), -h.float(), rtol=0, atol=1e-6)
 
 
@@ -146,21 +147,21 @@ def test_antipodal_inputs_stay_finite():
     its gradient is g / eps, as plain autograd's in float32 (eps depends on the dtype)."""
     h = unit(5, 16, seed=8)
     alpha = torch.full((16,), 0.5, dtype=torch.float64)
-    check(triton_ops.lerp_normalize, lerp, [h, -h, alpha], ref_dtype=torch.float32)
-    check(triton_ops.riemannian_normalize, riemannian_update, [h, -h, alpha], ref_dtype=torch.float32)
-    assert triton_ops.lerp_normalize(h.float(), -h.float(), alpha.float()).abs().max().item() == 0.0
+    check(residual_triton.lerp_normalize, lerp, [h, -h, alpha], ref_dtype=torch.float32)
+    check(residual_triton.riemannian_normalize, riemannian_update, [h, -h, alpha], ref_dtype=torch.float32)
+    assert residual_triton.lerp_normalize(h.float(), -h.float(), alpha.float()).abs().max().item() == 0.0
 
 
 @pytest.mark.parametrize("shape", [(4, 33), (3, 4096 + 7)])
 def test_swiglu_is_eq_19(shape):
     u = torch.randn(*shape, generator=_gen(9), dtype=torch.float64)
     v = torch.randn(*shape, generator=_gen(10), dtype=torch.float64) * 3
-    check(triton_ops.swiglu, lambda u, v: u * F.silu(v), [u, v])
+    check(activation_triton.swiglu, lambda u, v: u * F.silu(v), [u, v])
 
 
 def test_float64_runs_the_torch_functions():
     x = torch.randn(4, 8, dtype=torch.float64)
-    torch.testing.assert_close(triton_ops.normalize(x), normalize(x), rtol=0, atol=0)
+    torch.testing.assert_close(norm_triton.normalize(x), normalize(x), rtol=0, atol=0)
 
 
 def tiny_ngpt(**overrides) -> NGPT:
@@ -170,7 +171,7 @@ def tiny_ngpt(**overrides) -> NGPT:
 
 
 def loss_and_grads(model, ids, implementation):
-    with ops.use(implementation):
+    with kernels.use(implementation):
         logits = model(ids)
     loss = F.cross_entropy(logits.flatten(0, 1), ids.roll(-1, 1).flatten())
     return loss, torch.autograd.grad(loss, list(model.parameters()))
@@ -193,7 +194,7 @@ def test_compiled_fullgraph_traces_the_kernels():
     model = tiny_ngpt()
     ids = torch.randint(0, 64, (2, 16), generator=_gen(12)).to(DEVICE)
     torch._dynamo.reset()
-    with ops.use("triton"):
+    with kernels.use("triton"):
         eager = model(ids)
         compiled = torch.compile(model, fullgraph=True)(ids)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
@@ -204,7 +205,7 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
     if DEVICE == "cuda":
         pytest.skip("the check is for CPU tensors")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        triton_ops.normalize(torch.randn(2, 4))
+        norm_triton.normalize(torch.randn(2, 4))
 
 
 @pytest.mark.parametrize("update", ["lerp", "riemannian", "slerp"])
@@ -212,13 +213,13 @@ def test_backward_of_many_row_blocks_on_few_programs_sums_alpha_over_all(update,
     """The backward kernels with per-column partial sums run at most MAX_PROGRAMS programs, each
     looping over every n-th block of rows: with 2 programs over many blocks every row's gradient
     and alpha's whole sum are still those of eq. 6, 10-11 and 24-26."""
-    monkeypatch.setattr(triton_ops, "MAX_PROGRAMS", 2)
-    kernel = {"lerp": triton_ops.lerp_normalize, "riemannian": triton_ops.riemannian_normalize}
+    monkeypatch.setattr(_triton, "MAX_PROGRAMS", 2)
+    kernel = {"lerp": residual_triton.lerp_normalize, "riemannian": residual_triton.riemannian_normalize}
     reference = {"lerp": lerp, "riemannian": riemannian_update, "slerp": slerp}[update]
     rows, d = 203, 16  # 64 rows a program: 4 blocks, the last one part-filled, on 2 programs
     alpha = 0.05 + 0.1 * torch.rand(d, generator=_gen(21), dtype=torch.float64)
     check(
-        lambda h, b, a: kernel.get(update, triton_slerp.slerp_normalize)(h, b, a),
+        lambda h, b, a: kernel.get(update, residual_triton.slerp_normalize)(h, b, a),
         lambda h, b, a: normalize(reference(h, b, a)),
         [unit(rows, d, seed=22), unit(rows, d, seed=23), alpha],
     )
@@ -227,11 +228,11 @@ def test_backward_of_many_row_blocks_on_few_programs_sums_alpha_over_all(update,
 @pytest.mark.parametrize(
     "op, make",
     [
-        (triton_ops._normalize_op, lambda x: (x,)),
-        (triton_ops._scaled_normalize_op, lambda x: (x, torch.rand(x.shape[1], x.shape[3]))),
-        (triton_ops._residual_op, lambda x: (x, x.flip(0), torch.rand(x.shape[-1]), True)),
-        (triton_slerp._slerp_op, lambda x: (x, x.flip(0), torch.rand(x.shape[-1]))),
-        (triton_ops._swiglu_op, lambda x: (x, x.flip(0))),
+        (norm_triton._normalize_op, lambda x: (x,)),
+        (norm_triton._scaled_normalize_op, lambda x: (x, torch.rand(x.shape[1], x.shape[3]))),
+        (residual_triton._residual_op, lambda x: (x, x.flip(0), torch.rand(x.shape[-1]), True)),
+        (residual_triton._slerp_op, lambda x: (x, x.flip(0), torch.rand(x.shape[-1]))),
+        (activation_triton._swiglu_op, lambda x: (x, x.flip(0))),
     ],
     ids=["normalize", "scaled_normalize", "residual_update", "slerp_update", "swiglu"],
 )

@@ -6,7 +6,7 @@ Triton's interpreter (how the tests run the kernels on CPU) executes a kernel's 
 accepts code that the GPU compiler refuses and says nothing of registers or vector widths. This
 script runs Triton's real compiler to PTX for an H100 (sm_90) and the ``ptxas`` that Triton ships
 and uses for that GPU to machine code, with the launch configurations the library's launchers choose
-(``_blocks``). It must run without ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``
+(``spherenet.kernels._triton.blocks`` and ``warps``). It must run without ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``
 functions), so the tests start it as a subprocess (tests/test_triton_compile.py).
 
 Usage: python tests/triton_gpu_compile.py FAMILY...   (layers, slerp, optimizer; one JSON object a
@@ -80,48 +80,47 @@ def compile_one(kernel, signature: dict, constexprs: dict, num_warps: int, label
 
 
 def layers() -> list[dict]:
-    from spherenet.layers import triton_ops as ops
+    from spherenet.kernels import _triton, activation_triton, norm_triton, residual_triton
 
     records = []
     for dtype, widths in (("bf16", WIDTHS), ("fp32", (1024,))):
         p = f"*{dtype}"
         for d in widths:
-            block_d, rows = ops._blocks(d)
+            block_d, rows = _triton.blocks(d)
             tile = {"BLOCK_D": block_d, "ROWS": rows, "_d": d}
             label = {"dtype": dtype, "d": d}
-            rowwise = {"n_rows": "i32", "d": "i32", "eps": "fp32"}
-            heads = {"n_rows": "i32", "d": "i32", "tokens": "i32", "heads": "i32", "eps": "fp32"}
-            warps = ops._warps(block_d * rows)
-            records.append(compile_one(ops._normalize_fwd, {"X": p, "Y": p, "NORM": "*fp32", **rowwise}, tile, warps, label))  # fmt: skip  # one kernel a line
-            records.append(compile_one(ops._normalize_bwd, {"G": p, "Y": p, "NORM": "*fp32", "GX": p, **rowwise}, tile, warps, label))  # fmt: skip  # one kernel a line
-            records.append(compile_one(ops._scaled_normalize_fwd, {"X": p, "SCALE": "*fp32", "Y": p, "OUT": p, "NORM": "*fp32", **heads}, tile, warps, label))  # fmt: skip  # one kernel a line
-            records.append(compile_one(ops._scaled_normalize_bwd, {"G": p, "Y": p, "NORM": "*fp32", "SCALE": "*fp32", "GX": p, **heads}, tile, warps, label))  # fmt: skip  # one kernel a line
+            rowwise = {"n_rows": "i32", "d": "i32", "tiny": "fp32"}
+            heads = {"n_rows": "i32", "d": "i32", "tokens": "i32", "heads": "i32", "tiny": "fp32"}
+            warps = _triton.warps(block_d * rows)
+            records.append(compile_one(norm_triton._normalize_fwd, {"X": p, "Y": p, "NORM": "*fp32", **rowwise}, tile, warps, label))  # fmt: skip  # one kernel a line
+            records.append(compile_one(norm_triton._normalize_bwd, {"G": p, "Y": p, "NORM": "*fp32", "GX": p, **rowwise}, tile, warps, label))  # fmt: skip  # one kernel a line
+            records.append(compile_one(norm_triton._scaled_normalize_fwd, {"X": p, "SCALE": "*fp32", "Y": p, "OUT": p, "NORM": "*fp32", **heads}, tile, warps, label))  # fmt: skip  # one kernel a line
+            records.append(compile_one(norm_triton._scaled_normalize_bwd, {"G": p, "Y": p, "NORM": "*fp32", "SCALE": "*fp32", "GX": p, **heads}, tile, warps, label))  # fmt: skip  # one kernel a line
             for riemannian in (False, True):
                 update = dict(label, riemannian=riemannian)
                 consts = dict(tile, RIEMANNIAN=riemannian)
-                records.append(compile_one(ops._residual_fwd, {"H": p, "B": p, "ALPHA": "*fp32", "Y": p, "NORM": "*fp32", **rowwise}, consts, warps, update))  # fmt: skip  # one kernel a line
-                records.append(compile_one(ops._residual_bwd, {"G": p, "H": p, "B": p, "ALPHA": "*fp32", "Y": p, "NORM": "*fp32", "GH": p, "GB": p, "GALPHA": "*fp32", **rowwise}, consts, warps, update))  # fmt: skip  # one kernel a line
-        block = {"BLOCK": ops.ELEMENTS_PER_PROGRAM}
-        warps = ops._warps(ops.ELEMENTS_PER_PROGRAM)
-        records.append(compile_one(ops._swiglu_fwd, {"U": p, "V": p, "OUT": p, "n": "i32"}, block, warps, {"dtype": dtype}))  # fmt: skip  # one kernel a line
-        records.append(compile_one(ops._swiglu_bwd, {"G": p, "U": p, "V": p, "GU": p, "GV": p, "n": "i32"}, block, warps, {"dtype": dtype}))  # fmt: skip  # one kernel a line
+                records.append(compile_one(residual_triton._residual_fwd, {"H": p, "B": p, "ALPHA": "*fp32", "Y": p, "NORM": "*fp32", **rowwise}, consts, warps, update))  # fmt: skip  # one kernel a line
+                records.append(compile_one(residual_triton._residual_bwd, {"G": p, "H": p, "B": p, "ALPHA": "*fp32", "Y": p, "NORM": "*fp32", "GH": p, "GB": p, "GALPHA": "*fp32", **rowwise}, consts, warps, update))  # fmt: skip  # one kernel a line
+        block = {"BLOCK": _triton.ELEMENTS_PER_PROGRAM}
+        warps = _triton.warps(_triton.ELEMENTS_PER_PROGRAM)
+        records.append(compile_one(activation_triton._swiglu_fwd, {"U": p, "V": p, "OUT": p, "n": "i32"}, block, warps, {"dtype": dtype}))  # fmt: skip  # one kernel a line
+        records.append(compile_one(activation_triton._swiglu_bwd, {"G": p, "U": p, "V": p, "GU": p, "GV": p, "n": "i32"}, block, warps, {"dtype": dtype}))  # fmt: skip  # one kernel a line
     return records
 
 
 def slerp() -> list[dict]:
-    from spherenet.layers import triton_ops as ops
-    from spherenet.layers import triton_slerp
+    from spherenet.kernels import _triton, residual_triton
 
     records = []
     for dtype, widths in (("bf16", WIDTHS), ("fp32", (1024,))):
         p = f"*{dtype}"
-        rowwise = {"n_rows": "i32", "d": "i32", "eps": "fp32"}
+        rowwise = {"n_rows": "i32", "d": "i32", "tiny": "fp32"}
         for d in widths:
-            fwd_block, fwd_rows = ops._blocks(d)
-            bwd_block, bwd_rows, bwd_warps = triton_slerp._backward_blocks(d)
+            fwd_block, fwd_rows = _triton.blocks(d)
+            bwd_block, bwd_rows, bwd_warps = residual_triton._slerp_backward_blocks(d)
             label = {"dtype": dtype, "d": d}
-            records.append(compile_one(triton_slerp._slerp_fwd, {"H": p, "B": p, "ALPHA": "*fp32", "Y": p, "NORM": "*fp32", **rowwise}, {"BLOCK_D": fwd_block, "ROWS": fwd_rows, "_d": d}, ops._warps(fwd_block * fwd_rows), label))  # fmt: skip  # one kernel a line
-            records.append(compile_one(triton_slerp._slerp_bwd, {"G": p, "H": p, "B": p, "ALPHA": "*fp32", "Y": p, "NORM": "*fp32", "GH": p, "GB": p, "GALPHA": "*fp32", **rowwise}, {"BLOCK_D": bwd_block, "ROWS": bwd_rows, "_d": d}, bwd_warps, label))  # fmt: skip  # one kernel a line
+            records.append(compile_one(residual_triton._slerp_fwd, {"H": p, "B": p, "ALPHA": "*fp32", "Y": p, "NORM": "*fp32", **rowwise}, {"BLOCK_D": fwd_block, "ROWS": fwd_rows, "_d": d}, _triton.warps(fwd_block * fwd_rows), label))  # fmt: skip  # one kernel a line
+            records.append(compile_one(residual_triton._slerp_bwd, {"G": p, "H": p, "B": p, "ALPHA": "*fp32", "Y": p, "NORM": "*fp32", "GH": p, "GB": p, "GALPHA": "*fp32", **rowwise}, {"BLOCK_D": bwd_block, "ROWS": bwd_rows, "_d": d}, bwd_warps, label))  # fmt: skip  # one kernel a line
     return records
 
 

@@ -3,13 +3,38 @@ and :mod:`spherenet.optim`: they call an op, and neither chooses its implementat
 
 Each op has a plain-torch reference written in the algorithm's order, and beside it its other
 implementations under the same signature (fused torch, native C++, Triton: a Triton kernel, its
-``torch.library.custom_op``, fake and wrapper together in the op family's Triton module). Which
-one runs is decided in one place, :mod:`spherenet.kernels.resolve` (the op's argument, a
-``with use(name):`` block, the environment variable ``SPHERENET_KERNELS``). The Triton kernels
-share the helpers of :mod:`spherenet.kernels._triton`.
+``torch.library.custom_op``, fake and wrapper together in the op family's ``*_triton`` module,
+imported on first use). Which one runs is decided in one place, :mod:`spherenet.kernels.resolve`
+(the op's argument, a ``with use(name):`` block, the environment variable ``SPHERENET_KERNELS``).
+The Triton kernels share the helpers of :mod:`spherenet.kernels._triton`.
+
+The layer ops (equation numbers of Loshchilov et al., "nGPT", 2024):
+
+- :func:`normalize` ``Norm(x)`` (Table 1) and :func:`qk_normalize` ``Norm(x) * s_qk``
+  (eq. 15, 16): :mod:`~spherenet.kernels.norm`;
+- :func:`residual_update`, LERP (eq. 10, 11), SLERP (eq. 6) and Riemannian (eq. 24-26):
+  :mod:`~spherenet.kernels.residual`;
+- :func:`swiglu` (eq. 19): :mod:`~spherenet.kernels.activation`;
+- :func:`scaled_linear` (eq. 3, 20, 21): :mod:`~spherenet.kernels.linear`.
 """
 
 from . import resolve  # the module (its function resolve.resolve is not re-exported: one name, one thing)
+from .activation import swiglu
+from .linear import scaled_linear
+from .norm import normalize, qk_normalize
+from .residual import residual_update
 from .resolve import VALUES, Op, active, checkpoint, use
 
-__all__ = ["VALUES", "Op", "resolve", "use", "active", "checkpoint"]
+__all__ = [
+    "VALUES",
+    "Op",
+    "resolve",
+    "use",
+    "active",
+    "checkpoint",
+    "normalize",
+    "qk_normalize",
+    "residual_update",
+    "swiglu",
+    "scaled_linear",
+]

@@ -15,6 +15,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 from ..manifolds.geodesic import TINY as _TINY_BY_DTYPE
 
@@ -30,6 +31,8 @@ __all__ = [
     "check_device",
     "on_device_of",
     "contiguous_like",
+    "tile",
+    "norm_grad",
 ]
 
 ELEMENTS_PER_PROGRAM = 4096  # the elements of one program's tile
@@ -48,12 +51,13 @@ def blocks(d: int, elements: int = ELEMENTS_PER_PROGRAM) -> tuple[int, int]:
     return block_d, max(1, min(64, elements // block_d))
 
 
-def warps(tile: int, fewest: int = 4, most: int = 16) -> int:
-    """Warps for a program's tile of ``tile`` elements (a power of two): one per
-    :data:`WARP_ELEMENTS`, so each thread holds a few values per tensor in registers (no spilling
-    at the tiles used; tests/test_triton_compile.py), within ``[fewest, most]``. The optimizer's
-    kernels hold four tensors per element and take ``fewest=8, most=32``."""
-    return max(fewest, min(most, tile // WARP_ELEMENTS))
+def warps(tile: int, per_warp: int = WARP_ELEMENTS, fewest: int = 4, most: int = 16) -> int:
+    """Warps for a program's tile of ``tile`` elements (a power of two): one per ``per_warp``
+    elements, so each thread holds a few values per tensor in registers (no spilling at the tiles
+    used; tests/test_triton_compile.py), within ``[fewest, most]``. The optimizer's kernels hold
+    four tensors per element and take ``fewest=8, most=32``; SLERP's backward, about 20 values per
+    element, ``per_warp=256``."""
+    return max(fewest, min(most, tile // per_warp))
 
 
 def programs(n_blocks: int) -> int:
@@ -86,3 +90,21 @@ def contiguous_like(t: torch.Tensor) -> torch.Tensor:
     """What a kernel returns for an input like ``t``: a new contiguous tensor (a custom op's fake
     must report the real strides, which ``empty_like`` of a view does not)."""
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+@triton.jit
+def tile(block, n_rows, d, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    """The rows of block ``block`` of a ``(n_rows, d)`` row-major tensor, its columns, their
+    offsets and the mask of the live elements."""
+    rows = (block * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
+    return rows, cols, rows[:, None] * d + cols[None, :], mask
+
+
+@triton.jit
+def norm_grad(g, y, norm, tiny):
+    """Gradient of ``x / max(‖x‖, tiny)`` from the output ``y``: ``(g - y (y . g)) / ‖x‖``
+    (``g / tiny`` below ``tiny``)."""
+    dot = tl.where(norm >= tiny, tl.sum(y * g, axis=1), 0.0)
+    return (g - y * dot[:, None]) / tl.maximum(norm, tiny)[:, None]

@@ -85,6 +85,10 @@ class Op:
         if missing:
             raise ValueError(f"op {self.name}: auto names {missing}, which it does not implement")
 
+    def pick(self, device_type: str, requested: str | None = None) -> Any:
+        """The implementation :func:`resolve` names, from the table."""
+        return self.implementations[resolve(self, requested, device_type)]
+
 
 def resolve(op: Op, requested: str | None = None, device_type: str = "cpu") -> str:
     """The name of the implementation of ``op`` to run on tensors of ``device_type``, by the order

@@ -1,8 +1,7 @@
 """Reusable spherical layers (and the baseline's plain parts) for nGPT-style models. The
 element-wise operations they share, and the choice of their implementation, are in
-:mod:`spherenet.layers.ops`."""
+:mod:`spherenet.kernels`."""
 
-from . import ops
 from .attention import GPTAttention, KVCache, NGPTAttention
 from .blocks import GPTBlock, NGPTBlock
 from .head import SphereClassifier
@@ -14,7 +13,6 @@ from .rotary import RotaryEmbedding, apply_rotary
 from .scale import Scale, ScaleSpec
 
 __all__ = [
-    "ops",
     "Scale",
     "ScaleSpec",
     "SphereLinear",

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from . import ops
+from .. import kernels
 from .linear import SphereLinear
 from .rotary import RotaryEmbedding
 from .scale import Scale, ScaleSpec
@@ -258,7 +258,7 @@ class NGPTAttention(_Attention):
 
     def _scale_qk(self, x: torch.Tensor) -> torch.Tensor:
         """eq. 15, 16 for q or k of shape (B, H, T, d_k): ``Norm(x) * s_qk`` per head."""
-        return ops.qk_normalize(x, self._s_qk_per_head(), self.qk_norm)
+        return kernels.qk_normalize(x, self._s_qk_per_head(), self.qk_norm)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, qk_norm={self.qk_norm}"

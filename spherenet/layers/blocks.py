@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ops
+from .. import kernels
 from .attention import S_QK, GPTAttention, KVCache, NGPTAttention
 from .mlp import GPTMLP, NGPTMLP, S_U, S_V
 from .norm import RMSNorm
@@ -86,14 +86,14 @@ class NGPTBlock(nn.Module):
         cross_cache: KVCache | None = None,
     ) -> torch.Tensor:
         position = 0 if cache is None else cache.length
-        h_attn = ops.normalize(self.attn(h, cache=cache, attn_mask=attn_mask))  # h_A = Norm(ATTN(h))
+        h_attn = kernels.normalize(self.attn(h, cache=cache, attn_mask=attn_mask))  # h_A = Norm(ATTN(h))
         h = self.residual_attn(h, h_attn)  # eq. 10
         if _cross_inputs(self, context, cross_cache):
             h_cross = self.cross_attn(
                 h, context=context, cache=cross_cache, attn_mask=context_mask, query_offset=position
             )
-            h = self.residual_cross(h, ops.normalize(h_cross))  # eq. 10 with alpha_C
-        h_mlp = ops.normalize(self.mlp(h))  # h_M = Norm(MLP(h))
+            h = self.residual_cross(h, kernels.normalize(h_cross))  # eq. 10 with alpha_C
+        h_mlp = kernels.normalize(self.mlp(h))  # h_M = Norm(MLP(h))
         h = self.residual_mlp(h, h_mlp)  # eq. 11
         return h
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ops
+from .. import kernels
 from .linear import SphereLinear
 from .scale import Scale, ScaleSpec
 
@@ -40,7 +40,7 @@ class SphereClassifier(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.normalize_input:
-            x = ops.normalize(x)
+            x = kernels.normalize(x)
         return self.weight(x, out_scale=self.scale())
 
     def extra_repr(self) -> str:

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import kernels
 from ..manifolds import UNIT_SPHERE, declare_sphere
 from ..manifolds.sphere import geoopt
-from . import ops
 
 __all__ = ["SphereLinear", "SphereEmbedding"]
 
@@ -68,14 +68,14 @@ class SphereLinear(nn.Module):
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
         """``x W``, or ``(x W) * out_scale`` (one factor per output feature, shape
         ``(out_features,)`` or ``(1,)``: s_u, s_v, s_z of eq. 20, 21, 3), through
-        :func:`spherenet.layers.ops.scaled_linear`."""
+        :func:`spherenet.kernels.scaled_linear`."""
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"SphereLinear expected input with last dimension {self.in_features}, got shape {tuple(x.shape)}"
             )
         if out_scale is None:
             return F.linear(x, self.matrix())
-        return ops.scaled_linear(x, self.matrix(), out_scale)
+        return kernels.scaled_linear(x, self.matrix(), out_scale)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, sphere={self.sphere}"

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ops
+from .. import kernels
 from .linear import SphereLinear
 from .scale import Scale, ScaleSpec
 
@@ -65,4 +65,4 @@ class NGPTMLP(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         u = self.w_u(h, out_scale=self.s_u())  # eq. 20
         v = self.w_v(h, out_scale=self.s_v() * math.sqrt(self.d_model))  # eq. 21
-        return self.w_o(ops.swiglu(u, v))  # eq. 19
+        return self.w_o(kernels.swiglu(u, v))  # eq. 19

@@ -11,15 +11,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import kernels
 from ..manifolds import lerp, riemannian_update, slerp
-from . import ops
 from .scale import Scale, ScaleSpec
 
 __all__ = ["SphericalResidual", "RESIDUAL_UPDATES", "ALPHA"]
 
 #: The update rules, by name, as plain functions of :mod:`spherenet.manifolds` (the reference
 #: implementation). Each maps ``(h, h_block, alpha)`` to the new unit hidden state; the layer
-#: calls them through :func:`spherenet.layers.ops.residual_update`.
+#: calls them through :func:`spherenet.kernels.residual_update`.
 RESIDUAL_UPDATES = {
     "lerp": lerp,  # Norm(h + alpha (h_block - h)), eq. 10, 11 (the paper's choice)
     "slerp": slerp,  # geodesic interpolation, eq. 6
@@ -64,7 +64,7 @@ class SphericalResidual(nn.Module):
         return self.alpha()
 
     def forward(self, h: torch.Tensor, h_block: torch.Tensor) -> torch.Tensor:
-        return ops.residual_update(self.update, h, h_block, self.effective_alpha())
+        return kernels.residual_update(self.update, h, h_block, self.effective_alpha())
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, update={self.update}, alpha_abs={self.alpha_abs}"

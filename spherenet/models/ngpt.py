@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import kernels
 from ..layers import (
     RESIDUAL_UPDATES,
     KVCache,
@@ -22,7 +23,6 @@ from ..layers import (
     ScaleSpec,
     SphereEmbedding,
     SphereLinear,
-    ops,
 )
 from ..layers.attention import S_QK
 from ..layers.mlp import S_U, S_V
@@ -155,7 +155,7 @@ class NGPT(nn.Module, HubMixin):
         h = self.embed_in(input_ids)  # (B, T, d), unit
         for block, cache in zip(self.blocks, caches):
             if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
-                h = ops.checkpoint(block, h)  # keep h only; recompute in backward
+                h = kernels.checkpoint(block, h)  # keep h only; recompute in backward
             else:
                 h = block(h, cache=cache)  # eq. 10, 11
         s_z = self.s_z()

@@ -1,0 +1,179 @@
+"""``Norm`` and the queries' and keys' ``Norm(x) * s_qk``: nGPT's normalizations of hidden states.
+
+Each op has three implementations under one signature (:mod:`spherenet.kernels.resolve` picks):
+
+- ``"reference"``: :func:`spherenet.manifolds.normalize`, in plain autograd;
+- ``"torch"`` (what ``"auto"`` takes): one ``torch.autograd.Function`` that keeps, for the
+  backward pass, the normalized output (which the next layer keeps anyway) and one norm per row
+  instead of ``x``, with the backward of ``y = x / ‖x‖`` in terms of the output::
+
+      grad_x = (g - y (y · g)) / ‖x‖
+
+- ``"triton"``: one kernel forward and one backward (:mod:`spherenet.kernels.norm_triton`).
+
+The fused functions follow :mod:`spherenet.manifolds.geodesic` exactly: the same smallest norm
+(``‖x‖`` clamped at 1e-30 in float32, 1e-300 in float64; below it no gradient flows through the
+norm, as with ``clamp_min``), computation in at least float32 (bf16/fp16 inputs upcast, the saved
+output in the output's dtype) and the same output dtypes, so bf16 autocast needs no
+``custom_fwd``. They are not twice differentiable.
+
+Equation numbers are those of Loshchilov et al., "nGPT: Normalized Transformer with
+Representation Learning on the Hypersphere" (2024).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import manifolds
+from ..manifolds.geodesic import TINY, _work_dtype
+from .resolve import Op
+
+__all__ = [
+    "NORMALIZE",
+    "QK_NORMALIZE",
+    "normalize",
+    "qk_normalize",
+    "normalize_reference",
+    "normalize_fused",
+    "scaled_normalize_reference",
+    "scaled_normalize_fused",
+]
+
+
+# ---------------------------------------------------------------- references
+
+
+def normalize_reference(x: torch.Tensor) -> torch.Tensor:
+    """``Norm(x) = x / ‖x‖`` (Table 1): :func:`spherenet.manifolds.normalize`."""
+    return manifolds.normalize(x)
+
+
+def scaled_normalize_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``Norm(x) * s_qk`` (eq. 15, 16)."""
+    return manifolds.normalize(x) * scale
+
+
+# ---------------------------------------------------------------- fused autograd
+
+
+def tiny(work: torch.dtype, eps: float | None) -> float:
+    """The smallest norm divided by in ``work`` (``eps`` when given)."""
+    return TINY[work] if eps is None else float(eps)
+
+
+def norm_forward(xw: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x / max(‖x‖, eps), ‖x‖)`` over the last dimension, in ``xw``'s dtype."""
+    norm = torch.linalg.vector_norm(xw, dim=-1, keepdim=True)
+    return xw / norm.clamp_min(eps), norm
+
+
+def norm_backward(grad: torch.Tensor, y: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gradient of ``x / max(‖x‖, eps)`` with respect to ``x``, from the output ``y`` and the
+    row norms, in ``norm``'s dtype: ``(g - y (y · g)) / ‖x‖``; where ``‖x‖ < eps`` the norm is
+    the constant eps and only ``g / eps`` remains."""
+    work = norm.dtype
+    g, y = grad.to(work), y.to(work)
+    dot = (y * g).sum(dim=-1, keepdim=True)
+    dot = torch.where(norm >= eps, dot, 0.0)
+    return torch.addcmul(g, y, dot, value=-1.0) / norm.clamp_min(eps)
+
+
+class _Normalize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, eps):
+        work = _work_dtype(x)
+        eps = tiny(work, eps)
+        y, norm = norm_forward(x.to(work), eps)
+        y = y.to(x.dtype)
+        ctx.save_for_backward(y, norm)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        y, norm = ctx.saved_tensors
+        return norm_backward(grad, y, norm, ctx.eps).to(y.dtype), None
+
+
+def normalize_fused(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
+    """``Norm(x)``, the values of :func:`spherenet.manifolds.normalize`, keeping the output and
+    one norm per row for the backward pass instead of ``x``."""
+    return _Normalize.apply(x, eps)
+
+
+class _ScaledNormalize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale, eps):
+        work = _work_dtype(x)
+        eps = tiny(work, eps)
+        y, norm = norm_forward(x.to(work), eps)
+        y = y.to(x.dtype)
+        ctx.save_for_backward(y, norm, scale)
+        ctx.eps = eps
+        return y * scale
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        y, norm, scale = ctx.saved_tensors
+        grad_x = grad_scale = None
+        if ctx.needs_input_grad[0]:
+            grad_x = norm_backward(grad * scale, y, norm, ctx.eps).to(y.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_scale = (grad * y).sum_to_size(scale.shape).to(scale.dtype)
+        return grad_x, grad_scale, None
+
+
+def scaled_normalize_fused(x: torch.Tensor, scale: torch.Tensor, eps: float | None = None) -> torch.Tensor:
+    """``Norm(x) * scale`` (eq. 15, 16; ``scale = s_qk``, shaped to broadcast against ``x``).
+    Keeps ``Norm(x)``, the row norms and ``scale`` for the backward pass; the result has the
+    dtype of ``Norm(x) * scale``."""
+    return _ScaledNormalize.apply(x, scale, eps)
+
+
+# ---------------------------------------------------------------- the ops
+
+
+def _normalize_triton(x: torch.Tensor) -> torch.Tensor:
+    from . import norm_triton  # imports Triton: on first use only
+
+    return norm_triton.normalize(x)
+
+
+def _scaled_normalize_triton(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    from . import norm_triton
+
+    return norm_triton.scaled_normalize(x, scale)
+
+
+NORMALIZE = Op(
+    "normalize",
+    implementations={"reference": normalize_reference, "torch": normalize_fused, "triton": _normalize_triton},
+    auto={"*": "torch"},
+)
+QK_NORMALIZE = Op(
+    "qk_normalize",
+    implementations={
+        "reference": scaled_normalize_reference,
+        "torch": scaled_normalize_fused,
+        "triton": _scaled_normalize_triton,
+    },
+    auto={"*": "torch"},
+)
+
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    """``Norm(x) = x / ‖x‖`` over the last dimension: ``h_A = Norm(ATTN(h))``,
+    ``h_M = Norm(MLP(h))`` (Table 1, eq. 10, 11)."""
+    return NORMALIZE.pick(x.device.type)(x)
+
+
+def qk_normalize(x: torch.Tensor, s_qk: torch.Tensor, qk_norm: bool = True) -> torch.Tensor:
+    """``Norm(x) * s_qk`` for the queries or keys of a head (eq. 15, 16); ``qk_norm=False``
+    drops the ``Norm`` (Table 6). ``s_qk`` broadcasts against ``x``."""
+    if not qk_norm:
+        return x * s_qk
+    return QK_NORMALIZE.pick(x.device.type)(x, s_qk)
