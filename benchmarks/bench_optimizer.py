@@ -46,10 +46,11 @@ from _machine import (  # benchmarks/ is on sys.path when a script runs
     threads,
 )
 
+from spherenet.kernels import native, sphere_rows
+from spherenet.kernels._choice import implementation_status
 from spherenet.manifolds.sphere import geoopt
 from spherenet.models import from_preset
-from spherenet.optim import Riemannian, RiemannianAdam, _native, normalize_, param_groups, sphere_parameters
-from spherenet.optim.kernel_choice import triton_status
+from spherenet.optim import Riemannian, RiemannianAdam, normalize_, param_groups, sphere_parameters
 
 BASELINE = "torch Adam fused"
 GEOOPT = "geoopt RiemannianAdam"
@@ -71,11 +72,14 @@ def build_model(args, device: torch.device) -> torch.nn.Module:
     return model
 
 
-def one_wave(opt: RiemannianAdam) -> RiemannianAdam:
-    """The foreach path in one block of whole tensors: its default row blocks
-    (``_row_kernels.WAVE_BYTES``, 4 MiB) are sized for a CPU cache and cost kernel launches on a GPU."""
-    opt.wave_bytes = 1 << 62
-    return opt
+def one_wave_step(opt: RiemannianAdam) -> None:
+    """A step of the foreach path in one block of whole tensors: its default row blocks
+    (``sphere_rows.WAVE_BYTES``, 4 MiB) are sized for a CPU cache and cost kernel launches on a GPU."""
+    previous, sphere_rows.WAVE_BYTES = sphere_rows.WAVE_BYTES, 1 << 62
+    try:
+        opt.step()
+    finally:
+        sphere_rows.WAVE_BYTES = previous
 
 
 def contenders(model, lr: float, kernels: list[str]) -> dict:
@@ -113,10 +117,8 @@ def contenders(model, lr: float, kernels: list[str]) -> dict:
         },
         **{
             f"spherenet RiemannianAdam, {moment}, foreach, wave_bytes unlimited": (
-                lambda moment=moment: one_wave(
-                    RiemannianAdam(model, lr=lr, second_moment=moment, sphere_kernel="foreach")
-                ),
-                plain_step,
+                lambda moment=moment: RiemannianAdam(model, lr=lr, second_moment=moment, sphere_kernel="foreach"),
+                one_wave_step,
             )
             for moment in ("element", "row")
         },
@@ -168,13 +170,13 @@ def main(argv=None) -> int:
     model = build_model(args, device)
     kernels, notes = ["foreach"], []
     if device.type == "cuda":  # the Triton kernel (on CPU it runs only in Triton's interpreter)
-        available, reason = triton_status()
+        available, reason = implementation_status("triton")
         if available:
             kernels.insert(0, "triton")
         else:
             notes.append(f"Triton kernel not run: {reason}")
     if device.type == "cpu":  # the native kernel is CPU-only
-        available, reason = _native.native_status()
+        available, reason = native.native_status()
         if available:
             kernels.insert(0, "native")
         else:

@@ -85,9 +85,9 @@ def check_triton_variant(variants, device: torch.device) -> str | None:
     """Why the "triton" variant cannot run here (None: it can)."""
     if "triton" not in variants:
         return None
-    from spherenet.optim.kernel_choice import triton_status
+    from spherenet.kernels._choice import implementation_status
 
-    available, reason = triton_status()
+    available, reason = implementation_status("triton")
     if not available:
         return f"--variants triton: {reason}"
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

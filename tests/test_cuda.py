@@ -191,7 +191,8 @@ def test_cuda_triton_layer_kernels_under_bf16_autocast_match_the_default(update)
 
 def test_cuda_spherical_muon_triton_tail_matches_foreach():
     """SphericalMuon's tail (steps 4-6) by Triton, the CUDA default, against the foreach passes."""
-    from spherenet.optim import SphericalMuon, kernel_choice
+    from spherenet.kernels import resolve as kernel_choice
+    from spherenet.optim import SphericalMuon
 
     results = []
     for environment in ("triton", "torch"):

@@ -70,17 +70,19 @@ def test_the_environment_is_read_once_with_the_same_values():
 
 
 def test_the_optimizer_keeps_its_defaults_through_the_resolver():
-    from spherenet.optim.kernel_choice import resolve_sphere_kernel
+    from spherenet.kernels.sphere_adam import SPHERE_ADAM
+
+    def chosen(requested, device_type):
+        return resolve_module.resolve(SPHERE_ADAM, requested, device_type)
 
     assert resolve_module.active() == "auto"
-    assert [resolve_sphere_kernel("auto", d) for d in ("cpu", "cuda", "mps")] == ["native", "triton", "foreach"]
-    assert resolve_sphere_kernel("native", "cuda") == "foreach"
-    assert resolve_sphere_kernel("foreach", "cuda") == "foreach"
-    assert resolve_sphere_kernel("triton", "cpu") == "triton"
+    assert [chosen(None, d) for d in ("cpu", "cuda", "mps")] == ["native", "triton", "torch"]
+    assert chosen("torch", "cuda") == "torch"
+    assert chosen("triton", "cpu") == "triton"
     with use("torch"):  # SPHERENET_KERNELS=torch: torch alone, no C++ build and no Triton
-        assert [resolve_sphere_kernel("auto", d) for d in ("cpu", "cuda")] == ["foreach", "foreach"]
+        assert [chosen(None, d) for d in ("cpu", "cuda")] == ["torch", "torch"]
     with use("triton"):
-        assert resolve_sphere_kernel("auto", "cpu") == "triton"
+        assert chosen(None, "cpu") == "triton"
 
 
 def test_the_one_tiny_is_the_references():

@@ -266,7 +266,7 @@ def test_default_kernel_choice_is_fused_for_small_cpu_tensors_too():
     """fused=None: torch's fused Adam for every tensor it has a kernel for, small CPU ones
     included (faster than foreach at every size measured, see split_fused), so a small model's
     Euclidean group steps bitwise like torch.optim.Adam(fused=True)."""
-    from spherenet.optim.kernel_choice import split_fused
+    from spherenet.optim.groups import split_fused
 
     tensors = [torch.zeros(8), torch.zeros(3, 5, dtype=torch.float64), torch.zeros(4, dtype=torch.int64)]
     assert split_fused(None, tensors) == [True, True, False]
@@ -370,17 +370,17 @@ def test_element_second_moment_matches_reference_loop(dtype, tol, fused):
     lambda m: RiemannianAdam(m, lr=2e-2, second_moment="row"),
     lambda m: Riemannian(torch.optim.Adam(param_groups(m), lr=2e-2), m),
 ], ids=["element-fused", "element-foreach", "row", "wrapped-Adam"])  # fmt: skip  # one case per line
-def test_cache_blocking_does_not_change_results(make_opt):
+def test_cache_blocking_does_not_change_results(make_opt, monkeypatch):
     """The optimizers cut the parameters into row blocks ("waves") to stay in cache; blocks of
     a few rows (every tensor split, blocks spanning tensors) give bitwise the same steps."""
-    from spherenet.optim import _row_kernels
+    from spherenet.kernels import sphere_rows
 
     whole, blocked = make_model(), make_model()
     data = batches(5)
     train(whole, make_opt(whole), data)
     opt = make_opt(blocked)
-    opt.wave_bytes = 3 * D * 4  # three float32 rows
-    chunks = list(_row_kernels.waves([sphere_parameters(blocked)], opt.wave_bytes))
+    monkeypatch.setattr(sphere_rows, "WAVE_BYTES", 3 * D * 4)  # three float32 rows
+    chunks = list(sphere_rows.waves([sphere_parameters(blocked)]))
     assert len(chunks) > len(sphere_parameters(blocked))  # the tensors really are split
     train(blocked, opt, data)
     assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), blocked.parameters()))
@@ -787,7 +787,7 @@ def test_ngpt_row_mode_matches_geoopt_and_stays_on_the_sphere():
 
 def test_bf16_retraction_divides_in_float32():
     """Rows 0.3% too long: a bf16-rounded norm reads exactly 1 and would leave them there."""
-    from spherenet.optim._row_kernels import RowOps
+    from spherenet.kernels.sphere_rows import RowOps
 
     x = torch.nn.functional.normalize(torch.randn(64, 1024, generator=torch.Generator().manual_seed(0)), dim=-1)
     x = (x * 1.003).bfloat16()

@@ -13,13 +13,13 @@ import torch
 from torch.nn import functional as F
 
 from recipes.resume import check_resumable
+from spherenet.kernels import native as _native
 from spherenet.models import from_preset
 from spherenet.optim import (
     GRADIENTS,
     SECOND_MOMENTS,
     Riemannian,
     RiemannianAdam,
-    _native,
     build_optimizer,
     normalize_,
     param_groups,

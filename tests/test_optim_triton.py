@@ -1,4 +1,4 @@
-"""The Triton sphere-Adam kernel (spherenet.optim.triton_kernel) against a float64 reference of
+"""The Triton sphere-Adam kernel (spherenet.kernels.sphere_rows_triton) against a float64 reference of
 the step written out here, over many steps in every mode, and against the native CPU kernel of
 the same signature. Without a GPU it runs under Triton's interpreter (tests/conftest.py), in
 float32: the interpreter has no bf16 arithmetic."""
@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from spherenet.optim import triton_kernel  # noqa: E402
+from spherenet.kernels import sphere_rows_triton as triton_kernel  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MODES = [(row_v, euclidean) for row_v in (False, True) for euclidean in (True, False)]
@@ -37,7 +37,7 @@ def reference_step(x, g, m, v, t, row_v, euclidean, lr=LR):
         m.sub_((x * m).sum(-1, keepdim=True) * x)  # transport by projection
 
 
-def kernel_step(x, g, m, v, t, row_v, euclidean, kernel=triton_kernel.sphere_adam_):
+def kernel_step(x, g, m, v, t, row_v, euclidean, kernel=triton_kernel.sphere_adam_rows_):
     b1, b2 = BETAS
     kernel([x], [g], [m], [v], [LR / (1 - b1**t)], [math.sqrt(1 - b2**t)], b1, b2, EPS, TINY, row_v, not euclidean)
 
@@ -71,7 +71,7 @@ def test_many_steps_match_the_float64_reference(row_v, euclidean, rows, d):
 
 @pytest.mark.parametrize("row_v, euclidean", MODES, ids=IDS)
 def test_matches_the_native_cpu_kernel(row_v, euclidean):
-    from spherenet.optim import _native
+    from spherenet.kernels import native as _native
 
     op = _native.sphere_adam_op()
     if op is None or DEVICE != "cpu":
@@ -129,7 +129,7 @@ def test_one_call_over_many_shapes_steps_each_tensor_as_alone(row_v, euclidean, 
         for (x, m, v, _), g, lr in zip(refs, grads, lrs):
             if x.numel():
                 reference_step(x, g, m, v, t, row_v, euclidean, lr)
-        triton_kernel.sphere_adam_(
+        triton_kernel.sphere_adam_rows_(
             [a[0] for a in got], [g.float().to(DEVICE) for g in grads], [a[1] for a in got], [a[2] for a in got],
             [lr / (1 - b1**t) for lr in lrs], [math.sqrt(1 - b2**t)] * len(refs), b1, b2, EPS, TINY, row_v, not euclidean,
         )  # fmt: skip  # the kernel's argument order
@@ -167,7 +167,7 @@ def test_states_of_another_dtype_or_unequal_lists_are_refused():
     ):
         kernel_step(x, torch.zeros_like(x), m, v, 1, False, True)
     with pytest.raises(ValueError, match=r"lists of unequal lengths \[1, 1, 1, 1, 2, 1\]"):
-        triton_kernel.sphere_adam_([x], [x], [m], [m], [LR, LR], [1.0], 0.9, 0.95, EPS, TINY, False, False)
+        triton_kernel.sphere_adam_rows_([x], [x], [m], [m], [LR, LR], [1.0], 0.9, 0.95, EPS, TINY, False, False)
 
 
 def test_non_contiguous_state_is_refused():
@@ -215,14 +215,14 @@ def test_spherenet_kernels_triton_makes_auto_pick_the_triton_kernel():
     import sys
 
     code = (
-        "from spherenet.optim.kernel_choice import resolve_sphere_kernel as r; "
-        "print(r('auto', 'cpu'), r('auto', 'cuda'), r('native', 'cpu'))"
+        "from spherenet.kernels.resolve import resolve; from spherenet.kernels.sphere_adam import SPHERE_ADAM as op; "
+        "print(resolve(op, None, 'cpu'), resolve(op, None, 'cuda'), resolve(op, 'native', 'cpu'))"
     )
     import os
 
     for setting, want in (
         ("triton", "triton triton native"),
-        ("torch", "native foreach native"),
+        ("torch", "torch torch native"),
         ("", "native triton native"),
     ):
         env = dict(os.environ, SPHERENET_KERNELS=setting)
@@ -249,7 +249,7 @@ def test_normalize_rows_matches_the_float64_reference(rows, d):
     )
     x64[0] = 0.0  # a zero row has no direction: it stays zero
     x = x64.float().to(DEVICE)
-    triton_kernel.normalize_rows_([x])
+    triton_kernel.normalize_rows_triton_([x])
     want = x64.float().double()
     want = want / want.norm(dim=-1, keepdim=True).clamp_min(1e-30)
     assert torch.equal(x[0].cpu(), torch.zeros(d))
@@ -260,8 +260,9 @@ def test_normalize_rows_matches_the_float64_reference(rows, d):
 def test_normalize_hook_takes_the_triton_kernel_where_the_optimizer_does(monkeypatch):
     """``adam_normalize``'s tail (normalize_) on the Triton kernel under SPHERENET_KERNELS=triton,
     equal to the _foreach path's result."""
+    from spherenet.kernels import resolve as kernel_choice
     from spherenet.models import from_preset
-    from spherenet.optim import kernel_choice, normalize_
+    from spherenet.optim import normalize_
 
     model = from_preset("ngpt-tiny").to(DEVICE)
     with torch.no_grad():
@@ -270,8 +271,8 @@ def test_normalize_hook_takes_the_triton_kernel_where_the_optimizer_does(monkeyp
     reference = from_preset("ngpt-tiny").to(DEVICE)
     reference.load_state_dict(model.state_dict())
     calls = []
-    real = triton_kernel.normalize_rows_
-    monkeypatch.setattr(triton_kernel, "normalize_rows_", lambda xs, *a: calls.append(len(xs)) or real(xs, *a))
+    real = triton_kernel.normalize_rows_triton_
+    monkeypatch.setattr(triton_kernel, "normalize_rows_triton_", lambda xs, *a: calls.append(len(xs)) or real(xs, *a))
     monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", "triton")
     assert normalize_(model) == len(model.sphere_weights())
     assert calls == [len(model.sphere_weights())]  # every sphere tensor in the kernel
@@ -296,7 +297,7 @@ def test_muon_tail_matches_the_float64_reference(project_update, rows, d):
     m = torch.randn(rows, d, generator=gen, dtype=torch.float64)
     step = 0.05
     got = [t.float().to(DEVICE) for t in (x, o, m)]
-    triton_kernel.sphere_muon_tail_([got[0]], [got[1]], [got[2]], [step], project_update)
+    triton_kernel.sphere_muon_tail_triton_([got[0]], [got[1]], [got[2]], [step], project_update)
     if project_update:
         o = o - (x * o).sum(-1, keepdim=True) * x
     y = x - step * o
@@ -310,8 +311,9 @@ def test_muon_tail_matches_the_float64_reference(project_update, rows, d):
 def test_spherical_muon_takes_the_triton_tail_under_spherenet_kernels_triton(monkeypatch):
     """SphericalMuon with the Triton tail equals its foreach path over several steps, and the
     tail ran once per matrix per step."""
+    from spherenet.kernels import resolve as kernel_choice
     from spherenet.models import from_preset
-    from spherenet.optim import SphericalMuon, kernel_choice, muon
+    from spherenet.optim import SphericalMuon
 
     def trained(environment: str, calls: list):
         monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", environment)
@@ -329,8 +331,8 @@ def test_spherical_muon_takes_the_triton_tail_under_spherenet_kernels_triton(mon
         return model, len(matrices)
 
     calls = []
-    real = muon._triton_tail()
-    monkeypatch.setattr(muon, "_triton_tail", lambda: lambda *a: calls.append(1) or real(*a))
+    real = triton_kernel.sphere_muon_tail_triton_
+    monkeypatch.setattr(triton_kernel, "sphere_muon_tail_triton_", lambda *a: calls.append(1) or real(*a))
     triton_model, n_matrices = trained("triton", calls)
     assert len(calls) == 4 * n_matrices
     foreach_model, _ = trained("torch", calls)
@@ -347,7 +349,7 @@ def test_work_items_are_built_once_per_set_of_row_counts_and_name_every_block():
     xs = [x.float().to(DEVICE)]
     args = ([torch.zeros_like(xs[0])], [m.float().to(DEVICE)], [v.float().to(DEVICE)], [LR], [1.0])
     for _ in range(3):
-        triton_kernel.sphere_adam_(xs, *args, *BETAS, EPS, TINY, False, False)
+        triton_kernel.sphere_adam_rows_(xs, *args, *BETAS, EPS, TINY, False, False)
     assert triton_kernel._work_items.cache_info().misses == 2  # the call above and the first step
 
 
@@ -384,8 +386,8 @@ def test_auto_leaves_float64_parameters_to_the_float64_foreach_step(monkeypatch)
     """The Triton kernel computes in float32: under "auto" (the CUDA default, and every device's
     with SPHERENET_KERNELS=triton) float64 parameters take the foreach path and keep float64
     precision; asking for sphere_kernel="triton" by name still steps them there, in float32."""
+    from spherenet.kernels import resolve as kernel_choice
     from spherenet.manifolds import declare_sphere
-    from spherenet.optim import kernel_choice
     from spherenet.optim.riemannian_adam import RiemannianAdam
 
     monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", "triton")  # "auto" picks Triton on CPU too

@@ -127,7 +127,7 @@ def slerp() -> list[dict]:
 def optimizer(aligned_too: bool = True) -> list[dict]:
     """The optimizer's row kernels; with ``aligned_too`` also without the alignment hint once, to
     show that the hint is what widens the loads."""
-    from spherenet.optim import triton_kernel as kernel
+    from spherenet.kernels import sphere_rows_triton as kernel
 
     table = {"TABLE": "*i64", "WORK": "*i32"}
     records = []

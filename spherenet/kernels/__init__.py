@@ -16,6 +16,11 @@ The layer ops (equation numbers of Loshchilov et al., "nGPT", 2024):
   :mod:`~spherenet.kernels.residual`;
 - :func:`swiglu` (eq. 19): :mod:`~spherenet.kernels.activation`;
 - :func:`scaled_linear` (eq. 3, 20, 21): :mod:`~spherenet.kernels.linear`.
+
+The optimizer ops (Section 2.6; the Triton kernels of both in :mod:`~spherenet.kernels.sphere_rows_triton`):
+
+- :func:`sphere_adam_`, Adam then the retraction (eq. 22, 24-26): :mod:`~spherenet.kernels.sphere_adam`;
+- :func:`normalize_rows_` and :func:`sphere_muon_tail_`: :mod:`~spherenet.kernels.sphere_rows`.
 """
 
 from . import resolve  # the module (its function resolve.resolve is not re-exported: one name, one thing)
@@ -24,6 +29,8 @@ from .linear import scaled_linear
 from .norm import normalize, qk_normalize
 from .residual import residual_update
 from .resolve import VALUES, Op, active, checkpoint, use
+from .sphere_adam import sphere_adam_
+from .sphere_rows import normalize_rows_, sphere_muon_tail_
 
 __all__ = [
     "VALUES",
@@ -37,4 +44,7 @@ __all__ = [
     "residual_update",
     "swiglu",
     "scaled_linear",
+    "sphere_adam_",
+    "normalize_rows_",
+    "sphere_muon_tail_",
 ]

@@ -4,19 +4,7 @@ Layout: the last dimension of a tensor is the vector on the sphere; leading dime
 batch; ``alpha`` is a scalar or a tensor that broadcasts against the input.
 """
 
-from .geodesic import angle, lerp, normalize, riemannian_update, slerp, tangent
-from .matrix_sphere import MATRIX_SPHERE, MatrixSphere
-from .registry import (
-    ManifoldEntry,
-    declare_manifold,
-    declared_manifolds,
-    geometry_for,
-    named_manifold_parameters,
-    register_geometry,
-    registered_geometries,
-)
-from .sphere import Sphere, point_tolerance
-from .spheres import (
+from .declarations import (
     SPHERE,
     UNIT_SPHERE,
     SphereParameter,
@@ -30,6 +18,19 @@ from .spheres import (
     named_sphere_parameters,
     sphere_dim,
 )
+from .geodesic import angle, lerp, normalize, riemannian_update, slerp, tangent
+from .matrix_sphere import MATRIX_SPHERE, MatrixSphere
+from .registry import (
+    GeometryLists,
+    ManifoldEntry,
+    declare_manifold,
+    declared_manifolds,
+    geometry_for,
+    named_manifold_parameters,
+    register_geometry,
+    registered_geometries,
+)
+from .sphere import Sphere, point_tolerance
 
 __all__ = [
     "Sphere",
@@ -40,6 +41,7 @@ __all__ = [
     "declared_on_geometries",
     "register_geometry",
     "geometry_for",
+    "GeometryLists",
     "registered_geometries",
     "point_tolerance",
     "normalize",

@@ -105,3 +105,31 @@ def geometry_for(name: str):
 def registered_geometries() -> tuple[str, ...]:
     """The names of the registered geometries, in registration order."""
     return tuple(_GEOMETRIES)
+
+
+class GeometryLists:
+    """A registered geometry's operations over lists of local tensors, as
+    :func:`spherenet.kernels.sphere_adam_` asks a manifold for them: ``states[i]`` holds the
+    geometry's constants of ``xs[i]`` (:meth:`init_state`), ``likes[i]`` is its parameter (a
+    DTensor under FSDP2, so that whole-tensor reductions sum over the ranks)."""
+
+    def __init__(self, geometry, states: list[dict], likes: list):
+        self.geometry, self.states, self.likes = geometry, states, likes
+
+    def __repr__(self) -> str:
+        return f"GeometryLists({self.geometry!r})"
+
+    def proju_(self, xs, us) -> None:
+        """Each ``u`` replaced by its part tangent at ``x``."""
+        for x, u, like in zip(xs, us, self.likes):
+            u.copy_(self.geometry.proju(x, u, like=like))
+
+    def step_(self, xs, directions, lr: float) -> None:
+        """Each ``x`` moved against its direction and retracted, by the geometry's ``step_``."""
+        for x, d, state, like in zip(xs, directions, self.states, self.likes):
+            self.geometry.step_(x, d, lr, state, like=like)
+
+    @staticmethod
+    def blocks(lists):
+        """The lists whole, once: the geometry's norms are over whole tensors."""
+        yield list(range(len(lists[0]))), lists

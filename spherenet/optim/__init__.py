@@ -1,17 +1,20 @@
 """Optimizers that keep declared sphere weights on the unit sphere (nGPT, Loshchilov et al. 2024).
 
-- :func:`param_groups` / :func:`sphere_parameters`: which parameters lie on the sphere, read
+- :func:`param_groups` / :func:`sphere_parameters`: which parameters lie on which manifold, read
   from the modules' declarations (survives FSDP2 and ``load_state_dict(assign=True)``); each
-  group carries ``"manifold": "sphere" | "euclidean"``.
-- :class:`RiemannianAdam`: Adam on the sphere, AdamW elsewhere; ``gradient="euclidean"`` is
-  the paper's Adam + renormalize, ``"riemannian"`` Adam on the tangent-projected gradient;
-  ``second_moment="element" | "row"`` (``"row"`` is geoopt's).
+  group carries ``"manifold"``: ``"sphere"`` (unit rows), a registered geometry such as
+  ``"matrix_sphere"`` (whole matrices, Hyperball), or ``"euclidean"``.
+- :class:`RiemannianAdam`: Adam on the sphere and on registered geometries, AdamW elsewhere;
+  ``gradient="euclidean"`` is the paper's Adam + renormalize, ``"riemannian"`` Adam on the
+  tangent-projected gradient; ``second_moment="element" | "row"`` (``"row"`` is geoopt's). Its
+  step is :func:`spherenet.kernels.sphere_adam.sphere_adam_`.
 - :class:`Riemannian`: wraps any torch optimizer the same way.
 - :func:`normalize_`, :func:`add_normalize_hook`: the paper's "Euclidean step, then normalize".
 - :class:`SphericalMuon`: Muon (orthogonalized momentum) on matrices of unit rows;
   :class:`CombinedOptimizer`: several optimizers seen as one (the Muon recipes).
-- :func:`build_optimizer`: the paper's recipes (Table 3) with a warmup + cosine schedule, and
-  the Muon recipes ``"spherical_muon"`` (nGPT) and ``"muon"`` (GPT).
+- :func:`build_optimizer`: the paper's recipes (Table 3) with a warmup + cosine schedule, the
+  Muon recipes ``"spherical_muon"`` (nGPT) and ``"muon"`` (GPT), and Hyperball's ``"adamh"`` and
+  ``"muonh"`` (GPT's hidden matrices each on the sphere of its Frobenius norm).
 """
 
 from .build import METHOD_DEFAULTS, METHODS, MUON_METHODS, WarmupCosine, build_optimizer

@@ -1,5 +1,5 @@
-"""Pieces shared by :class:`RiemannianAdam` and :class:`Riemannian`: argument checks, the
-first-step point check, and the model-staleness check."""
+"""Pieces shared by the optimizers: argument checks, the sphere layout and first-step point
+checks, the local shard of an FSDP2 tensor, and the model-staleness check."""
 
 from __future__ import annotations
 
@@ -10,11 +10,57 @@ import weakref
 import torch
 from torch import nn
 
+from ..kernels.sphere_rows import RowOps
 from ..manifolds import SPHERE, declared_spheres, named_sphere_parameters, point_tolerance
-from ._row_kernels import RowOps
 from .groups import describe
 
+try:  # torch >= 2.4 public path
+    from torch.distributed.tensor import DTensor, Partial, Shard
+except ImportError:  # pragma: no cover - torch.distributed missing or too old
+    DTensor = Partial = Shard = None  # type: ignore[assignment]
+
 OFF_SPHERE_POLICIES = ("project", "error")
+_ROWS = RowOps()
+
+
+def is_dtensor(t: torch.Tensor) -> bool:
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of an FSDP2/DTensor tensor (a view sharing its storage), else ``t``.
+
+    Callers run under ``torch.no_grad()``, where ``to_local()`` returns the shard itself, so
+    in-place updates of the result update the parameter.
+    """
+    return t.to_local() if is_dtensor(t) else t
+
+
+def check_sphere_layout(p: torch.Tensor, name: str) -> None:
+    """Refuse a sphere parameter whose rows would not be whole on this rank.
+
+    Raises ``ValueError`` for 0-d tensors, a last dimension of size < 2 (a "sphere" of isolated
+    points), complex dtypes, and DTensors sharded along the last dimension or holding partial
+    sums (a row norm on the local data would then be wrong without communication).
+    """
+    if p.dim() < 1 or p.shape[-1] < 2:
+        raise ValueError(
+            f"sphere parameter {name!r} has shape {tuple(p.shape)}: the unit vectors lie along the "
+            "last dimension, which must have size >= 2"
+        )
+    if p.is_complex() or not p.is_floating_point():
+        raise ValueError(f"sphere parameter {name!r} has dtype {p.dtype}; only real floating point is supported")
+    if is_dtensor(p):
+        last = p.dim() - 1
+        for placement in p.placements:
+            if isinstance(placement, Shard) and placement.dim % p.dim() == last:
+                raise ValueError(
+                    f"sphere parameter {name!r} is sharded along its last dimension ({p.placements}): "
+                    "its unit vectors would be split across ranks. Shard another dimension (FSDP2 "
+                    "shards dim 0; store the sphere dimension last and keep ndim >= 2)."
+                )
+            if isinstance(placement, Partial):
+                raise ValueError(f"sphere parameter {name!r} has a Partial placement; cannot normalize rows locally")
 
 
 def check_positive_float(name: str, value, *, allow_zero: bool = False) -> None:
@@ -47,7 +93,6 @@ def check_off_sphere(policy: str) -> None:
 
 
 def ensure_on_sphere(
-    rows: RowOps,
     params: list[torch.Tensor],
     locals_: list[torch.Tensor],
     names: dict[int, str],
@@ -63,7 +108,7 @@ def ensure_on_sphere(
     """
     if not params:
         return
-    errors = [float(e) for e in rows.norm_errors(locals_)]
+    errors = [float(e) for e in _ROWS.norm_errors(locals_)]
     bad = [(p, x, e) for p, x, e in zip(params, locals_, errors) if not e <= point_tolerance(x.dtype)]
     # A rank holding no rows of a parameter has nothing to check; the check is local (rows whole).
     if not bad:
@@ -83,7 +128,7 @@ def ensure_on_sphere(
         UserWarning,
         stacklevel=stacklevel,  # the user's optimizer.step() call, through torch's step wrappers
     )
-    rows.retr_([x for _, x, _ in bad])
+    _ROWS.retr_([x for _, x, _ in bad])
 
 
 class ModelWatch:
@@ -93,8 +138,7 @@ class ModelWatch:
     Catches an optimizer built before ``fully_shard`` or ``load_state_dict(assign=True)``
     replaced the parameters: it would update tensors the model no longer uses.
 
-    The full check walks the whole model (about 1 ms per step on a 66M-parameter nGPT, 2% of
-    its optimizer step). Once it has passed, a step only confirms what it saw: each sphere
+    The full check walks the whole model. Once it has passed, a step only confirms what it saw: each sphere
     parameter is still the object its module holds, and each module on the way from the root
     to it is still its parent's child. That catches every replacement of a parameter or of a
     module holding one; the full walk runs again when the optimizer's sphere groups change,

@@ -9,11 +9,11 @@
 
 ``method``:
 
-- ``"riemannian_adam"``: nGPT with :class:`RiemannianAdam`. With ``gradient="euclidean"``
-  (and ``second_moment="element"``) this is the paper's optimizer, the same steps as
+- ``"riemannian_adam"``: nGPT with :class:`RiemannianAdam`. With ``gradient="euclidean"`` (the
+  default) and ``second_moment="element"`` this is the paper's optimizer, the same steps as
   ``"adam_normalize"`` to float rounding, in one pass per row; with ``gradient="riemannian"``
-  (the default) Adam's moments see the tangent projection of the gradient, a different
-  optimizer (see :mod:`spherenet.optim.riemannian_adam` for how far it departs);
+  Adam's moments see the tangent projection of the gradient, a different optimizer (see
+  :mod:`spherenet.optim.riemannian_adam` for how far it departs);
 - ``"adam_normalize"``: nGPT as in the paper: Euclidean Adam, then renormalize every sphere
   weight after each step (Section 2.6, step 2) with :func:`add_normalize_hook`;
 - ``"adamw"``: the GPT baseline: AdamW, weight decay on tensors with ``ndim >= 2`` only;
@@ -52,11 +52,9 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from ..manifolds import declare_matrix_sphere, declared_matrix_spheres
-from ._checks import check_betas, check_positive_float
-from ._row_kernels import is_dtensor
+from ._checks import check_betas, check_positive_float, is_dtensor
 from .combined import CombinedOptimizer
-from .groups import EUCLIDEAN, MATRIX_SPHERE, SPHERE, named_sphere_parameters, param_groups
-from .kernel_choice import split_fused
+from .groups import EUCLIDEAN, MATRIX_SPHERE, SPHERE, named_sphere_parameters, param_groups, split_fused
 from .muon import SphericalMuon, hidden_matrices
 from .normalize import add_normalize_hook, normalize_
 from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
@@ -192,120 +190,89 @@ def build_optimizer(
         check_positive_float("muon_lr", muon_lr)
         if isinstance(muon_momentum, bool) or not isinstance(muon_momentum, (int, float)) or not 0 <= muon_momentum < 1:
             raise ValueError(f"muon_momentum must be in [0, 1), got {muon_momentum!r}")
-    sphere = named_sphere_parameters(model)
+    hidden = _hidden_matrices_for(model, method)  # Muon's and Hyperball's matrices; declared first for Hyperball
+    # The one set of groups: sphere, geometry, decayed and plain. Every part takes its share of
+    # them, each group with its own weight decay (0 on every manifold).
+    groups = param_groups(model, weight_decay)
+    hidden_ids = {id(p) for _, p in hidden}
+    adam = dict(lr=lr, betas=betas, eps=eps)
+    sphere_adam = dict(
+        adam, second_moment=second_moment, off_sphere=off_sphere, fused=fused, sphere_kernel=sphere_kernel
+    )
 
     if method == "riemannian_adam":
-        optimizer = RiemannianAdam(
-            param_groups(model, weight_decay),
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            second_moment=second_moment,
-            gradient=gradient,
-            model=model,
-            off_sphere=off_sphere,
-            fused=fused,
-            sphere_kernel=sphere_kernel,
-        )
-    elif method == "adam_normalize":
-        if not sphere:
-            raise ValueError("method 'adam_normalize': the model declares no sphere parameters (use 'adamw')")
-        optimizer = torch.optim.AdamW(
-            _torch_groups(model, weight_decay, fused), lr=lr, betas=betas, eps=eps, weight_decay=0.0, fused=fused
-        )
-        with torch.no_grad():
-            normalize_(model)  # start on the sphere, as the paper's init does (Section 2.6)
-        add_normalize_hook(optimizer, model)
-    elif method == "spherical_muon":
-        optimizer = _spherical_muon(
-            model,
-            sphere,
-            weight_decay,
-            lr,
-            betas,
-            eps,
-            second_moment,
-            off_sphere,
-            fused,
-            sphere_kernel,
-            muon_lr,
-            muon_momentum,
-        )
-    elif method == "muon":
-        optimizer = _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, muon_momentum)
-    elif method in HYPERBALL_METHODS:
-        optimizer = _hyperball(
-            model, method, sphere, weight_decay, lr, betas, eps, gradient, fused, matrix_lr, muon_momentum
-        )
-    else:
-        if sphere:
-            raise ValueError(
-                f"method 'adamw' on a model with sphere parameters ({sphere[0][0]!r}, ...): they would leave the "
-                "sphere. Use 'riemannian_adam' or 'adam_normalize'."
+        optimizer = RiemannianAdam(groups, **sphere_adam, gradient=gradient, model=model)
+    elif method == "adamh":  # the matrix_sphere group at matrix_lr, AdamW's groups at lr
+        for group in groups:
+            if group["manifold"] == MATRIX_SPHERE:
+                group["lr"] = matrix_lr
+        optimizer = RiemannianAdam(groups, **adam, gradient=gradient, model=model, fused=fused)
+    elif method in ("adam_normalize", "adamw"):
+        optimizer = torch.optim.AdamW(_split_fused(groups, fused), **adam, fused=fused)
+        if method == "adam_normalize":
+            with torch.no_grad():
+                normalize_(model)  # start on the sphere, as the paper's init does (Section 2.6)
+            add_normalize_hook(optimizer, model)
+    else:  # the Muon methods: Muon on the hidden matrices, Adam on the groups' rest
+        rest = _without(groups, hidden_ids)
+        if method == "spherical_muon":
+            muon = SphericalMuon([{"params": hidden, "manifold": SPHERE}], lr=muon_lr, momentum=muon_momentum, off_sphere=off_sphere)  # fmt: skip  # one part a line
+            parts = [muon] + ([RiemannianAdam(rest, **sphere_adam)] if rest else [])
+        elif method == "muonh":
+            muon = SphericalMuon([{"params": hidden, "manifold": MATRIX_SPHERE}], lr=matrix_lr, momentum=muon_momentum)
+            parts = [muon] + ([torch.optim.AdamW(_split_fused(rest, fused), **adam, fused=fused)] if rest else [])
+        else:
+            muon = torch.optim.Muon(
+                [{"params": hidden, "manifold": EUCLIDEAN, "weight_decay": weight_decay}],
+                lr=muon_lr,
+                momentum=muon_momentum,
+                nesterov=True,
+                adjust_lr_fn="match_rms_adamw",
             )
-        optimizer = torch.optim.AdamW(
-            _torch_groups(model, weight_decay, fused), lr=lr, betas=betas, eps=eps, weight_decay=0.0, fused=fused
-        )
+            parts = [muon] + ([torch.optim.AdamW(_split_fused(rest, fused), **adam, fused=fused)] if rest else [])
+        optimizer = CombinedOptimizer(parts, model=None if method == "muon" else model)
     scheduler = LambdaLR(optimizer, WarmupCosine(total_steps, warmup_steps))
     return optimizer, scheduler
 
 
-def _spherical_muon(
-    model, sphere, weight_decay, lr, betas, eps, second_moment, off_sphere, fused, sphere_kernel, muon_lr, momentum
-) -> CombinedOptimizer:
-    """SphericalMuon on the hidden sphere matrices, RiemannianAdam on everything else."""
-    sphere_ids = {id(p) for _, p in sphere}
-    hidden = [(name, p) for name, p in hidden_matrices(model) if id(p) in sphere_ids]
+def _hidden_matrices_for(model: nn.Module, method: str) -> list[tuple[str, torch.Tensor]]:
+    """The matrices ``method`` steps apart from Adam (none for the Adam methods), after the refusals
+    of what ``method`` cannot hold: the hidden sphere matrices for ``"spherical_muon"``, every hidden
+    matrix for ``"muon"``, and for Hyperball every hidden matrix, declared on the sphere of its
+    Frobenius norm here."""
+    sphere = named_sphere_parameters(model)
+    if method in ("adamw", "muon") and sphere:
+        instead = "'riemannian_adam' or 'adam_normalize'" if method == "adamw" else "'spherical_muon'"
+        raise ValueError(
+            f"method {method!r} on a model with sphere parameters ({sphere[0][0]!r}, ...): they would leave the "
+            f"sphere. Use {instead}."
+        )
+    if method == "adam_normalize" and not sphere:
+        raise ValueError("method 'adam_normalize': the model declares no sphere parameters (use 'adamw')")
+    if method in HYPERBALL_METHODS and sphere:
+        raise ValueError(
+            f"method {method!r} on a model with row-sphere parameters ({sphere[0][0]!r}, ...): Hyperball holds "
+            "GPT's matrices on whole-matrix spheres; for nGPT use 'riemannian_adam' or 'spherical_muon'"
+        )
+    if method not in MUON_METHODS + HYPERBALL_METHODS:
+        return []
+    if method in HYPERBALL_METHODS:
+        hidden = declare_hidden_matrix_spheres(model)
+    elif method == "spherical_muon":
+        sphere_ids = {id(p) for _, p in sphere}
+        hidden = [(name, p) for name, p in hidden_matrices(model) if id(p) in sphere_ids]
+    else:
+        hidden = hidden_matrices(model)
     if not hidden:
+        kind, owner, instead = {
+            "spherical_muon": ("hidden 2-D sphere weights for Muon", "Adam's", "'riemannian_adam'"),
+            "muon": ("hidden 2-D weights for Muon", "AdamW's", "'adamw'"),
+        }.get(method, ("hidden 2-D weights", "AdamW's", "'adamw'"))
         raise ValueError(
-            "method 'spherical_muon': the model has no hidden 2-D sphere weights for Muon (embeddings and "
-            "output layers are Adam's; see spherenet.optim.hidden_matrices); use 'riemannian_adam'"
+            f"method {method!r}: the model has no {kind} (embeddings and output layers are {owner}; see "
+            f"spherenet.optim.hidden_matrices); use {instead}"
         )
-    muon = SphericalMuon([{"params": hidden, "manifold": SPHERE}], lr=muon_lr, momentum=momentum, off_sphere=off_sphere)
-    rest = _without(param_groups(model, weight_decay), {id(p) for _, p in hidden})
-    parts: list[torch.optim.Optimizer] = [muon]
-    if rest:
-        parts.append(
-            RiemannianAdam(
-                rest,
-                lr=lr,
-                betas=betas,
-                eps=eps,
-                second_moment=second_moment,
-                off_sphere=off_sphere,
-                fused=fused,
-                sphere_kernel=sphere_kernel,
-            )
-        )
-    return CombinedOptimizer(parts, model=model)
-
-
-def _muon(model, sphere, weight_decay, lr, betas, eps, fused, muon_lr, momentum) -> CombinedOptimizer:
-    """torch.optim.Muon on the hidden 2-D weights, AdamW on everything else."""
-    if sphere:
-        raise ValueError(
-            f"method 'muon' on a model with sphere parameters ({sphere[0][0]!r}, ...): they would leave the "
-            "sphere. Use 'spherical_muon'."
-        )
-    hidden = hidden_matrices(model)
-    if not hidden:
-        raise ValueError(
-            "method 'muon': the model has no hidden 2-D weights for Muon (embeddings and output layers are "
-            "AdamW's; see spherenet.optim.hidden_matrices); use 'adamw'"
-        )
-    muon = torch.optim.Muon(
-        [{"params": hidden, "manifold": EUCLIDEAN}],
-        lr=muon_lr,
-        weight_decay=weight_decay,
-        momentum=momentum,
-        nesterov=True,
-        adjust_lr_fn="match_rms_adamw",
-    )
-    rest = _torch_groups(model, weight_decay, fused, exclude={id(p) for _, p in hidden})
-    parts: list[torch.optim.Optimizer] = [muon]
-    if rest:
-        parts.append(torch.optim.AdamW(rest, lr=lr, betas=betas, eps=eps, weight_decay=0.0, fused=fused))
-    return CombinedOptimizer(parts)
+    return hidden
 
 
 def declare_hidden_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -325,34 +292,6 @@ def declare_hidden_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Ten
     return hidden
 
 
-def _hyperball(model, method, sphere, weight_decay, lr, betas, eps, gradient, fused, matrix_lr, momentum):
-    """AdamH / MuonH on the hidden matrices (declared on whole-matrix spheres), AdamW on the rest."""
-    if sphere:
-        raise ValueError(
-            f"method {method!r} on a model with row-sphere parameters ({sphere[0][0]!r}, ...): Hyperball holds "
-            "GPT's matrices on whole-matrix spheres; for nGPT use 'riemannian_adam' or 'spherical_muon'"
-        )
-    hidden = declare_hidden_matrix_spheres(model)
-    if not hidden:
-        raise ValueError(
-            f"method {method!r}: the model has no hidden 2-D weights (embeddings and output layers are AdamW's; "
-            "see spherenet.optim.hidden_matrices); use 'adamw'"
-        )
-    hidden_ids = {id(p) for _, p in hidden}
-    if method == "adamh":
-        groups = param_groups(model, weight_decay)  # the matrix_sphere group, then AdamW's groups
-        for group in groups:
-            if group["manifold"] == MATRIX_SPHERE:
-                group["lr"] = matrix_lr
-        return RiemannianAdam(groups, lr=lr, betas=betas, eps=eps, gradient=gradient, model=model, fused=fused)
-    muon = SphericalMuon([{"params": hidden, "manifold": MATRIX_SPHERE}], lr=matrix_lr, momentum=momentum)
-    rest = _torch_groups(model, weight_decay, fused, exclude=hidden_ids)
-    parts: list[torch.optim.Optimizer] = [muon]
-    if rest:
-        parts.append(torch.optim.AdamW(rest, lr=lr, betas=betas, eps=eps, weight_decay=0.0, fused=fused))
-    return CombinedOptimizer(parts, model=model)
-
-
 def _without(groups: list[dict], ids: set[int]) -> list[dict]:
     """``groups`` without the parameters in ``ids``; groups left empty are dropped."""
     out = []
@@ -363,14 +302,11 @@ def _without(groups: list[dict], ids: set[int]) -> list[dict]:
     return out
 
 
-def _torch_groups(
-    model: nn.Module, weight_decay: float, fused: bool | None, exclude: set[int] = frozenset()
-) -> list[dict]:
-    """Param groups for torch's AdamW. ``fused=None`` on plain tensors: each group is split into
-    a fused-kernel part (the tensors torch has a fused kernel for) and a part for torch's other kernels, by
-    :func:`spherenet.optim.kernel_choice.split_fused` (torch alone would take a per-tensor loop on CPU).
-    torch's AdamW ignores the extra ``"manifold"`` key; it is kept for readers."""
-    groups = _without(param_groups(model, weight_decay), exclude)
+def _split_fused(groups: list[dict], fused: bool | None) -> list[dict]:
+    """``groups`` for torch's AdamW. ``fused=None`` on plain tensors: each group is split into a
+    fused-kernel part (the tensors torch has a fused kernel for) and a part for torch's other
+    kernels, by :func:`spherenet.optim.groups.split_fused` (torch alone would take a per-tensor loop
+    on CPU). torch's AdamW ignores the extra ``"manifold"`` key; it is kept for readers."""
     if fused is not None or any(is_dtensor(p) for g in groups for _, p in g["params"]):
         return groups
     out = []

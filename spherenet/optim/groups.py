@@ -5,7 +5,9 @@ That class is lost when FSDP2's ``fully_shard`` or ``load_state_dict(assign=True
 parameter, and the optimizer then silently runs Euclidean Adam. spherenet instead reads the
 owning modules' declarations (:func:`spherenet.manifolds.named_sphere_parameters`, a lookup by
 attribute name made at call time) and writes the answer into the **param group**:
-``group["manifold"]`` is ``"sphere"`` (:data:`spherenet.manifolds.SPHERE`) or ``"euclidean"``.
+``group["manifold"]`` is ``"sphere"`` (:data:`spherenet.manifolds.SPHERE`, the unit sphere row by
+row), the name of a registered geometry (``"matrix_sphere"``, :data:`spherenet.manifolds.MATRIX_SPHERE`,
+or one registered with :func:`spherenet.manifolds.register_geometry`), or ``"euclidean"``.
 The optimizers read that key and never inspect tensor classes.
 
 The tensor class is still consulted in one place, to *refuse*: a ``ManifoldParameter`` on a
@@ -32,7 +34,6 @@ __all__ = [
     "SPHERE",
     "MATRIX_SPHERE",
     "EUCLIDEAN",
-    "MANIFOLDS",
     "known_manifolds",
     "sphere_parameters",
     "named_sphere_parameters",
@@ -41,7 +42,8 @@ __all__ = [
 ]
 
 EUCLIDEAN = "euclidean"
-MANIFOLDS = (SPHERE, MATRIX_SPHERE, EUCLIDEAN)  # the built-in ones; known_manifolds() adds any registered later
+_FUSED_DEVICES = ("cpu", "cuda", "xpu")
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def known_manifolds() -> tuple[str, ...]:
@@ -139,7 +141,7 @@ def check_groups(
 ) -> None:
     """Refuse param groups that would let a sphere parameter take Euclidean steps.
 
-    - ``group["manifold"]`` must be ``"sphere"`` or ``"euclidean"``;
+    - ``group["manifold"]`` must be one of :func:`known_manifolds`;
     - a ``ManifoldParameter`` on a sphere must sit in a sphere group;
     - with ``model``: every declared sphere parameter of ``model`` must sit in a sphere group.
     """
@@ -171,3 +173,12 @@ def check_groups(
                     + ". Build the optimizer after fully_shard / load_state_dict(assign=True), from "
                     "spherenet.optim.param_groups(model)."
                 )
+
+
+def split_fused(option, tensors: list[torch.Tensor]) -> list[bool]:
+    """Per tensor of a Euclidean group: take torch's fused Adam kernel? ``option=True/False``
+    forces it; ``None`` picks it wherever torch has one (CPU/CUDA/XPU, float dtypes), small CPU
+    tensors included (BENCHMARKS.md)."""
+    if option is not None:
+        return [bool(option)] * len(tensors)
+    return [t.device.type in _FUSED_DEVICES and t.dtype in _FUSED_DTYPES for t in tensors]

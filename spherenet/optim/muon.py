@@ -48,9 +48,9 @@ so no element moves more than about ``1.21 * lr * s`` per step (plus rounding).
 
 Newton-Schulz needs the whole matrix. Under FSDP2 (rows sharded over ranks) the Nesterov
 direction is all-gathered (``DTensor.full_tensor()``), every rank orthogonalizes the full
-matrix and keeps its own rows; all other stages are row-local. Steps 4-6 are one Triton pass
-(:func:`spherenet.optim.triton_kernel.sphere_muon_tail_`) wherever the sphere optimizer takes its
-Triton kernel (CUDA, or ``SPHERENET_KERNELS=triton``), ``_foreach`` passes elsewhere. Embeddings, the output head and
+matrix and keeps its own rows; all other stages are row-local. Steps 4-6 are one row op,
+:func:`spherenet.kernels.sphere_muon_tail_` (one Triton pass where Triton is chosen, ``_foreach``
+passes elsewhere). Embeddings, the output head and
 vectors are not for Muon (Jordan et al.; Bernstein & Newhouse: their natural norms are not the
 spectral norm): :func:`spherenet.optim.build_optimizer` sends them to (Riemannian) Adam.
 """
@@ -63,11 +63,10 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from ..kernels.sphere_rows import RowOps, sphere_muon_tail_
 from ..manifolds import geometry_for
-from ._checks import check_off_sphere, check_positive_float, ensure_on_sphere
-from ._row_kernels import RowOps, check_sphere_layout, is_dtensor, local
+from ._checks import check_off_sphere, check_positive_float, check_sphere_layout, ensure_on_sphere, is_dtensor, local
 from .groups import EUCLIDEAN, SPHERE, _names_of, known_manifolds
-from .kernel_choice import takes_triton_rows
 
 __all__ = [
     "SphericalMuon",
@@ -330,7 +329,7 @@ class SphericalMuon(Optimizer):
         rows = self._rows
         if new:
             ensure_on_sphere(
-                rows, new, [local(p) for p in new], _names_of(self.param_groups), self.off_sphere, "SphericalMuon"
+                new, [local(p) for p in new], _names_of(self.param_groups), self.off_sphere, "SphericalMuon"
             )
         mu, lr = float(group["momentum"]), float(group["lr"])
         ns_dtype = NS_DTYPES[group["ns_dtype"]]
@@ -348,14 +347,8 @@ class SphericalMuon(Optimizer):
                 o = _own_rows(o, p)
             o = o.to(x.dtype).contiguous()  # NS returns tall matrices transposed
             step_size = lr * update_scale(p.shape, group["adjust_lr"])
-            if takes_triton_rows(x, o, m):  # 4.-6. in one pass
-                _triton_tail()([x], [o], [m], [step_size], group["project_update"])
-                continue
-            if group["project_update"]:
-                rows.proju_([x], [o])  # 4. O <- P_X(O)
-            x.add_(o, alpha=-step_size)
-            rows.retr_([x])  # 5. X <- Norm(X - lr s O)
-            rows.proju_([x], [m])  # 6. M <- P_X(M) at the new point
+            # 4. O <- P_X(O); 5. X <- Norm(X - lr s O); 6. M <- P_X(M) at the new point
+            sphere_muon_tail_([x], [o], [m], [step_size], project_update=group["project_update"])
 
     def _geometry_step(self, group: dict, params: list) -> None:
         """A registered geometry's group: Muon's orthogonalized momentum ``O`` of the raw
@@ -378,12 +371,6 @@ class SphericalMuon(Optimizer):
             if is_dtensor(p):
                 o = _own_rows(o, p)
             geometry.step_(x, o.to(x.dtype), lr, state, like=p)
-
-
-def _triton_tail():
-    from .triton_kernel import sphere_muon_tail_  # imports Triton: only when it is used
-
-    return sphere_muon_tail_
 
 
 def _gather_rows(local_rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

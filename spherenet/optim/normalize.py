@@ -13,13 +13,11 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from ..kernels.sphere_rows import normalize_rows_
 from ..manifolds import named_sphere_parameters
-from ._row_kernels import RowOps, check_sphere_layout, local
-from .kernel_choice import takes_triton_rows
+from ._checks import check_sphere_layout, local
 
 __all__ = ["normalize_", "add_normalize_hook"]
-
-_ROWS = RowOps()
 
 
 @torch.compiler.disable
@@ -28,10 +26,9 @@ def normalize_(model: nn.Module) -> int:
     ``W <- Norm(W)`` along the last (embedding) dimension. Returns the number of tensors.
 
     Works on FSDP2 shards (rows are whole on each rank; no communication). A zero row stays
-    zero (it has no direction). Eager even under ``torch.compile``. Where the sphere optimizer
-    takes its Triton kernel (CUDA, or any device under ``SPHERENET_KERNELS=triton``), contiguous
-    float32/bf16/fp16 tensors are renormalized by Triton (one read and one write, one launch
-    per dtype and row length); the others by ``_foreach`` passes.
+    zero (it has no direction). Eager even under ``torch.compile``. The row op is
+    :func:`spherenet.kernels.normalize_rows_` (Triton where Triton is chosen, one read and one
+    write; ``_foreach`` passes elsewhere).
     """
     named = named_sphere_parameters(model)
     xs = []
@@ -39,12 +36,7 @@ def normalize_(model: nn.Module) -> int:
         check_sphere_layout(p, name)
         xs.append(local(p))
     with torch.no_grad():
-        by_kernel = [x for x in xs if takes_triton_rows(x)]
-        if by_kernel:
-            from .triton_kernel import normalize_rows_  # imports Triton: only when it is used
-
-            normalize_rows_(by_kernel)
-        _ROWS.retr_([x for x in xs if not takes_triton_rows(x)])
+        normalize_rows_(xs)
     return len(xs)
 
 

@@ -1,25 +1,15 @@
 """Adam on the unit sphere, over lists of tensors, correct under FSDP2.
 
-Equation numbers are those of Loshchilov et al., "nGPT" (2024). For a sphere parameter ``x``
-(unit rows, the sphere dimension last) with Euclidean gradient ``g``, one step is
-
-1. the gradient the moments see: ``gradient="euclidean"`` (default): ``u = g``;
-   ``gradient="riemannian"``: ``u = g - <x, g> x``, the manifold's ``proju``, the projection
-   onto the tangent space at ``x`` (the construction of Appendix A.3, eq. 24, applied to the
-   weights);
-2. Adam moments on ``u`` (eq. 22): ``m <- b1 m + (1-b1) u``, and either
-   ``second_moment="element"``: ``v <- b2 v + (1-b2) u*u`` (one value per element, as
-   ``torch.optim.Adam``), or ``second_moment="row"``: ``v <- b2 v + (1-b2) ||u||^2`` (one value
-   per row, geoopt's ``RiemannianAdam`` on its ``Sphere``);
-3. direction ``d = m_hat / (sqrt(v_hat) + eps)`` with bias corrections ``1 - b^t``;
-4. the manifold's retraction ``retr``: ``x <- Norm(x - lr d)`` (Section 2.2.2 and eq. 25/26);
-5. with ``"row"`` and ``"riemannian"`` only: ``transp`` of ``m`` to the new point by projection,
-   ``m <- m - <x, m> x`` (geoopt's; see below for why not with ``"element"``).
+Equation numbers are those of Loshchilov et al., "nGPT" (2024). The step itself (step count,
+moments on the gradient or its tangent projection, bias correction, step, retraction, and with a
+per-row second moment the transport of ``m``) is :func:`spherenet.kernels.sphere_adam_`, written
+once there in that order; this optimizer keeps the state and the group policy and calls it for
+the row sphere and for every registered geometry (the whole-matrix sphere: AdamH).
 
 **The paper's optimizer** (Section 2.6 step 2 and Table 3: Adam, then renormalize every sphere
-row) is ``gradient="euclidean", second_moment="element"``: steps 1-4 are then
+row) is ``gradient="euclidean", second_moment="element"``: the step is then
 ``torch.optim.Adam`` followed by ``Norm``, equal to ``build_optimizer(method="adam_normalize")``
-to float rounding (tested: 50 float64 steps of ngpt-tiny, every parameter within 1e-12).
+to float rounding (tested over 50 float64 steps of ngpt-tiny).
 
 **How ``gradient="riemannian"`` departs from it.** The moments see only the tangent part of each
 gradient: the radial part ``<x, g> x``, which ``Norm`` would remove from the step, neither
@@ -50,31 +40,30 @@ the paper's method has too.
 
 from __future__ import annotations
 
-import math
-import warnings
-
 import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
-from ..manifolds import geometry_for
-from . import _native, _row_kernels
+from ..kernels._choice import implementation_status
+from ..kernels.sphere_adam import GRADIENTS, SECOND_MOMENTS, sphere_adam_
+from ..manifolds import GeometryLists, geometry_for
 from ._checks import (
     ModelWatch,
     check_betas,
     check_off_sphere,
     check_positive_float,
+    check_sphere_layout,
     ensure_on_sphere,
+    local,
 )
-from ._row_kernels import TINY, RowOps, check_sphere_layout, local, waves
-from .groups import EUCLIDEAN, SPHERE, _names_of, check_groups, describe, known_manifolds, param_groups
-from .kernel_choice import SPHERE_KERNELS, resolve_sphere_kernel, split_fused, triton_status
+from .groups import EUCLIDEAN, SPHERE, _names_of, check_groups, describe, known_manifolds, param_groups, split_fused
 
-__all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS", "resolve_sphere_kernel"]
+__all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS"]
 
-SECOND_MOMENTS = ("element", "row")
-GRADIENTS = ("riemannian", "euclidean")
+#: The values of ``sphere_kernel``: the implementation of :func:`spherenet.kernels.sphere_adam_`
+#: (``"foreach"``: its plain-torch reference, the resolver's ``"torch"``).
+SPHERE_KERNELS = ("auto", "native", "triton", "foreach")
 
 
 class RiemannianAdam(Optimizer):
@@ -83,9 +72,9 @@ class RiemannianAdam(Optimizer):
     Args:
         params: an ``nn.Module`` (recommended: groups are built with
             :func:`spherenet.optim.param_groups` and the model is remembered for the checks
-            below), or parameters / param groups. A group's ``"manifold"`` key (``"sphere"`` or
-            ``"euclidean"``, default ``"euclidean"``) says how its parameters move; no tensor
-            class is ever inspected to decide it.
+            below), or parameters / param groups. A group's ``"manifold"`` key (``"sphere"``, a
+            registered geometry such as ``"matrix_sphere"``, or ``"euclidean"``, the default)
+            says how its parameters move; no tensor class is ever inspected to decide it.
         lr, betas, eps: as in ``torch.optim.Adam``.
         weight_decay: **decoupled** (AdamW: ``x <- x - lr * wd * x``) on Euclidean groups. With a
             module, it applies to Euclidean tensors with ``ndim >= 2`` only. On the sphere weight
@@ -103,24 +92,18 @@ class RiemannianAdam(Optimizer):
             declared sphere parameter must then sit in a sphere group.
         off_sphere: what the first step does with sphere rows that are not unit: ``"project"``
             (normalize them, with a warning) or ``"error"``.
-        fused: for Euclidean groups and sphere tensors on the foreach path, use torch's fused
-            Adam kernel for the moment update: ``True``, ``False`` (the
-            foreach kernel), or ``None``: fused wherever torch has a fused kernel for the tensor's
-            device and dtype, foreach for the rest.
+        fused: for Euclidean groups, torch's fused Adam kernel: ``True``, ``False`` (the foreach
+            kernel), or ``None``: fused wherever torch has a fused kernel for the tensor's device
+            and dtype, foreach for the rest.
         check_model: at every step, check that the model's declared sphere parameters are
             still the ones this optimizer holds (a ``RuntimeError`` otherwise; see
             :class:`spherenet.optim._checks.ModelWatch` for what a step confirms).
-        sphere_kernel: how sphere tensors are updated (all compute the same step, to float
-            rounding; :mod:`spherenet.optim.kernel_choice`). ``"native"``: one fused C++ pass
-            per row for contiguous CPU tensors (built on first use, see
-            :mod:`spherenet.optim._native`; other tensors take the foreach path), a
-            ``RuntimeError`` if it cannot be built. ``"triton"``: one Triton launch per dtype and row
-            length over all of a group's sphere tensors (:mod:`spherenet.optim.triton_kernel`;
-            CPU tensors only under ``TRITON_INTERPRET=1``).
-            ``"foreach"``: ``torch._foreach_*`` passes over cache-sized blocks of rows (any
-            device), the readable reference. ``"auto"`` (default): native for CPU tensors when
-            it builds, Triton for CUDA tensors when Triton is installed (else foreach, with one
-            warning), foreach elsewhere.
+        sphere_kernel: the implementation of :func:`spherenet.kernels.sphere_adam_` for the row
+            sphere (all compute the same step, to float rounding): ``"native"`` (fused C++, CPU
+            tensors; a ``RuntimeError`` if it cannot be built), ``"triton"`` (CUDA, or CPU under
+            ``TRITON_INTERPRET=1``), ``"foreach"`` (the plain-torch reference, any device) or
+            ``"auto"`` (default: native on CPU, Triton on CUDA, the reference elsewhere and for
+            tensors the others cannot take). Registered geometries always take the reference.
 
     Refusals (``ValueError`` unless said): a geoopt ``ManifoldParameter`` on a sphere in a
     Euclidean group; a declared sphere parameter of ``model`` in no sphere group; weight decay
@@ -161,16 +144,10 @@ class RiemannianAdam(Optimizer):
             raise ValueError(f"fused must be None, True or False, got {fused!r}")
         if sphere_kernel not in SPHERE_KERNELS:
             raise ValueError(f"sphere_kernel must be one of {SPHERE_KERNELS}, got {sphere_kernel!r}")
-        if sphere_kernel == "native":
-            available, reason = _native.native_status()
+        if sphere_kernel in ("native", "triton"):
+            available, reason = implementation_status(sphere_kernel)
             if not available:
-                raise RuntimeError(
-                    f"RiemannianAdam(sphere_kernel='native'): the native kernel is unavailable: {reason}"
-                )
-        if sphere_kernel == "triton":
-            available, reason = triton_status()
-            if not available:
-                raise RuntimeError(f"RiemannianAdam(sphere_kernel='triton'): {reason}")
+                raise RuntimeError(f"RiemannianAdam(sphere_kernel={sphere_kernel!r}): unavailable: {reason}")
         if isinstance(params, nn.Module):
             if model is not None and model is not params:
                 raise ValueError("RiemannianAdam: got a module as params and a different model=")
@@ -178,9 +155,6 @@ class RiemannianAdam(Optimizer):
             params = param_groups(model, weight_decay)
         self.off_sphere = off_sphere
         self.sphere_kernel = sphere_kernel
-        self._warned = set()  # the kernels "auto" could not use, each warned about once
-        self._rows = RowOps()
-        self.wave_bytes = _row_kernels.WAVE_BYTES  # row-block size of the sphere step (a tuning knob)
         self._watch = ModelWatch(model if check_model else None)
         defaults = dict(
             lr=lr,
@@ -250,15 +224,15 @@ class RiemannianAdam(Optimizer):
         self._watch.check(self.param_groups, type(self).__name__)
         with torch.no_grad():
             for group in self.param_groups:
-                if group["manifold"] == SPHERE:
-                    self._sphere_step(group)
-                elif group["manifold"] != EUCLIDEAN:
-                    self._geometry_step(group)
-                else:
+                if group["manifold"] == EUCLIDEAN:
                     self._euclidean_step(group)
+                else:
+                    self._manifold_step(group)
         return loss
 
     def _gather(self, group: dict, row_v: bool):
+        """The parameters of ``group`` with a gradient, their local tensors and state (created
+        at the first step), and the positions of those whose state was just created."""
         params, xs, gs, ms, vs, steps, new = [], [], [], [], [], [], []
         names = None
         for p in group["params"]:
@@ -295,185 +269,59 @@ class RiemannianAdam(Optimizer):
             steps.append(step)
         return params, xs, gs, ms, vs, steps, new
 
-    def _adam(self, group, xs, gs, ms, vs, steps, weight_decay: float, fused_flags=None) -> None:
-        """Adam / AdamW (eq. 22, decoupled decay) through torch's own kernels, in place.
-        Increments the ``steps`` tensors it is given."""
-        b1, b2 = group["betas"]
-        choice = split_fused(group["fused"], xs) if fused_flags is None else fused_flags
+    def _euclidean_step(self, group: dict) -> None:
+        """Adam / AdamW (eq. 22, decoupled decay) through torch's own kernels, in place."""
+        _, xs, gs, ms, vs, steps, _ = self._gather(group, row_v=False)
+        choice = split_fused(group["fused"], xs)
         for fused in (True, False):
             idx = [i for i, c in enumerate(choice) if c == fused]
-            if not idx:
-                continue
-            pick = (lambda seq: seq) if len(idx) == len(xs) else (lambda seq: [seq[i] for i in idx])
-            _adam_functional(
-                pick(xs),
-                pick(gs),
-                pick(ms),
-                pick(vs),
-                [],
-                pick(steps),
-                foreach=not fused,
-                fused=fused,
-                amsgrad=False,
-                beta1=b1,
-                beta2=b2,
-                lr=group["lr"],
-                weight_decay=weight_decay,
-                eps=group["eps"],
-                maximize=False,
-                decoupled_weight_decay=True,
-            )
-
-    def _euclidean_step(self, group: dict) -> None:
-        _, xs, gs, ms, vs, steps, _ = self._gather(group, row_v=False)
-        if xs:
-            self._adam(group, xs, gs, ms, vs, steps, group["weight_decay"])
-
-    def _sphere_step(self, group: dict) -> None:
-        row_v = group["second_moment"] == "row"
-        project = group["gradient"] == "riemannian"
-        params, xs, gs, ms, vs, steps, new = self._gather(group, row_v)
-        if not xs:
-            return
-        rows = self._rows
-        if new:
-            names = _names_of(self.param_groups)
-            for i in new:
-                check_sphere_layout(params[i], names.get(id(params[i]), f"of shape {tuple(params[i].shape)}"))
-            ensure_on_sphere(
-                rows, [params[i] for i in new], [xs[i] for i in new], names, self.off_sphere, "RiemannianAdam"
-            )
-        torch._foreach_add_(steps, 1)  # the step counter moves here, before any kernel, in every mode
-        b1, b2 = (float(b) for b in group["betas"])
-        same_device = len({s.device for s in steps}) == 1
-        t = torch.stack(steps).tolist() if same_device else [float(s) for s in steps]  # one sync, not one per tensor
-        step_sizes = [float(group["lr"]) / (1 - b1**k) for k in t]
-        bias2_sqrts = [math.sqrt(1 - b2**k) for k in t]
-        scalars = (b1, b2, float(group["eps"]), TINY[torch.float32], row_v, project)
-        for kernel in ("native", "triton"):  # the fused kernels, each on the tensors it takes
-            mask = self._kernel_mask(kernel, xs, gs, ms, vs)
-            if any(mask):
-                run = _native.sphere_adam_op() if kernel == "native" else _triton_kernel()
-                run(*self._pick(mask, True, xs, gs, ms, vs, step_sizes, bias2_sqrts), *scalars)
-                xs, gs, ms, vs, steps, step_sizes, bias2_sqrts = self._pick(
-                    mask, False, xs, gs, ms, vs, steps, step_sizes, bias2_sqrts
+            if idx:
+                _adam_functional(
+                    *([lst[i] for i in idx] for lst in (xs, gs, ms, vs)),
+                    [],
+                    [steps[i] for i in idx],
+                    foreach=not fused,
+                    fused=fused,
+                    amsgrad=False,
+                    beta1=group["betas"][0],
+                    beta2=group["betas"][1],
+                    lr=group["lr"],
+                    weight_decay=group["weight_decay"],
+                    eps=group["eps"],
+                    maximize=False,
+                    decoupled_weight_decay=True,
                 )
-        if xs:
-            self._foreach_sphere_step(group, xs, gs, ms, vs, steps, row_v, project)
 
-    def _geometry_step(self, group: dict) -> None:
-        """A registered geometry's group (:func:`spherenet.manifolds.register_geometry`): Adam's
-        direction ``u = m_hat / (sqrt(v_hat) + eps)`` on the gradient (or, with
-        ``gradient="riemannian"``, on the geometry's tangent projection of it), then the
-        geometry's ``step_``. For the whole-matrix sphere that is AdamH,
-        ``W <- R Normalize(W - lr R Normalize(u))`` with ``R`` kept in the state."""
-        if group["second_moment"] == "row":
+    def _manifold_step(self, group: dict) -> None:
+        """The row sphere, or a registered geometry asked for its operations (for the
+        whole-matrix sphere that is AdamH, ``W <- R Normalize(W - lr R Normalize(d))`` with Adam's
+        direction ``d`` and ``R`` kept in the state): one call of :func:`spherenet.kernels.sphere_adam_`."""
+        on_sphere = group["manifold"] == SPHERE
+        if not on_sphere and group["second_moment"] == "row":
             raise ValueError(
                 f"RiemannianAdam: second_moment='row' is for the row sphere; a {group['manifold']} group uses 'element'"
             )
-        params, xs, gs, ms, vs, steps, _ = self._gather(group, row_v=False)
+        params, xs, gs, ms, vs, steps, new = self._gather(group, row_v=group["second_moment"] == "row")
         if not xs:
             return
-        geometry = geometry_for(group["manifold"])
-        for p, x in zip(params, xs):
-            if "geometry" not in self.state[p]:
-                self.state[p].update(geometry.init_state(x, like=p), geometry=geometry.name)
-        torch._foreach_add_(steps, 1)
-        b1, b2 = (float(b) for b in group["betas"])
-        lr, eps = float(group["lr"]), float(group["eps"])
-        for p, x, g, m, v, step in zip(params, xs, gs, ms, vs, steps):
-            if group["gradient"] == "riemannian":
-                g = geometry.proju(x, g, like=p)
-            m.lerp_(g, 1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            k = float(step)
-            direction = (m / (1 - b1**k)) / ((v / (1 - b2**k)).sqrt_().add_(eps))
-            geometry.step_(x, direction, lr, self.state[p], like=p)
-
-    def _foreach_sphere_step(self, group, xs, gs, ms, vs, steps, row_v: bool, project: bool) -> None:
-        """Steps 1-5 of the module docstring with ``torch._foreach_*`` passes, the readable
-        reference kernel: the manifold's ``proju`` (step 1), Adam's moments and step (2-3), its
-        ``retr`` (4) and ``transp`` by projection (5), one cache-sized block of rows at a time
-        (see ``_row_kernels.waves``). ``steps`` have moved already."""
-        rows = self._rows
-        transport = row_v and project  # never with a per-element v (module docstring)
-        if not row_v:
-            fused = split_fused(group["fused"], xs)  # decided per parameter, not per chunk
-        for idx, (wx, wg, wm, wv) in waves([xs, gs, ms, vs], self.wave_bytes):
-            if project:
-                wg = rows.copies(wg)  # p.grad is left as it is
-                rows.proju_(wx, wg)  # 1. proju: u = g - <x, g> x
-            if row_v:
-                t = [float(steps[i]) for i in idx]
-                b1, b2 = (float(b) for b in group["betas"])
-                self._row_moments_and_step(group, wx, wg, wm, wv, [1 - b1**k for k in t], [1 - b2**k for k in t])
-            else:
-                # 2.-3. and x <- x - lr d, by torch's Adam kernel, which moves the counter it is
-                # given before using it: it gets a copy of each counter set one step back.
-                before = torch._foreach_sub([steps[i] for i in idx], 1)
-                self._adam(group, wx, wg, wm, wv, before, 0.0, [fused[i] for i in idx])
-            rows.retr_(wx)  # 4. retr: x <- Norm(x - lr d)
-            if transport:
-                rows.proju_(wx, wm)  # 5. transp: m projected to the tangent space at the new x
-
-    @staticmethod
-    def _pick(mask, keep: bool, *lists):
-        return tuple([item for item, m in zip(lst, mask) if m == keep] for lst in lists)
-
-    def _kernel_mask(self, kernel: str, xs, gs, ms, vs) -> list[bool]:
-        """Per tensor: does ``kernel`` ("native" or "triton") update it? (Chosen for its device,
-        a supported dtype, every tensor contiguous and of the parameter's dtype.) Under
-        ``"auto"`` a kernel that cannot run is warned about once and left to foreach."""
-        if kernel == "native":
-            dtypes = _native.NATIVE_DTYPES
-        else:  # float64 is stepped in float32 there: only when asked for by name
-            dtypes = _TRITON_DTYPES if self.sphere_kernel == "triton" else _TRITON_DTYPES[1:]
-        eligible = [
-            resolve_sphere_kernel(self.sphere_kernel, x.device.type) == kernel
-            and x.dtype in dtypes
-            and all(t.is_contiguous() and t.dtype == x.dtype for t in (x, g, m, v))
-            for x, g, m, v in zip(xs, gs, ms, vs)
-        ]
-        if not any(eligible) or self.sphere_kernel == kernel:
-            return eligible  # an explicit choice was checked when the optimizer was built
-        available, reason = _native.native_status() if kernel == "native" else triton_status()
-        if available:
-            return eligible
-        if kernel not in self._warned:
-            self._warned.add(kernel)
-            warnings.warn(
-                f"RiemannianAdam: the {kernel} sphere kernel is unavailable ({reason}); "
-                "using the foreach kernels (same step, slower)",
-                RuntimeWarning,
-                stacklevel=6,  # the caller of optimizer.step()
-            )
-        return [False] * len(xs)
-
-    def _row_moments_and_step(self, group, xs, gs, ms, vs, bc1, bc2) -> None:
-        """Steps 2-3 with one second moment per row, in geoopt's order of operations (except
-        ``||u||^2``, taken as the square of a norm)."""
-        b1, b2 = (float(b) for b in group["betas"])
-        lr, eps = float(group["lr"]), float(group["eps"])
-        sq = self._rows.norms(gs)  # ||u|| per row (one pass; geoopt sums u*u: same to rounding)
-        torch._foreach_mul_(sq, sq)
-        torch._foreach_mul_(ms, b1)
-        torch._foreach_add_(ms, gs, alpha=1 - b1)
-        torch._foreach_mul_(vs, b2)
-        torch._foreach_add_(vs, sq, alpha=1 - b2)
-        # coef = -lr / (bc1 * (sqrt(v / bc2) + eps)), one value per row.
-        coef = torch._foreach_div(vs, bc2)
-        torch._foreach_sqrt_(coef)
-        torch._foreach_add_(coef, eps)
-        torch._foreach_mul_(coef, bc1)
-        torch._foreach_reciprocal_(coef)
-        torch._foreach_mul_(coef, -lr)
-        torch._foreach_addcmul_(xs, ms, coef)
-
-
-_TRITON_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-
-
-def _triton_kernel():
-    from .triton_kernel import sphere_adam_  # imports Triton: only when the kernel is used
-
-    return sphere_adam_
+        if on_sphere:
+            manifold, implementation = None, {"foreach": "torch"}.get(self.sphere_kernel, self.sphere_kernel)
+            if new:
+                names = _names_of(self.param_groups)
+                for i in new:
+                    check_sphere_layout(params[i], names.get(id(params[i]), f"of shape {tuple(params[i].shape)}"))
+                ensure_on_sphere(
+                    [params[i] for i in new], [xs[i] for i in new], names, self.off_sphere, "RiemannianAdam"
+                )
+        else:
+            geometry = geometry_for(group["manifold"])
+            for p, x in zip(params, xs):
+                if "geometry" not in self.state[p]:
+                    self.state[p].update(geometry.init_state(x, like=p), geometry=geometry.name)
+            manifold, implementation = GeometryLists(geometry, [self.state[p] for p in params], params), "reference"
+        b1, b2 = group["betas"]
+        sphere_adam_(
+            xs, gs, ms, vs, steps, lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"],
+            second_moment=group["second_moment"], gradient=group["gradient"], manifold=manifold,
+            implementation=implementation,
+        )  # fmt: skip  # sphere_adam_'s arguments in its order

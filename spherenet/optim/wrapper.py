@@ -29,10 +29,9 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from ..kernels.sphere_rows import RowOps, waves
 from ..manifolds import declared_on_geometries, geometry_for
-from . import _row_kernels
-from ._checks import ModelWatch, check_off_sphere, ensure_on_sphere
-from ._row_kernels import RowOps, check_sphere_layout, local, waves
+from ._checks import ModelWatch, check_off_sphere, check_sphere_layout, ensure_on_sphere, local
 from .groups import (
     EUCLIDEAN,
     SPHERE,
@@ -150,7 +149,6 @@ class Riemannian(Optimizer):
         if clash:
             raise ValueError(f"Riemannian: state keys classified twice: {sorted(clash)}")
         self._rows = RowOps()
-        self.wave_bytes = _row_kernels.WAVE_BYTES  # row-block size of the post-step pass (a tuning knob)
 
         model = model_or_groups if isinstance(model_or_groups, nn.Module) else None
         held = {id(p): p for g in base.param_groups for p in g["params"]}
@@ -280,7 +278,6 @@ class Riemannian(Optimizer):
         if new:
             with torch.no_grad():
                 ensure_on_sphere(
-                    self._rows,
                     [ps[i] for i in new],
                     [xs[i] for i in new],
                     _names_of(self.param_groups),
@@ -340,7 +337,7 @@ class Riemannian(Optimizer):
 
     def _retract_and_move_state(self, ps: list[torch.Tensor], xs: list[torch.Tensor]) -> None:
         """Retract every sphere parameter and move its state, wave by wave (see
-        :func:`spherenet.optim._row_kernels.waves`): the first vector state of a parameter is
+        :func:`spherenet.kernels.sphere_rows.waves`): the first vector state of a parameter is
         projected while the parameter's rows are still in cache after the retraction."""
         vectors: list[list[torch.Tensor]] = []  # per parameter, its vector-like state tensors
         points: list[torch.Tensor] = []
@@ -371,10 +368,10 @@ class Riemannian(Optimizer):
         rows = self._rows
         with_vec = [i for i, v in enumerate(vectors) if v]
         bare = [xs[i] for i, v in enumerate(vectors) if not v]
-        for _, (wx, wt) in waves([[xs[i] for i in with_vec], [vectors[i][0] for i in with_vec]], self.wave_bytes):
+        for _, (wx, wt) in waves([[xs[i] for i in with_vec], [vectors[i][0] for i in with_vec]]):
             rows.retr_(wx)
             rows.proju_(wx, wt)
-        for _, (wx,) in waves([bare], self.wave_bytes):
+        for _, (wx,) in waves([bare]):
             rows.retr_(wx)
         extra = [(xs[i], t) for i in with_vec for t in vectors[i][1:]]
         if extra:

@@ -1,4 +1,5 @@
-"""The sphere Adam step as one Triton kernel: moments, update and retraction of a block of rows in
+"""The Triton implementations of the sphere row ops (:mod:`spherenet.kernels.sphere_adam`,
+:mod:`spherenet.kernels.sphere_rows`). The sphere-Adam step as one kernel: moments, update and retraction of a block of rows in
 one read and one write of parameter, gradient and states (28 bytes per float32 parameter with
 a per-element second moment, as fused Adam).
 
@@ -13,8 +14,8 @@ stores in each tensor's own dtype (float32 or bf16/fp16 parameters and states). 
     x = y / ||y||                          the manifold's ``retr`` (Norm)
     m = m - <x, m> x                       ``transp`` by projection: row v and riemannian gradient only
 
-the algorithm of :mod:`spherenet.optim.riemannian_adam` (whose native CPU kernel has the same
-signature as :func:`sphere_adam_`; ``project``: the riemannian gradient).
+the algorithm of :func:`spherenet.kernels.sphere_adam_` (the native CPU operator has the same
+arguments as :func:`sphere_adam_rows_`; ``project``: the riemannian gradient).
 
 Few launches: the tensors of one call are grouped by device, dtype and row length, and each group
 is one launch over a table of (tensor, block of rows) work items, the tensors reached through a
@@ -23,25 +24,23 @@ matrices of one width is one launch, however many layers it has. On CPU tensors 
 only under Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported), which is how
 the tests run them; float64 parameters are stepped in float32.
 
-:func:`normalize_rows_` is the paper's renormalization after a Euclidean step (``adam_normalize``,
+:func:`normalize_rows_triton_` is the paper's renormalization after a Euclidean step (``adam_normalize``,
 :func:`spherenet.optim.normalize_`) as one pass of the same shape: 8 bytes per float32 parameter;
-:func:`sphere_muon_tail_` is :class:`spherenet.optim.SphericalMuon`'s step after Newton-Schulz.
+:func:`sphere_muon_tail_triton_` is :class:`spherenet.optim.SphericalMuon`'s step after Newton-Schulz.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 from collections import defaultdict
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["sphere_adam_", "sphere_muon_tail_", "normalize_rows_", "launch_groups"]
+from . import _triton
 
-ELEMENTS_PER_PROGRAM = 4096
+__all__ = ["sphere_adam_rows_", "sphere_muon_tail_triton_", "normalize_rows_triton_", "launch_groups"]
 
 _TRITON_TYPES = {
     torch.float32: tl.float32,
@@ -152,11 +151,10 @@ def _normalize_rows(
 
 def _blocks(d: int) -> tuple[int, int, int]:
     """The padded row length, the rows per program and the warps per program for rows of length
-    ``d``: 8 warps for a tile of 4096 elements (about 16 per thread and tensor, which fits the
-    registers without spilling; tests/test_triton_compile.py), more for longer rows."""
-    block_d = triton.next_power_of_2(d)
-    rows = max(1, min(64, ELEMENTS_PER_PROGRAM // block_d))
-    return block_d, rows, max(8, min(32, block_d // 512))
+    ``d`` (:func:`spherenet.kernels._triton.blocks` and ``warps``: these kernels hold four tensors
+    per element, so 8 to 32 warps)."""
+    block_d, rows = _triton.blocks(d)
+    return block_d, rows, _triton.warps(block_d * rows, fewest=8, most=32)
 
 
 def launch_groups(xs) -> dict[tuple, list[int]]:
@@ -174,10 +172,7 @@ def _check(name: str, what: str, device: torch.device, tensors) -> None:
     """Refuse CPU tensors outside the interpreter (``what`` says what to use instead) and any
     tensor of ``tensors`` (``(label, tensor)`` pairs) that is not contiguous. The environment is
     read once per launch: this runs at every optimizer step."""
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(
-            f"{name} (Triton): CPU tensors need TRITON_INTERPRET=1 (set before Triton is imported){what}"
-        )
+    _triton.check_device(name, torch.empty(0, device=device), hint=what)
     for label, t in tensors:
         if not t.is_contiguous():
             raise ValueError(f"{name} (Triton): the {label} of shape {tuple(t.shape)} is not contiguous")
@@ -201,18 +196,16 @@ def _launch(kernel, device, d: int, tensors: list[list[torch.Tensor]], *args, **
     block_d, rows_per_program, warps = _blocks(d)
     rows = tuple(ts[0].numel() // d for ts in tensors)
     addresses = [[t.data_ptr() for t in ts] for ts in tensors]
-    itemsize = tensors[0][0].element_size()
-    aligned = (d * itemsize) % 16 == 0 and all(a % 16 == 0 for row in addresses for a in row)
+    aligned = _triton.aligned(d, tensors[0][0].element_size(), [a for row in addresses for a in row])
     table = torch.tensor([a + [n] for a, n in zip(addresses, rows)], dtype=torch.int64).to(device, non_blocking=True)
     work = _work_items(device, rows_per_program, rows)
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with guard:  # Triton launches on the current device
+    with _triton.on_device_of(tensors[0][0]):
         kernel[(work.shape[0],)](
             table, work, *args, **meta, BLOCK_D=block_d, ROWS=rows_per_program, ALIGNED=aligned, num_warps=warps
         )
 
 
-def sphere_adam_(
+def sphere_adam_rows_(
     xs, gs, ms, vs, step_sizes, bias2_sqrts, beta1: float, beta2: float, eps: float, tiny: float,
     row_v: bool, project: bool,
 ) -> None:  # fmt: skip  # the native kernel's signature, argument for argument
@@ -227,7 +220,7 @@ def sphere_adam_(
         named = [[("gradient", gs[i]), ("exp_avg", ms[i]), ("exp_avg_sq", vs[i]), ("parameter", xs[i])] for i in idx]
         _check(
             "sphere_adam_",
-            "; use sphere_kernel='native' or 'foreach' on CPU",
+            "; use the native or foreach implementation on CPU",
             device,
             [pair for tensors in named for pair in tensors],
         )
@@ -247,7 +240,7 @@ def sphere_adam_(
         )  # fmt: skip  # one launch per group
 
 
-def sphere_muon_tail_(xs, updates, ms, step_sizes, project_update: bool, tiny: float = 1e-30) -> None:
+def sphere_muon_tail_triton_(xs, updates, ms, step_sizes, project_update: bool, tiny: float = _triton.TINY) -> None:
     """The element-wise tail of :class:`spherenet.optim.SphericalMuon`'s step, after
     Newton-Schulz, in one pass (read x, O, M; write x, M: 20 bytes per float32 parameter, where
     the ``_foreach`` passes move about 64)::
@@ -274,7 +267,7 @@ def sphere_muon_tail_(xs, updates, ms, step_sizes, project_update: bool, tiny: f
         )  # fmt: skip  # one launch per group
 
 
-def normalize_rows_(xs, tiny: float = 1e-30) -> None:
+def normalize_rows_triton_(xs, tiny: float = _triton.TINY) -> None:
     """``x <- x / ||x||`` row by row, in place, for every tensor of ``xs`` (the sphere's ``retr``,
     Section 2.6 step 2): one read and one write per element (8 bytes per float32 parameter),
     norms in float32, a zero row left zero. Every tensor must be contiguous. One launch per

@@ -1,8 +1,10 @@
-"""Row-wise kernels shared by the sphere optimizers, on plain tensors and FSDP2 shards.
+"""Row operations of the unit sphere over lists of tensors, in plain torch: the reference of the
+sphere optimizers' kernels, and the row ops ``normalize_rows_`` and ``sphere_muon_tail_``.
 
 Layout: a sphere parameter is a stack of unit vectors along its **last** dimension ("rows").
 FSDP2 shards dim 0, so on every rank each row is whole and every row reduction (dot product,
-norm) is local: these helpers work on ``DTensor.to_local()`` views and never communicate.
+norm) is local: these functions take the local tensors (``DTensor.to_local()``) and never
+communicate.
 
 Elementwise stages run as ``torch._foreach_*`` ops over a list of tensors. Row reductions
 have no ``_foreach`` form; they run once per tensor through one bounded scratch buffer, so that
@@ -20,20 +22,9 @@ from __future__ import annotations
 import torch
 
 from ..manifolds.geodesic import TINY
+from .resolve import Op
 
-try:  # torch >= 2.4 public path
-    from torch.distributed.tensor import DTensor, Partial, Shard
-except ImportError:  # pragma: no cover - torch.distributed missing or too old
-    DTensor = Partial = Shard = None  # type: ignore[assignment]
-
-__all__ = [
-    "local",
-    "check_sphere_layout",
-    "RowOps",
-    "waves",
-    "TINY",
-    "WAVE_BYTES",
-]
+__all__ = ["RowOps", "RowSphere", "ROW_SPHERE", "waves", "TINY", "WAVE_BYTES", "normalize_rows_", "sphere_muon_tail_"]
 
 # Norms are clamped here before dividing, so that an (impossible in practice) zero row maps to
 # zero rather than to NaN; the first-step check refuses zero rows explicitly.
@@ -44,46 +35,6 @@ _SCRATCH_NUMEL = 1 << 20
 #: Bytes of one parameter list per wave (4 MiB: with x, g, m, v a wave is 16 MiB, within a
 #: server CPU's last-level cache).
 WAVE_BYTES = 1 << 22
-
-
-def is_dtensor(t: torch.Tensor) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of an FSDP2/DTensor tensor (a view sharing its storage), else ``t``.
-
-    Callers run under ``torch.no_grad()``, where ``to_local()`` returns the shard itself, so
-    in-place updates of the result update the parameter.
-    """
-    return t.to_local() if is_dtensor(t) else t
-
-
-def check_sphere_layout(p: torch.Tensor, name: str) -> None:
-    """Refuse a sphere parameter whose rows would not be whole on this rank.
-
-    Raises ``ValueError`` for 0-d tensors, a last dimension of size < 2 (a "sphere" of isolated
-    points), complex dtypes, and DTensors sharded along the last dimension or holding partial
-    sums (a row norm on the local data would then be wrong without communication).
-    """
-    if p.dim() < 1 or p.shape[-1] < 2:
-        raise ValueError(
-            f"sphere parameter {name!r} has shape {tuple(p.shape)}: the unit vectors lie along the "
-            "last dimension, which must have size >= 2"
-        )
-    if p.is_complex() or not p.is_floating_point():
-        raise ValueError(f"sphere parameter {name!r} has dtype {p.dtype}; only real floating point is supported")
-    if is_dtensor(p):
-        last = p.dim() - 1
-        for placement in p.placements:
-            if isinstance(placement, Shard) and placement.dim % p.dim() == last:
-                raise ValueError(
-                    f"sphere parameter {name!r} is sharded along its last dimension ({p.placements}): "
-                    "its unit vectors would be split across ranks. Shard another dimension (FSDP2 "
-                    "shards dim 0; store the sphere dimension last and keep ndim >= 2)."
-                )
-            if isinstance(placement, Partial):
-                raise ValueError(f"sphere parameter {name!r} has a Partial placement; cannot normalize rows locally")
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor | None:
@@ -150,11 +101,6 @@ class RowOps:
             buf = torch.empty(numel, dtype=like.dtype, device=like.device)
             self._scratch[key] = buf
         return buf[:numel]
-
-    def release(self) -> None:
-        """Free the scratch buffers (they are rebuilt on demand)."""
-        self._scratch.clear()
-        self._copies.clear()
 
     def copies(self, ts: list[torch.Tensor]) -> list[torch.Tensor]:
         """Copies of ``ts`` in one reusable buffer per device/dtype (valid until the next call;
@@ -252,3 +198,108 @@ class RowOps:
             n = torch.linalg.vector_norm(x, dim=-1, dtype=work)
             out.append((n - 1).abs().max())
         return out
+
+
+class RowSphere:
+    """The unit sphere along the last dimension, row by row, as :func:`spherenet.kernels.sphere_adam_`
+    asks a manifold for its operations (over whole lists of local tensors)."""
+
+    def __init__(self):
+        self.rows = RowOps()
+
+    def __repr__(self) -> str:
+        return "RowSphere()"
+
+    def proju_(self, xs: list[torch.Tensor], us: list[torch.Tensor]) -> None:
+        """``u <- u - <x, u> x``, row by row."""
+        self.rows.proju_(xs, us)
+
+    def step_(self, xs: list[torch.Tensor], directions: list[torch.Tensor], lr: float) -> None:
+        """``x <- Norm(x - lr d)``, row by row."""
+        torch._foreach_add_(xs, directions, alpha=-lr)
+        self.rows.retr_(xs)
+
+    @staticmethod
+    def blocks(lists: list[list[torch.Tensor]]):
+        """Cache-sized blocks of whole rows: every row operation is local to its row."""
+        return waves(lists)
+
+
+#: The unit sphere's row operations: the default manifold of the sphere kernels.
+ROW_SPHERE = RowSphere()
+
+
+def _normalize_rows_foreach(xs: list[torch.Tensor]) -> None:
+    ROW_SPHERE.rows.retr_(xs)
+
+
+def _normalize_rows_triton(xs: list[torch.Tensor]) -> None:
+    from .sphere_rows_triton import normalize_rows_triton_  # imports Triton: only when it is used
+
+    normalize_rows_triton_(xs)
+
+
+def normalize_rows_(xs: list[torch.Tensor], *, implementation: str | None = None) -> None:
+    """``x <- x / ||x||`` row by row, in place, for every tensor of ``xs`` (the sphere's ``retr``,
+    ``Norm`` of Section 2.2.2; the paper's renormalization after a Euclidean step, Section 2.6
+    step 2). A zero row stays zero. ``implementation``: ``"reference"`` / ``"torch"``
+    (``_foreach`` passes), ``"triton"`` (one read and one write per element) or ``None`` (the
+    resolver's choice, :mod:`spherenet.kernels.resolve`)."""
+    from . import _choice
+
+    _choice.run(NORMALIZE_ROWS, implementation, (xs,), {}, checked=1)
+
+
+def _sphere_muon_tail_foreach(xs, updates, ms, step_sizes, *, project_update: bool) -> None:
+    rows = ROW_SPHERE.rows
+    if project_update:
+        updates = rows.copies(updates)  # the updates are read only
+        rows.proju_(xs, updates)  # 4. O <- P_X(O)
+    for x, o, step_size in zip(xs, updates, step_sizes):
+        x.add_(o, alpha=-step_size)
+    rows.retr_(xs)  # 5. X <- Norm(X - lr s O)
+    rows.proju_(xs, ms)  # 6. M <- P_X(M) at the new point
+
+
+def _sphere_muon_tail_triton(xs, updates, ms, step_sizes, *, project_update: bool) -> None:
+    from .sphere_rows_triton import sphere_muon_tail_triton_  # imports Triton: only when it is used
+
+    sphere_muon_tail_triton_(xs, updates, ms, step_sizes, project_update)
+
+
+def sphere_muon_tail_(xs, updates, ms, step_sizes, *, project_update: bool, implementation: str | None = None) -> None:
+    """The row-wise tail of :class:`spherenet.optim.SphericalMuon`'s step, after Newton-Schulz
+    (steps 4-6 there; ``updates``, the orthogonalized ``O``, are read only)::
+
+        O = O - <x, O> x      (project_update)
+        x = Norm(x - step_size O)
+        M = M - <x, M> x      the momentum at the new point
+
+    ``implementation`` as for :func:`normalize_rows_`."""
+    from . import _choice
+
+    _choice.run(
+        SPHERE_MUON_TAIL, implementation, (xs, updates, ms, step_sizes), {"project_update": project_update}, checked=3
+    )
+
+
+#: The ops, each with its implementations under its signature ("torch" is the reference) and what
+#: ``"auto"`` takes per device type.
+NORMALIZE_ROWS = Op(
+    "normalize_rows_",
+    implementations={
+        "reference": _normalize_rows_foreach,
+        "torch": _normalize_rows_foreach,
+        "triton": _normalize_rows_triton,
+    },
+    auto={"cuda": "triton", "*": "torch"},
+)
+SPHERE_MUON_TAIL = Op(
+    "sphere_muon_tail_",
+    implementations={
+        "reference": _sphere_muon_tail_foreach,
+        "torch": _sphere_muon_tail_foreach,
+        "triton": _sphere_muon_tail_triton,
+    },
+    auto={"cuda": "triton", "*": "torch"},
+)

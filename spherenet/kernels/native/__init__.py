@@ -1,4 +1,4 @@
-"""The native CPU kernel of the sphere step (``csrc/sphere_adam.cpp``), compiled on first use.
+"""The native CPU kernel of the sphere-Adam step (``sphere_adam.cpp`` beside this file), compiled on first use.
 
 The sphere Adam step puts row reductions (tangent projection, retraction norm, transport)
 between its elementwise stages. As ``torch._foreach_*`` calls that is about a dozen passes over
@@ -7,8 +7,8 @@ streams each tensor once, like ``torch.optim.Adam(fused=True)``.
 
 It is built with ``torch.utils.cpp_extension`` (a C++17 compiler and ninja are needed; the
 ``ninja`` package is a dependency of spherenet) into ``TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``), once per machine: about 15 s on 2 cores. Building is skipped,
-and the optimizers use their ``_foreach`` path, when ``SPHERENET_NATIVE=0`` is set.
+``~/.cache/torch_extensions``), once per machine. Building is skipped,
+and the optimizers use the plain-torch reference, when ``SPHERENET_NATIVE=0`` is set.
 The module name carries the CPU instruction set torch selected (``AVX2``, ``AVX512``, ...), so
 one cache directory shared by different machines never loads code built for another CPU, and a
 hash of the source, the flags and the torch version, so a library found there under that name
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = "SPHERENET_NATIVE"
 NATIVE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-_SOURCE = Path(__file__).parent / "csrc" / "sphere_adam.cpp"
+_SOURCE = Path(__file__).parent / "sphere_adam.cpp"
 # Compiler flags per CPU capability, and the CPU_CAPABILITY macros that make ATen's Vectorized<T>
 # use those lanes (as torch's own kernels are built); anything else gets the portable DEFAULT.
 _ISA_FLAGS = {
