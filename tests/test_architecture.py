@@ -26,6 +26,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "data": set(),
     "checkpoint": set(),
     "train": {"manifolds", "layers", "optim", "models", "data", "checkpoint"},
+    "hf": {"manifolds", "layers", "optim", "models"},
     "__main__": {"manifolds", "layers", "optim", "models", "analysis", "data", "checkpoint", "train"},
 }
 APPLICATIONS = ("recipes", "benchmarks", "tests")  # they import the library, never the reverse
