@@ -69,8 +69,8 @@ def positions_from_mask(attention_mask: torch.Tensor, n_new: int) -> torch.Tenso
 def padding_mask(attention_mask: torch.Tensor, n_queries: int) -> torch.Tensor:
     """SDPA's boolean mask ``(B, 1, n_queries, K)`` (True: may attend) of a padding mask
     ``(B, K)`` whose last ``n_queries`` keys are the queries. Every query also sees itself, so
-    that a padding token's row is not empty (an empty row would give NaN, and NaN times a zero
-    weight is still NaN for the real tokens); the causal mask is the attention's own."""
+    that a padding token's row is not empty (some SDPA kernels give NaN for an empty row, and NaN
+    times a zero weight is still NaN for the real tokens); the causal mask is the attention's own."""
     n_keys = attention_mask.shape[-1]
     keys = attention_mask.bool()[:, None, None, :]
     query_index = torch.arange(n_keys - n_queries, n_keys, device=attention_mask.device)
