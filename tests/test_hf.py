@@ -239,3 +239,21 @@ def test_bad_inputs_are_named():
         model(ids, attention_mask=torch.ones(1, 2))
     with pytest.raises(ValueError, match="position 48 is past the model's context, max_seq_len=48"):
         model(ids, position_ids=torch.tensor([[46, 47, 48]]))
+
+
+def test_lora_all_linear_adapts_every_gpt_projection_and_merges_to_equal_logits():
+    peft = pytest.importorskip("peft")
+    model = SpherenetGPTForCausalLM.from_spherenet(tiny(GPT))
+    adapted = peft.get_peft_model(model, peft.LoraConfig(target_modules="all-linear", r=4, init_lora_weights=False))
+    lora = {n.removeprefix("base_model.model.") for n, m in adapted.named_modules() if hasattr(m, "lora_A")}
+    projections = {f"blocks.{i}.{part}" for i in range(2) for part in ("attn.w_q", "attn.w_k", "attn.w_v", "attn.w_o")}
+    projections |= {f"blocks.{i}.mlp.{w}" for i in range(2) for w in ("w_u", "w_v", "w_o")}
+    assert lora == projections  # the output layer embed_out is left alone
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(6))
+    adapted(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for n, p in adapted.named_parameters() if p.requires_grad)
+    assert not any(p.requires_grad for n, p in adapted.named_parameters() if "lora_" not in n)
+    expected = adapted(input_ids=ids).logits
+    merged = adapted.merge_and_unload()
+    assert isinstance(merged, SpherenetGPTForCausalLM)
+    torch.testing.assert_close(merged(ids).logits, expected, atol=1e-5, rtol=0)
