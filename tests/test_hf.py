@@ -257,3 +257,12 @@ def test_lora_all_linear_adapts_every_gpt_projection_and_merges_to_equal_logits(
     merged = adapted.merge_and_unload()
     assert isinstance(merged, SpherenetGPTForCausalLM)
     torch.testing.assert_close(merged(ids).logits, expected, atol=1e-5, rtol=0)
+
+
+def test_from_config_builds_a_fresh_ngpt_with_unit_rows():
+    config = shf.SpherenetNGPTConfig(vocab_size=VOCAB, n_layers=1, d_model=16, n_heads=2, max_seq_len=16)
+    model = AutoModelForCausalLM.from_config(config)
+    assert isinstance(model, SpherenetNGPTForCausalLM) and model.spherenet_model.config == config.spherenet_config()
+    for name, weight in model.spherenet_model.sphere_weights().items():
+        torch.testing.assert_close(weight.norm(dim=-1), torch.ones(weight.shape[0]), msg=name)
+    assert len(model.spherenet_model.sphere_weights()) == 2 + 4 + 3  # embeddings, attention, MLP
