@@ -266,3 +266,12 @@ def test_from_config_builds_a_fresh_ngpt_with_unit_rows():
     for name, weight in model.spherenet_model.sphere_weights().items():
         torch.testing.assert_close(weight.norm(dim=-1), torch.ones(weight.shape[0]), msg=name)
     assert len(model.spherenet_model.sphere_weights()) == 2 + 4 + 3  # embeddings, attention, MLP
+
+
+def test_from_pretrained_takes_what_lm_eval_and_pipelines_pass(exported):
+    """Options left at None ask for nothing; ``device_map={"": device}`` puts the whole model there."""
+    model = SpherenetGPTForCausalLM.from_pretrained(
+        exported[GPT], device_map={"": "cpu"}, quantization_config=None, gguf_file=None, max_memory=None, dtype="auto"
+    )
+    assert model.device == torch.device("cpu") and not model.training
+    assert SpherenetGPTForCausalLM.from_pretrained(exported[GPT], dtype=torch.float64).dtype == torch.float64

@@ -139,7 +139,8 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
         saying what it holds."""
         if model_args:
             raise TypeError(f"{cls.__name__}.from_pretrained takes no positional arguments after the path")
-        unknown = sorted(set(kwargs) - set(_LOADER_ARGS) - set(_IGNORED_ARGS))
+        # an option left at None (lm-eval passes quantization_config=None, ...) asks for nothing
+        unknown = sorted(k for k, v in kwargs.items() if k not in _LOADER_ARGS + _IGNORED_ARGS and v is not None)
         if unknown:
             raise TypeError(
                 f"{cls.__name__}.from_pretrained does not take {', '.join(unknown)}; it takes {', '.join(_LOADER_ARGS)}"
@@ -153,6 +154,8 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
             )
         _check_is_export(pretrained_model_name_or_path, exported_model_type(cls.spherenet_class.model_type))
         loader_args = {k: v for k, v in kwargs.items() if k in _LOADER_ARGS}
+        if isinstance(loader_args.get("device_map"), dict) and set(loader_args["device_map"]) == {""}:
+            loader_args["device_map"] = loader_args["device_map"][""]  # the whole model on one device
         model = cls.spherenet_class.from_pretrained(pretrained_model_name_or_path, **loader_args)
         return cls.from_spherenet(model).eval()
 
