@@ -275,3 +275,28 @@ def test_from_pretrained_takes_what_lm_eval_and_pipelines_pass(exported):
     )
     assert model.device == torch.device("cpu") and not model.training
     assert SpherenetGPTForCausalLM.from_pretrained(exported[GPT], dtype=torch.float64).dtype == torch.float64
+
+
+def test_sphere_aware_lora_keeps_ngpt_on_the_sphere_and_merges_to_equal_logits():
+    peft = pytest.importorskip("peft")
+    from spherenet.hf.lora import sphere_lora_config
+
+    model = SpherenetNGPTForCausalLM.from_spherenet(tiny(NGPT))
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(7))
+    base_logits = model(ids).logits.detach()
+    adapted = peft.get_peft_model(model, sphere_lora_config(model, r=4, init_lora_weights=False))
+    lora = {n.removeprefix("base_model.model.") for n, m in adapted.named_modules() if hasattr(m, "lora_A")}
+    projections = {f"blocks.{i}.attn.{w}" for i in range(2) for w in ("w_q", "w_k", "w_v", "w_o")}
+    projections |= {f"blocks.{i}.mlp.{w}" for i in range(2) for w in ("w_u", "w_v", "w_o")}
+    assert lora == projections  # the output layer embed_out is left alone
+    adapted(input_ids=ids, labels=ids).loss.backward()
+    assert not any(p.requires_grad for n, p in adapted.named_parameters() if "lora_" not in n)
+    expected = adapted(input_ids=ids).logits.detach()
+    assert (expected - base_logits).abs().max() > 1e-3  # the adapters do something
+    merged = adapted.merge_and_unload()
+    assert isinstance(merged, SpherenetNGPTForCausalLM)
+    for name, weight in merged.spherenet_model.sphere_weights().items():
+        torch.testing.assert_close(weight.norm(dim=-1), torch.ones(weight.shape[0]), atol=1e-6, rtol=0, msg=name)
+    torch.testing.assert_close(merged(ids).logits, expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="no SphereLinear to adapt"):
+        sphere_lora_config(SpherenetGPTForCausalLM.from_spherenet(tiny(GPT)))
