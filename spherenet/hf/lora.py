@@ -36,13 +36,14 @@ class SphereLoraLinear(LoraLinear):
             raise ValueError("sphere-aware LoRA adapts the weight, not the input: lora_dropout must be 0")
         nn.Module.__init__(self)
         LoraLayer.__init__(self, base_layer, **kw)
-        sphere_layer = self.get_base_layer()
-        self.in_features, self.out_features = sphere_layer.in_features, sphere_layer.out_features
         self.fan_in_fan_out = False
         self.is_target_conv_1d_layer = False
         self._active_adapter = adapter_name
         self._unmerged_weights: list[torch.Tensor] = []
         self.update_layer(adapter_name, r, lora_alpha=lora_alpha, config=config, **kw)
+
+    def _get_in_out_features(self, module: nn.Module) -> tuple[int, int]:
+        return module.in_features, module.out_features  # a SphereLinear's (peft knows torch's layers only)
 
     def _on_sphere(self, matrix: torch.Tensor) -> torch.Tensor:
         """``matrix`` ``(out, in)`` with unit vectors along the base weight's sphere axis."""
