@@ -7,7 +7,8 @@
 RUN is a run's ``train.out_dir``, its ``checkpoints/`` directory, or one ``step_*`` checkpoint;
 the newest sound checkpoint is used unless ``--step`` picks one. OUT receives ``config.json``
 and ``model.safetensors`` (``NGPT.from_pretrained(OUT)`` / ``GPT.from_pretrained(OUT)`` or
-``spherenet.models.load_pretrained(OUT)`` load them), the tokenizer's files
+``spherenet.models.load_pretrained(OUT)`` load them; with ``auto_map`` and ``modeling_spherenet.py``,
+so does transformers' ``AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)``), the tokenizer's files
 (``spherenet.data.tokenizer.load_tokenizer(OUT)``, and a ``tokenizer.json`` for every tokenizer,
 which ``tokenizers`` / ``transformers`` load), a model card, ``README.md``, and
 ``sha256sums.json``, the size and sha256 of every other file, checked when the model is loaded.
@@ -102,6 +103,17 @@ model = load_pretrained("path/to/this/directory")  # dtype=, device= as in Huggi
 tokenizer = load_tokenizer("path/to/this/directory")
 ids = torch.tensor([tokenizer.encode("Hello")])
 print(tokenizer.decode(model.generate(ids, 50)[0].tolist()))
+```
+
+With transformers (`pip install "spherenet[hf]"`; `trust_remote_code=True` runs this directory's
+`modeling_spherenet.py`, which imports spherenet's own classes):
+
+```python
+from transformers import AutoModelForCausalLM, pipeline
+
+model = AutoModelForCausalLM.from_pretrained("path/to/this/directory", trust_remote_code=True)
+generator = pipeline("text-generation", model="path/to/this/directory", trust_remote_code=True)
+print(generator("Hello", max_new_tokens=50)[0]["generated_text"])
 ```
 
 `tokenizer.json` loads with `tokenizers.Tokenizer.from_file` (token ids are the same).

@@ -27,6 +27,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "data": set(),
     "checkpoint": set(),
     "train": {"manifolds", "kernels", "layers", "optim", "models", "data", "checkpoint"},
+    "hf": {"manifolds", "kernels", "layers", "optim", "models"},
     "__main__": {"manifolds", "kernels", "layers", "optim", "models", "analysis", "data", "checkpoint", "train"},
 }
 APPLICATIONS = ("recipes", "benchmarks", "tests")  # they import the library, never the reverse

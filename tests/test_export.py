@@ -46,7 +46,7 @@ def test_round_trip_gives_identical_logits(safetensors_torch, tmp_path, preset, 
     model = from_preset(preset).eval()
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["model_type"] == preset.split("-")[0] and config["architectures"] == [cls.__name__]
+    assert config["model_type"] == "spherenet-" + preset.split("-")[0] and config["architectures"] == [cls.__name__]
     assert config["d_model"] == model.config.d_model and config["n_layers"] == model.config.n_layers
 
     loaded = cls.from_pretrained(tmp_path)
@@ -202,7 +202,9 @@ def test_export_to_a_read_only_destination_is_one_error_line(tmp_path, capsys, m
 
 def test_config_of_another_model_is_refused(safetensors_torch, tmp_path):
     from_preset("gpt-tiny").save_pretrained(tmp_path)
-    with pytest.raises(PretrainedFileError, match="model_type 'gpt', not 'ngpt': load it with GPT.from_pretrained"):
+    with pytest.raises(
+        PretrainedFileError, match="model_type 'spherenet-gpt', not 'spherenet-ngpt': load it with GPT.from_pretrained"
+    ):
         NGPT.from_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "n_experts": 8}))
@@ -265,7 +267,11 @@ def test_push_to_hub_uploads_the_saved_files(safetensors_torch, monkeypatch):
     assert calls == [
         ("token", "t"),
         ("create_repo", "someone/gpt-tiny", True),
-        ("upload_folder", "someone/gpt-tiny", ["config.json", "model.safetensors", MANIFEST_NAME]),
+        (
+            "upload_folder",
+            "someone/gpt-tiny",
+            ["config.json", "model.safetensors", "modeling_spherenet.py", MANIFEST_NAME],
+        ),
     ]
 
 

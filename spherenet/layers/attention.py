@@ -3,10 +3,11 @@ Cross-attention, for encoder-decoder models, is in :mod:`spherenet.layers.cross_
 
 Shared conventions of both classes:
 
-- ``forward(x, cache=None, causal=None, attn_mask=None)``, ``x`` of shape ``(B, T, d_model)``:
-  queries, keys and values come from ``x``; RoPE is applied to q and k at positions
-  ``offset .. offset + T - 1``, where ``offset`` is the number of tokens already held in
-  ``cache``. ``causal`` (default: the module's) masks the future.
+- ``forward(x, cache=None, causal=None, attn_mask=None, positions=None)``, ``x`` of shape
+  ``(B, T, d_model)``: queries, keys and values come from ``x``; RoPE is applied to q and k at
+  positions ``offset .. offset + T - 1``, where ``offset`` is the number of tokens already held
+  in ``cache``, or at ``positions`` (``(B, T)``, per row: a padded batch) when given.
+  ``causal`` (default: the module's) masks the future.
 - ``attn_mask``: SDPA's convention, a bool tensor (True: may attend) or an additive float
   tensor, broadcastable to ``(B, H, T, keys)`` (``keys``: the cached ones included), e.g.
   ``(B, 1, 1, keys)`` for padding. It is combined with the causal mask.
@@ -145,13 +146,15 @@ class _Attention(nn.Module):
         cache: KVCache | None = None,
         causal: bool | None = None,
         attn_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Self-attention of ``x`` (``(B, T, d_model)``), after the tokens held in ``cache``."""
+        """Self-attention of ``x`` (``(B, T, d_model)``), after the tokens held in ``cache``;
+        ``positions`` (``(B, T)``, optional) are RoPE's positions of the tokens instead."""
         self._check_input(x)
         causal = self.causal if causal is None else causal
         offset = 0 if cache is None else cache.length
-        q = self._scale_qk(self.rope(self._split_heads(self.w_q(x)), offset))
-        k = self._scale_qk(self.rope(self._split_heads(self.w_k(x)), offset))
+        q = self._scale_qk(self.rope(self._split_heads(self.w_q(x)), offset, positions))
+        k = self._scale_qk(self.rope(self._split_heads(self.w_k(x)), offset, positions))
         v = self._split_heads(self.w_v(x))
         if cache is not None:
             k, v = cache.append(k, v)

@@ -2,9 +2,10 @@
 
 A block takes the model's config (:class:`~spherenet.layers.config.NGPTConfig` or
 :class:`~spherenet.layers.config.GPTConfig`) and a :class:`RotaryEmbedding` it may share with
-the other blocks. ``forward(h, cache=None, attn_mask=None)`` takes the hidden state of shape
-``(B, T, d_model)``, an optional :class:`KVCache` for the self-attention and its ``attn_mask``
-(SDPA's convention, combined with the causal mask). The blocks of encoder-decoder models, with
+the other blocks. ``forward(h, cache=None, attn_mask=None, positions=None)`` takes the hidden
+state of shape ``(B, T, d_model)``, an optional :class:`KVCache` for the self-attention, its
+``attn_mask`` (SDPA's convention, combined with the causal mask) and RoPE's ``positions``
+(``(B, T)``; default: after the cached tokens). The blocks of encoder-decoder models, with
 cross-attention, are in :mod:`spherenet.layers.cross_attention`.
 """
 
@@ -50,10 +51,15 @@ class NGPTBlock(nn.Module):
         self.residual_mlp = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_mlp, c.d_model)})
 
     def forward(
-        self, h: torch.Tensor, cache: KVCache | None = None, attn_mask: torch.Tensor | None = None
+        self,
+        h: torch.Tensor,
+        cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         update = self.config.update
-        h_attn = kernels.normalize(self.attn(h, cache=cache, attn_mask=attn_mask))  # h_A = Norm(ATTN(h))
+        attn = self.attn(h, cache=cache, attn_mask=attn_mask, positions=positions)
+        h_attn = kernels.normalize(attn)  # h_A = Norm(ATTN(h))
         h = kernels.residual_update(update, h, h_attn, self.residual_attn.alpha())  # eq. 10
         h_mlp = kernels.normalize(self.mlp(h))  # h_M = Norm(MLP(h))
         return kernels.residual_update(update, h, h_mlp, self.residual_mlp.alpha())  # eq. 11
@@ -79,7 +85,11 @@ class GPTBlock(nn.Module):
         self.mlp = GPTMLP(c.d_model, c.d_mlp)
 
     def forward(
-        self, h: torch.Tensor, cache: KVCache | None = None, attn_mask: torch.Tensor | None = None
+        self,
+        h: torch.Tensor,
+        cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = h + self.attn(self.norm_attn(h), cache=cache, attn_mask=attn_mask)
+        h = h + self.attn(self.norm_attn(h), cache=cache, attn_mask=attn_mask, positions=positions)
         return h + self.mlp(self.norm_mlp(h))

@@ -137,7 +137,9 @@ class NGPTCrossBlock(nn.Module):
         h_attn = kernels.normalize(self.attn(h, cache=cache, attn_mask=attn_mask))  # h_A = Norm(ATTN(h))
         h = kernels.residual_update(update, h, h_attn, self.residual_attn.alpha())  # eq. 10
         h_cross = self.cross_attn(h, context, cache=cross_cache, attn_mask=context_mask, query_offset=position)
-        h = kernels.residual_update(update, h, kernels.normalize(h_cross), self.residual_cross.alpha())  # eq. 10, alpha_C
+        h = kernels.residual_update(
+            update, h, kernels.normalize(h_cross), self.residual_cross.alpha()
+        )  # eq. 10, alpha_C
         h_mlp = kernels.normalize(self.mlp(h))  # h_M = Norm(MLP(h))
         return kernels.residual_update(update, h, h_mlp, self.residual_mlp.alpha())  # eq. 11
 

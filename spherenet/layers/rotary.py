@@ -96,12 +96,32 @@ class RotaryEmbedding(nn.Module):
         cos, sin = table
         return cos[offset:stop], sin[offset:stop]
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate ``x`` (``(B, H, T, head_dim)`` or ``(..., T, head_dim)``) at positions ``offset ..
+        offset + T - 1``, or at ``positions`` when given: integers of shape ``(B, T)``, one
+        position per row and token (a left-padded batch counts each row from its first token)."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"RotaryEmbedding expected last dimension {self.head_dim}, got shape {tuple(x.shape)}")
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(x.shape[-2], offset, device=x.device, dtype=work)
+        if positions is None:
+            cos, sin = self.cos_sin(x.shape[-2], offset, device=x.device, dtype=work)
+        else:
+            if positions.ndim != 2 or positions.shape[-1] != x.shape[-2] or positions.shape[0] not in (1, x.shape[0]):
+                raise ValueError(
+                    f"RotaryEmbedding: positions of shape {tuple(positions.shape)} do not match x of shape "
+                    f"{tuple(x.shape)}; expected (batch, {x.shape[-2]})"
+                )
+            angles = self._position_angles(positions)[:, None]  # (B, 1, T, head_dim/2): one set per row
+            cos, sin = angles.cos().to(work), angles.sin().to(work)
         return apply_rotary(x, cos, sin)
+
+    def _position_angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """``positions x inverse frequencies`` for any integer tensor of positions: shape
+        ``(*positions.shape, head_dim/2)``, the same values as the table's rows."""
+        work = torch.float32 if positions.device.type == "mps" else torch.float64
+        half = self.head_dim // 2
+        inv_freq = self.base ** (-torch.arange(half, dtype=work, device=positions.device) * 2 / self.head_dim)
+        return positions.to(work)[..., None] * inv_freq
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base:g}"

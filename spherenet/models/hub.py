@@ -2,12 +2,16 @@
 
 A saved model is a directory (or a Hub repository) holding
 
-    config.json          the config dataclass's fields, plus ``model_type`` ("ngpt" / "gpt"),
-                         ``architectures`` (["NGPT"] / ["GPT"]) and ``spherenet_version``
+    config.json          the config dataclass's fields, plus ``model_type`` ("spherenet-ngpt" /
+                         "spherenet-gpt"), ``architectures`` (["NGPT"] / ["GPT"]),
+                         ``spherenet_version`` and ``auto_map`` (transformers' classes)
     model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``
-    sha256sums.json      the size and sha256 of both (the entries of a checkpoint's manifest):
-                         a damaged file is refused on load with an error naming it; a directory
-                         without it (saved by hand, or before it existed) loads with a
+    modeling_spherenet.py  a few lines importing :mod:`spherenet.hf`, so that transformers'
+                         ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``
+                         loads the model wherever spherenet is installed
+    sha256sums.json      the size and sha256 of the files above (the entries of a checkpoint's
+                         manifest): a damaged file is refused on load with an error naming it; a
+                         directory without it (saved by hand, or before it existed) loads with a
                          :class:`PretrainedFileWarning`
 
 nGPT's sphere weights are stored as the model holds them: matrices of unit rows (the unit
@@ -42,6 +46,8 @@ __all__ = [
     "INSTALL_HINT",
     "MANIFEST_NAME",
     "WEIGHTS_NAME",
+    "MODELING_NAME",
+    "exported_model_type",
     "MODEL_CLASSES",
     "HubMixin",
     "PretrainedFileError",
@@ -55,8 +61,39 @@ WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 MANIFEST_NAME = "sha256sums.json"
 INSTALL_HINT = 'pip install "spherenet[hub]"'
+MODELING_NAME = "modeling_spherenet.py"
 # keys config.json holds besides the config's fields
-_METADATA_KEYS = ("model_type", "architectures", "spherenet_version")
+_METADATA_KEYS = ("model_type", "architectures", "spherenet_version", "auto_map")
+
+
+def exported_model_type(model_type: str) -> str:
+    """config.json's ``model_type`` for a model class's: prefixed, so that no other library
+    reads an export as its own model of the same name (transformers has an "ngpt")."""
+    return f"spherenet-{model_type}"
+
+
+def _auto_map(architecture: str) -> dict[str, str]:
+    """config.json's ``auto_map``: transformers' classes of the model, in the modeling file."""
+    module = MODELING_NAME.removesuffix(".py")
+    return {
+        "AutoConfig": f"{module}.Spherenet{architecture}Config",
+        "AutoModelForCausalLM": f"{module}.Spherenet{architecture}ForCausalLM",
+    }
+
+
+# the modeling file of every export: transformers runs it under trust_remote_code=True
+_MODELING_SOURCE = '''"""transformers' classes of this spherenet export (trust_remote_code=True loads them from here).
+
+They are spherenet's own: pip install "spherenet[hf]".
+"""
+
+from spherenet.hf import (  # noqa: F401
+    SpherenetGPTConfig,
+    SpherenetGPTForCausalLM,
+    SpherenetNGPTConfig,
+    SpherenetNGPTForCausalLM,
+)
+'''
 
 
 class PretrainedFileError(ValueError):
@@ -202,16 +239,17 @@ class HubMixin:
         from .. import __version__
 
         return {
-            "model_type": self.model_type,
+            "model_type": exported_model_type(self.model_type),
             "architectures": [self.architecture],
             "spherenet_version": __version__,
+            "auto_map": _auto_map(self.architecture),
             **dataclasses.asdict(self.config),
         }
 
     def save_pretrained(
         self, save_directory: str | os.PathLike, *, push_to_hub: bool = False, repo_id: str | None = None, **push_kwargs
     ) -> str | None:
-        """Write ``config.json`` and ``model.safetensors`` into ``save_directory``; with
+        """Write ``config.json``, ``model.safetensors`` and the modeling file into ``save_directory``; with
         ``push_to_hub=True`` also upload them to ``repo_id`` (default: the directory's name)
         and return the commit's URL."""
         safetensors_torch = _require("safetensors.torch")
@@ -221,7 +259,8 @@ class HubMixin:
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
         safetensors_torch.save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
         (directory / CONFIG_NAME).write_text(json.dumps(self.hub_config(), indent=2) + "\n", encoding="utf-8")
-        write_manifest(directory)
+        (directory / MODELING_NAME).write_text(_MODELING_SOURCE, encoding="utf-8")
+        write_manifest(directory, (CONFIG_NAME, WEIGHTS_NAME, MODELING_NAME))
         if push_to_hub:
             return self.push_to_hub(repo_id or directory.name, **push_kwargs)
         return None
@@ -317,12 +356,12 @@ class HubMixin:
             raise PretrainedFileError(f"cannot read {config_file}: {exc}") from None
         if not isinstance(values, dict):
             raise PretrainedFileError(f"{config_file} must hold a JSON object, got {type(values).__name__}")
-        model_type = values.get("model_type")
-        if model_type != cls.model_type:
-            other = MODEL_CLASSES[model_type].__name__ if model_type in MODEL_CLASSES else "the class that saved it"
+        model_type, expected = values.get("model_type"), exported_model_type(cls.model_type)
+        if model_type != expected:
+            other = _exported_classes().get(model_type)
             raise PretrainedFileError(
-                f"{config_file} describes model_type {model_type!r}, not {cls.model_type!r}: load it with "
-                f"{other}.from_pretrained"
+                f"{config_file} describes model_type {model_type!r}, not {expected!r}: load it with "
+                f"{other.__name__ if other else 'the class that saved it'}.from_pretrained"
             )
         fields = {k: v for k, v in values.items() if k not in _METADATA_KEYS}
         try:
@@ -438,8 +477,12 @@ def load_pretrained(pretrained_model_name_or_path: str | os.PathLike, **kwargs) 
         model_type = json.loads(Path(config_file).read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError) as exc:
         raise PretrainedFileError(f"cannot read the model_type of {config_file}: {exc}") from None
-    if model_type not in MODEL_CLASSES:
-        raise PretrainedFileError(
-            f"{config_file} has model_type {model_type!r}; spherenet knows {sorted(MODEL_CLASSES)}"
-        )
-    return MODEL_CLASSES[model_type].from_pretrained(pretrained_model_name_or_path, **kwargs)
+    classes = _exported_classes()
+    if model_type not in classes:
+        raise PretrainedFileError(f"{config_file} has model_type {model_type!r}; spherenet knows {sorted(classes)}")
+    return classes[model_type].from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+
+def _exported_classes() -> dict[str, type]:
+    """The model classes by the ``model_type`` their exports' config.json holds."""
+    return {exported_model_type(model_type): cls for model_type, cls in MODEL_CLASSES.items()}

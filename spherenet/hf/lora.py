@@ -1,0 +1,107 @@
+"""Sphere-aware LoRA for nGPT: the adapted matrix stays on the sphere.
+
+A plain LoRA adds ``B A`` to a weight; nGPT's matrices are unit vectors along their
+d_model-sized side (:class:`spherenet.layers.SphereLinear`), and ``W + B A`` is not. Here the
+adapted matrix is put back on the sphere along the same axis: ``Norm(W + s B A)`` (rows for
+``sphere="in"``, columns of ``(out, in)`` for ``sphere="out"``), in the forward pass and when
+merged, so that a merged model is an nGPT again (unit rows, same logits).
+
+    from peft import get_peft_model
+    from spherenet.hf.lora import sphere_lora_config
+
+    model = get_peft_model(model, sphere_lora_config(model, r=8))
+
+needs peft (``pip install "spherenet[hf]"``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig
+from peft.tuners.lora.layer import Linear as LoraLinear
+from peft.tuners.lora.layer import LoraLayer
+from torch import nn
+
+from .. import kernels
+from ..layers import SphereLinear
+
+__all__ = ["SphereLoraLinear", "sphere_lora_config"]
+
+
+class SphereLoraLinear(LoraLinear):
+    """LoRA of a :class:`SphereLinear`: ``Norm(W + sum of s B A)`` along the weight's sphere axis."""
+
+    def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, r: int = 0, lora_alpha=1, **kw):
+        if config.lora_dropout:
+            raise ValueError("sphere-aware LoRA adapts the weight, not the input: lora_dropout must be 0")
+        nn.Module.__init__(self)
+        LoraLayer.__init__(self, base_layer, **kw)
+        self.fan_in_fan_out = False
+        self.is_target_conv_1d_layer = False
+        self._active_adapter = adapter_name
+        self._unmerged_weights: list[torch.Tensor] = []
+        self.update_layer(adapter_name, r, lora_alpha=lora_alpha, config=config, **kw)
+
+    def _get_in_out_features(self, module: nn.Module) -> tuple[int, int]:
+        return module.in_features, module.out_features  # a SphereLinear's (peft knows torch's layers only)
+
+    def _on_sphere(self, matrix: torch.Tensor) -> torch.Tensor:
+        """``matrix`` ``(out, in)`` with unit vectors along the base weight's sphere axis."""
+        if self.get_base_layer().sphere == "in":
+            return kernels.normalize(matrix)  # unit rows
+        return kernels.normalize(matrix.t()).t()  # unit columns: the rows of the stored (in, out) weight
+
+    def adapted_matrix(self, adapter_names) -> torch.Tensor:
+        """The base matrix ``(out, in)`` plus the adapters' ``s B A``, back on the sphere."""
+        matrix = self.get_base_layer().matrix()
+        for name in adapter_names:
+            if name in self.lora_A:
+                matrix = matrix + self.get_delta_weight(name).to(matrix.dtype)
+        return self._on_sphere(matrix)
+
+    def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        base = self.get_base_layer()
+        if self.disable_adapters or self.merged or not any(a in self.lora_A for a in self.active_adapters):
+            return base(x, out_scale=out_scale)
+        matrix = self.adapted_matrix(self.active_adapters).to(x.dtype)
+        return F.linear(x, matrix) if out_scale is None else kernels.scaled_linear(x, matrix, out_scale)
+
+    def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
+        """Write ``Norm(W + s B A)`` into the base weight (unit rows again); keeps ``W`` for unmerge."""
+        names = [
+            n for n in (adapter_names or self.active_adapters) if n in self.lora_A and n not in self.merged_adapters
+        ]
+        if not names:
+            return
+        base = self.get_base_layer()
+        with torch.no_grad():
+            matrix = self.adapted_matrix(names)
+            if safe_merge and not bool(torch.isfinite(matrix).all()):
+                raise ValueError(f"NaNs in the merged weight of adapters {names}")
+            self._unmerged_weights.append(base.weight.detach().clone())
+            base.weight.copy_(matrix if base.sphere == "in" else matrix.t())
+        self.merged_adapters.extend(names)
+
+    def unmerge(self) -> None:
+        """Restore the weight before the last merge (a normalization cannot be subtracted)."""
+        if not self.merged:
+            return
+        with torch.no_grad():
+            self.get_base_layer().weight.copy_(self._unmerged_weights.pop())
+        self.merged_adapters.clear()
+
+
+def sphere_lora_config(model: nn.Module, **lora_kwargs) -> LoraConfig:
+    """A :class:`peft.LoraConfig` adapting every :class:`SphereLinear` of ``model`` but the
+    output layer (attention and MLP projections) with :class:`SphereLoraLinear`;
+    ``lora_kwargs`` as in ``LoraConfig`` (``r``, ``lora_alpha``, ...), ``lora_dropout`` 0."""
+    output = model.get_output_embeddings()
+    names = sorted(
+        name for name, module in model.named_modules() if isinstance(module, SphereLinear) and module is not output
+    )
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no SphereLinear to adapt (sphere-aware LoRA is for nGPT)")
+    config = LoraConfig(target_modules=names, lora_dropout=0.0, **lora_kwargs)
+    config._register_custom_module({SphereLinear: SphereLoraLinear})
+    return config

@@ -1,0 +1,307 @@
+"""nGPT and GPT as transformers causal language models (``PreTrainedModel`` + ``GenerationMixin``).
+
+Each class holds the modules of spherenet's own model (:class:`spherenet.models.NGPT` /
+:class:`spherenet.models.GPT`) under the same names, so that an export's model.safetensors,
+written by spherenet's ``save_pretrained``, is its state dict as it is. ``from_pretrained``
+loads through spherenet's loader (its checks: tensor names and shapes, unit rows of the sphere
+weights) and ``save_pretrained`` writes spherenet's export layout.
+
+The forward pass is that of spherenet's model, with transformers' inputs: a padding
+``attention_mask``, per-row ``position_ids`` (by default counted from each row's first real
+token, so a left-padded row gives the logits of the row alone), a :class:`transformers.Cache`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from transformers import DynamicCache, GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_utils import slice_logits_to_keep
+
+from ..models import GPT, MODEL_CLASSES, NGPT, PretrainedFileError
+from ..models.common import check_input_ids
+from ..models.hub import CONFIG_NAME, exported_model_type
+from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig
+
+__all__ = ["SpherenetNGPTForCausalLM", "SpherenetGPTForCausalLM", "padding_mask", "positions_from_mask"]
+
+# from_pretrained's keyword arguments passed on to spherenet's loader
+_LOADER_ARGS = (
+    "revision",
+    "cache_dir",
+    "force_download",
+    "token",
+    "local_files_only",
+    "dtype",
+    "torch_dtype",
+    "device",
+    "device_map",
+)
+# keyword arguments transformers' own callers (Auto classes, pipeline) pass that change nothing here
+_IGNORED_ARGS = (
+    "trust_remote_code",
+    "code_revision",
+    "_from_auto",
+    "_from_pipeline",
+    "_commit_hash",
+    "config",
+    "proxies",
+    "user_agent",
+    "adapter_kwargs",
+    "subfolder",
+)
+
+
+def positions_from_mask(attention_mask: torch.Tensor, n_new: int) -> torch.Tensor:
+    """RoPE positions ``(B, n_new)`` of the last ``n_new`` tokens of ``attention_mask``
+    (``(B, K)``, 1 = a real token): each row counts from its own first real token (padding
+    tokens get position 0)."""
+    counted = attention_mask.long().cumsum(-1) - 1
+    return counted.clamp(min=0)[:, -n_new:]
+
+
+def padding_mask(attention_mask: torch.Tensor, n_queries: int) -> torch.Tensor:
+    """SDPA's boolean mask ``(B, 1, n_queries, K)`` (True: may attend) of a padding mask
+    ``(B, K)`` whose last ``n_queries`` keys are the queries. Every query also sees itself, so
+    that a padding token's row is not empty (some SDPA kernels give NaN for an empty row, and NaN
+    times a zero weight is still NaN for the real tokens); the causal mask is the attention's own."""
+    n_keys = attention_mask.shape[-1]
+    keys = attention_mask.bool()[:, None, None, :]
+    query_index = torch.arange(n_keys - n_queries, n_keys, device=attention_mask.device)
+    itself = torch.arange(n_keys, device=attention_mask.device)[None, :] == query_index[:, None]
+    return keys | itself
+
+
+class _LayerCache:
+    """One layer of a transformers :class:`~transformers.Cache`, used as the attention uses a
+    :class:`spherenet.layers.KVCache` (``length``, ``append``)."""
+
+    def __init__(self, cache: Cache, layer: int, length: int):
+        self.cache, self.layer, self.length = cache, layer, length
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.update(keys, values, self.layer)
+
+
+class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
+    """What both models share; a subclass names its spherenet model class and config class."""
+
+    spherenet_class: ClassVar[type]
+    base_model_prefix = ""
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False
+    _supports_sdpa = True
+
+    def __init__(self, config, spherenet_model=None):
+        super().__init__(config)
+        if spherenet_model is None:
+            spherenet_model = self.spherenet_class(config.spherenet_config())
+        elif type(spherenet_model) is not self.spherenet_class:
+            raise TypeError(f"{type(self).__name__} wraps a {self.spherenet_class.__name__}, got {spherenet_model!r}")
+        # spherenet's modules, under their own names: the state dict is spherenet's
+        for name, module in spherenet_model.named_children():
+            self.add_module(name, module)
+        self._spherenet_model = [spherenet_model]  # a list: not a submodule (its modules are ours)
+        self.post_init()
+
+    def _init_weights(self, module) -> None:
+        """Nothing: spherenet's modules initialize themselves when built (unit rows, the
+        paper's scalings; transformers' generic init would break both)."""
+
+    @property
+    def spherenet_model(self):
+        """spherenet's own model (NGPT / GPT), sharing every module and parameter with this one."""
+        model = self._spherenet_model[0]
+        for name in list(model._modules):
+            model._modules[name] = self._modules[name]  # in case one was replaced here
+        return model
+
+    @classmethod
+    def from_spherenet(cls, model):
+        """The transformers model of spherenet's ``model`` (an NGPT / GPT), sharing its parameters."""
+        config = cls.config_class.from_spherenet_config(model.config)
+        return cls(config, spherenet_model=model).train(model.training)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """The model of an export (a directory written by ``save_pretrained`` or
+        ``spherenet-export``), loaded and checked by spherenet's loader, in eval mode.
+
+        ``dtype`` / ``torch_dtype``, ``device`` / ``device_map`` and the Hub's download
+        arguments are as in :meth:`spherenet.models.NGPT.from_pretrained`. A directory that is
+        not a spherenet export of this model raises :class:`spherenet.models.PretrainedFileError`
+        saying what it holds."""
+        if model_args:
+            raise TypeError(f"{cls.__name__}.from_pretrained takes no positional arguments after the path")
+        # an option left at None (lm-eval passes quantization_config=None, ...) asks for nothing
+        unknown = sorted(k for k, v in kwargs.items() if k not in _LOADER_ARGS + _IGNORED_ARGS and v is not None)
+        if unknown:
+            raise TypeError(
+                f"{cls.__name__}.from_pretrained does not take {', '.join(unknown)}; it takes {', '.join(_LOADER_ARGS)}"
+            )
+        if kwargs.get("subfolder"):
+            raise ValueError(f"{cls.__name__}.from_pretrained: an export is a directory of its own, not a subfolder")
+        if "_adapter_model_path" in (kwargs.get("adapter_kwargs") or {}):
+            raise ValueError(
+                f"{pretrained_model_name_or_path} holds a PEFT adapter: load its base export, then "
+                "peft.PeftModel.from_pretrained(model, adapter)"
+            )
+        _check_is_export(pretrained_model_name_or_path, exported_model_type(cls.spherenet_class.model_type))
+        loader_args = {k: v for k, v in kwargs.items() if k in _LOADER_ARGS}
+        if isinstance(loader_args.get("device_map"), dict) and set(loader_args["device_map"]) == {""}:
+            loader_args["device_map"] = loader_args["device_map"][""]  # the whole model on one device
+        model = cls.spherenet_class.from_pretrained(pretrained_model_name_or_path, **loader_args)
+        return cls.from_spherenet(model).eval()
+
+    def save_pretrained(self, save_directory, **kwargs) -> None:
+        """spherenet's export layout (config.json with ``auto_map``, model.safetensors, the
+        modeling file): what ``from_pretrained`` and spherenet's own loader read."""
+        unknown = sorted(set(kwargs) - {"safe_serialization", "is_main_process"})
+        if unknown:
+            raise TypeError(f"{type(self).__name__}.save_pretrained does not take {', '.join(unknown)}")
+        if kwargs.get("is_main_process", True):
+            self.spherenet_model.save_pretrained(save_directory)
+
+    def get_input_embeddings(self):
+        return self.embed_in
+
+    def get_output_embeddings(self):
+        return self.embed_out
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: Cache | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """transformers' causal LM forward pass over spherenet's blocks.
+
+        ``input_ids`` ``(B, T)`` or ``inputs_embeds`` ``(B, T, d_model)``; ``attention_mask``
+        ``(B, K)`` (1: a real token; ``K``: cached plus new tokens) with left or right padding;
+        ``position_ids`` ``(B, T)`` (default: counted from each row's first real token);
+        ``cache`` (or its older name ``past_key_values``): a :class:`transformers.Cache`, a
+        :class:`~transformers.DynamicCache` made when ``use_cache`` and none is given;
+        ``labels`` ``(B, T)``: the loss is transformers' (shifted by one, -100 ignored);
+        ``logits_to_keep``: logits of only the last so many positions (0: all)."""
+        if past_key_values is not None:
+            if cache is not None:
+                raise ValueError("pass the cache as cache= or past_key_values=, not both")
+            cache = past_key_values
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if kwargs.get("output_attentions"):
+            raise ValueError("output_attentions is not supported: attention runs in fused SDPA, which keeps no weights")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        past = 0 if cache is None else cache.get_seq_length()
+        c = self.config
+        if input_ids is not None:
+            check_input_ids(input_ids, c.max_seq_len, past)
+            h = self.embed_in(input_ids)
+        else:
+            if inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != c.d_model:
+                raise ValueError(
+                    f"inputs_embeds must have shape (batch, seq_len, {c.d_model}), got {tuple(inputs_embeds.shape)}"
+                )
+            h = inputs_embeds
+        batch, n_new = h.shape[:2]
+
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.ndim != 2 or attention_mask.shape != (batch, past + n_new):
+                raise ValueError(
+                    f"attention_mask must have shape (batch, cached + new tokens) = {(batch, past + n_new)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            if not bool(attention_mask.all()):  # unpadded: the attention's causal mask alone
+                mask = padding_mask(attention_mask, n_new)
+        if position_ids is None:
+            if attention_mask is not None:
+                position_ids = positions_from_mask(attention_mask, n_new)
+            else:
+                position_ids = torch.arange(past, past + n_new, device=h.device)[None, :]
+        elif position_ids.ndim != 2 or position_ids.shape[-1] != n_new or position_ids.shape[0] not in (1, batch):
+            raise ValueError(f"position_ids must have shape (batch, {n_new}), got {tuple(position_ids.shape)}")
+        if position_ids.numel() and int(position_ids.max()) >= c.max_seq_len:
+            raise ValueError(
+                f"position {int(position_ids.max())} is past the model's context, max_seq_len={c.max_seq_len}"
+            )
+
+        hidden_states = [h] if output_hidden_states else None
+        for layer, block in enumerate(self.blocks):
+            layer_cache = None if cache is None else _LayerCache(cache, layer, past)
+            h = block(h, cache=layer_cache, attn_mask=mask, positions=position_ids)
+            if hidden_states is not None:
+                hidden_states.append(h)
+        logits = self.spherenet_class.logits(self, slice_logits_to_keep(h, logits_to_keep))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=c.vocab_size, **kwargs)
+        output = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=cache if use_cache else None,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+        )
+        return output.to_tuple() if return_dict is False else output
+
+
+class SpherenetNGPTForCausalLM(_SpherenetForCausalLM):
+    """nGPT (:class:`spherenet.models.NGPT`) as a transformers causal language model."""
+
+    config_class = SpherenetNGPTConfig
+    spherenet_class = NGPT
+
+
+class SpherenetGPTForCausalLM(_SpherenetForCausalLM):
+    """The baseline GPT (:class:`spherenet.models.GPT`) as a transformers causal language model."""
+
+    config_class = SpherenetGPTConfig
+    spherenet_class = GPT
+
+
+def _check_is_export(path, model_type: str) -> None:
+    """Refuse, saying what it holds, a local directory that is not a spherenet export of ``model_type``."""
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        return  # a Hub repository id, or nothing: spherenet's loader says which
+    config_file = local / CONFIG_NAME
+    if not config_file.is_file():
+        found = sorted(os.listdir(local))
+        listing = ", ".join(found[:10]) + (", ..." if len(found) > 10 else "") if found else "nothing"
+        raise PretrainedFileError(f"{local} is not a spherenet export: it has no {CONFIG_NAME} (it holds {listing})")
+    try:
+        values = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PretrainedFileError(f"{config_file} is not readable JSON: {exc}") from None
+    found_type = values.get("model_type") if isinstance(values, dict) else None
+    if found_type == model_type:
+        return
+    exported = {exported_model_type(t) for t in MODEL_CLASSES}
+    if found_type in exported:
+        raise PretrainedFileError(
+            f"{local} is a spherenet export of model_type {found_type!r}, not {model_type!r}: "
+            "load it with transformers.AutoModelForCausalLM"
+        )
+    architectures = values.get("architectures") if isinstance(values, dict) else None
+    raise PretrainedFileError(
+        f"{local} is not a spherenet export: its {CONFIG_NAME} has model_type {found_type!r}"
+        + (f" and architectures {architectures}" if architectures else "")
+        + f"; spherenet's exports have model_type {' or '.join(map(repr, sorted(exported)))}"
+    )

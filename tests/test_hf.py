@@ -1,0 +1,302 @@
+"""spherenet's models as transformers classes (spherenet.hf): the export's auto_map, the forward
+contract (padding, positions, Cache, labels, inputs_embeds, logits_to_keep), generation and
+pipelines, and what a directory that is not an export gets."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, TextStreamer, pipeline  # noqa: E402
+
+import spherenet.hf as shf  # noqa: E402
+from recipes.checkpoints import Trained  # noqa: E402
+from recipes.export import export  # noqa: E402
+from spherenet.data.tokenizer_classes import ByteTokenizer  # noqa: E402
+from spherenet.hf import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
+from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, PretrainedFileError  # noqa: E402
+
+VOCAB = 256  # the byte tokenizer's
+
+
+def tiny(cls, seed=0):
+    """A tiny model whose scalings are moved off their initial values, as training would, so
+    that a wrong position or mask changes its logits."""
+    torch.manual_seed(seed)
+    config_class = NGPTConfig if cls is NGPT else GPTConfig
+    model = cls(config_class(vocab_size=VOCAB, n_layers=2, d_model=32, n_heads=4, max_seq_len=48)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.mul_(1 + 0.5 * torch.rand_like(p))
+    return model
+
+
+MODELS = pytest.mark.parametrize("cls", [NGPT, GPT], ids=["ngpt", "gpt"])
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """``{cls: directory}``: each model exported by recipes.export with the byte tokenizer."""
+    out = {}
+    for cls in (NGPT, GPT):
+        base = tmp_path_factory.mktemp(cls.__name__)
+        trained = Trained(tiny(cls), ByteTokenizer(), {}, 0, base / "step_0")
+        export(trained, base / "export")
+        out[cls] = base / "export"
+    return out
+
+
+def test_export_carries_auto_map_modeling_file_and_card(exported):
+    for cls, directory in exported.items():
+        config = json.loads((directory / "config.json").read_text())
+        assert config["model_type"] == f"spherenet-{cls.model_type}"
+        assert config["auto_map"] == {
+            "AutoConfig": f"modeling_spherenet.Spherenet{cls.__name__}Config",
+            "AutoModelForCausalLM": f"modeling_spherenet.Spherenet{cls.__name__}ForCausalLM",
+        }
+        assert "from spherenet.hf import" in (directory / "modeling_spherenet.py").read_text()
+        assert "trust_remote_code=True" in (directory / "README.md").read_text()
+        hf_config = AutoConfig.from_pretrained(directory)
+        assert hf_config.model_type == f"spherenet-{cls.model_type}" and hf_config.hidden_size == 32
+        assert hf_config.spherenet_config() == tiny(cls).config
+
+
+@MODELS
+def test_logits_equal_spherenet_models(cls, exported):
+    reference = tiny(cls)
+    model = AutoModelForCausalLM.from_pretrained(exported[cls], trust_remote_code=True)
+    assert isinstance(model, SpherenetNGPTForCausalLM if cls is NGPT else SpherenetGPTForCausalLM)
+    ids = torch.randint(0, VOCAB, (3, 11), generator=torch.Generator().manual_seed(1))
+    out = model(ids)
+    torch.testing.assert_close(out.logits, reference(ids), atol=1e-5, rtol=0)
+    assert isinstance(out.cache, DynamicCache) and out.cache.get_seq_length() == 11
+    assert model(ids, logits_to_keep=2, use_cache=False).logits.shape == (3, 2, VOCAB)
+    embeds = model.get_input_embeddings()(ids)
+    torch.testing.assert_close(model(inputs_embeds=embeds).logits, out.logits, atol=1e-6, rtol=0)
+
+
+@MODELS
+def test_padded_rows_give_the_logits_of_the_row_alone(cls):
+    reference = tiny(cls)
+    model = SpherenetNGPTForCausalLM.from_spherenet(reference) if cls is NGPT else None
+    model = model or SpherenetGPTForCausalLM.from_spherenet(reference)
+    rows = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 5, 2)]
+    width = max(len(r) for r in rows)
+    for side in ("left", "right"):
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            where = slice(width - len(r), width) if side == "left" else slice(0, len(r))
+            ids[i, where], mask[i, where] = r, 1
+        logits = model(ids, attention_mask=mask).logits
+        assert torch.isfinite(logits).all()
+        for i, r in enumerate(rows):
+            where = slice(width - len(r), width) if side == "left" else slice(0, len(r))
+            torch.testing.assert_close(logits[i, where], reference(r[None])[0], atol=1e-5, rtol=0)
+
+
+def test_positions_count_from_the_first_real_token():
+    """Without the per-row positions (a left-padded row at positions 3..), a trained nGPT's
+    logits differ: the check above could not pass by accident."""
+    reference = tiny(NGPT)
+    model = SpherenetNGPTForCausalLM.from_spherenet(reference)
+    row = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    ids, mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), row], 1), torch.tensor([[0, 0, 0] + [1] * 6])
+    shifted = model(ids, attention_mask=mask, position_ids=torch.arange(9)[None]).logits[0, 3:]
+    assert (shifted - reference(row)[0]).abs().max() > 1e-3
+    assert shf.modeling.positions_from_mask(mask, 9).tolist() == [[0, 0, 0, 0, 1, 2, 3, 4, 5]]
+
+
+@MODELS
+def test_cache_continues_the_sequence_exactly(cls):
+    reference = tiny(cls)
+    model = SpherenetNGPTForCausalLM.from_spherenet(reference) if cls is NGPT else None
+    model = model or SpherenetGPTForCausalLM.from_spherenet(reference)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
+    full = reference(ids)
+    cache = DynamicCache(config=model.config)
+    first = model(ids[:, :7], cache=cache).logits
+    second = model(ids[:, 7:10], past_key_values=cache).logits  # the older name of the argument
+    third = model(ids[:, 10:], cache=cache, attention_mask=torch.ones(2, 12, dtype=torch.long)).logits
+    torch.testing.assert_close(torch.cat([first, second, third], 1), full, atol=1e-5, rtol=0)
+    assert cache.get_seq_length() == 12
+    with pytest.raises(ValueError, match="not both"):
+        model(ids[:, :1], cache=cache, past_key_values=cache)
+
+
+@MODELS
+def test_labels_give_the_shifted_loss_ignoring_minus_100(cls):
+    model = SpherenetNGPTForCausalLM.from_spherenet(tiny(cls)) if cls is NGPT else None
+    model = model or SpherenetGPTForCausalLM.from_spherenet(tiny(cls))
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(5))
+    labels = ids.clone()
+    labels[0, 5:] = -100
+    out = model(ids, labels=labels, use_cache=False)
+    logits, targets = out.logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1)
+    expected = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)
+    out.loss.backward()
+    assert model.embed_in.weight.grad is not None and out.cache is None
+
+
+@MODELS
+def test_greedy_generate_gives_spherenet_tokens(cls):
+    reference = tiny(cls)
+    model = SpherenetNGPTForCausalLM.from_spherenet(reference) if cls is NGPT else None
+    model = model or SpherenetGPTForCausalLM.from_spherenet(reference)
+    short, long = torch.tensor([[5, 6, 7]]), torch.tensor([[9, 8, 7, 6, 5, 4]])
+    batch = torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1)
+    batch = torch.cat([batch, long])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1] * 6])
+    out = model.generate(batch, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert out[0, 3:].tolist() == reference.generate(short, 8, temperature=0)[0].tolist()
+    assert out[1].tolist() == reference.generate(long, 8, temperature=0)[0].tolist()
+
+
+def test_sampling_beam_search_streamer_and_pipeline(exported, capsys):
+    directory = exported[NGPT]
+    model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    ids = torch.tensor([tokenizer("Hello").input_ids])
+    assert ids.tolist() == [list(b"Hello")]  # byte tokenizer: token id = byte
+    torch.manual_seed(0)
+    sampled = model.generate(ids, max_new_tokens=6, do_sample=True, top_k=20, temperature=0.9, pad_token_id=0)
+    beams = model.generate(ids, max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
+    assert sampled.shape == beams.shape == (1, 11) and sampled[0, :5].tolist() == beams[0, :5].tolist()
+    greedy = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, streamer=TextStreamer(tokenizer))
+    assert capsys.readouterr().out.startswith("Hello")
+    generator = pipeline("text-generation", model=str(directory), trust_remote_code=True, device="cpu")
+    assert generator("Hello", max_new_tokens=6, do_sample=False)[0]["generated_text"].startswith("Hello")
+    tokens = generator("Hello", max_new_tokens=6, do_sample=False, return_tensors=True)[0]["generated_token_ids"]
+    assert list(tokens) == greedy[0].tolist()
+
+
+@pytest.mark.slow
+def test_trust_remote_code_loads_an_export_in_a_fresh_process(exported):
+    """transformers alone imported: the export's modeling file brings in spherenet.hf."""
+    code = (
+        "import sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(exported[GPT])!r}, trust_remote_code=True)\n"
+        "print(type(m).__name__, m(torch.tensor([[1, 2, 3]])).logits.shape[-1])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["SpherenetGPTForCausalLM", str(VOCAB)]
+
+
+def test_save_pretrained_writes_the_export_layout(tmp_path):
+    model = SpherenetGPTForCausalLM.from_spherenet(tiny(GPT))
+    model.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "modeling_spherenet.py"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)
+
+
+def test_a_directory_that_is_not_a_spherenet_export_is_named(tmp_path, exported):
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(PretrainedFileError, match=r"is not a spherenet export: its config.json has model_type 'llama'"):
+        SpherenetNGPTForCausalLM.from_pretrained(llama)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "weights.bin").write_bytes(b"")
+    with pytest.raises(PretrainedFileError, match=r"has no config.json \(it holds weights.bin\)"):
+        SpherenetGPTForCausalLM.from_pretrained(empty)
+    with pytest.raises(
+        PretrainedFileError, match="spherenet export of model_type 'spherenet-gpt', not 'spherenet-ngpt'"
+    ):
+        SpherenetNGPTForCausalLM.from_pretrained(exported[GPT])
+    with pytest.raises(TypeError, match="does not take quantization_config"):
+        SpherenetNGPTForCausalLM.from_pretrained(exported[NGPT], quantization_config={})
+
+
+def test_versions_outside_the_supported_range_get_one_line():
+    shf.check_versions({"transformers": "5.24.0", "peft": "0.21.2"})
+    shf.check_versions({"transformers": "5.30.1", "peft": None})  # peft is needed for PEFT only
+    for installed in ({"transformers": "4.57.0", "peft": "0.21.2"}, {"transformers": "5.24.0", "peft": "0.13.0"}):
+        with pytest.raises(ImportError) as info:
+            shf.check_versions(installed)
+        message = str(info.value)
+        assert "\n" not in message and "transformers>=5.24,<6" in message
+        assert f"installed: transformers {installed['transformers']}, peft {installed['peft']}" in message
+
+
+def test_bad_inputs_are_named():
+    model = SpherenetGPTForCausalLM.from_spherenet(tiny(GPT))
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+        model()
+    with pytest.raises(ValueError, match=r"attention_mask must have shape .* = \(1, 3\), got \(1, 2\)"):
+        model(ids, attention_mask=torch.ones(1, 2))
+    with pytest.raises(ValueError, match="position 48 is past the model's context, max_seq_len=48"):
+        model(ids, position_ids=torch.tensor([[46, 47, 48]]))
+
+
+def test_lora_all_linear_adapts_every_gpt_projection_and_merges_to_equal_logits():
+    peft = pytest.importorskip("peft")
+    model = SpherenetGPTForCausalLM.from_spherenet(tiny(GPT))
+    adapted = peft.get_peft_model(model, peft.LoraConfig(target_modules="all-linear", r=4, init_lora_weights=False))
+    lora = {n.removeprefix("base_model.model.") for n, m in adapted.named_modules() if hasattr(m, "lora_A")}
+    projections = {f"blocks.{i}.{part}" for i in range(2) for part in ("attn.w_q", "attn.w_k", "attn.w_v", "attn.w_o")}
+    projections |= {f"blocks.{i}.mlp.{w}" for i in range(2) for w in ("w_u", "w_v", "w_o")}
+    assert lora == projections  # the output layer embed_out is left alone
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(6))
+    adapted(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for n, p in adapted.named_parameters() if p.requires_grad)
+    assert not any(p.requires_grad for n, p in adapted.named_parameters() if "lora_" not in n)
+    expected = adapted(input_ids=ids).logits
+    merged = adapted.merge_and_unload()
+    assert isinstance(merged, SpherenetGPTForCausalLM)
+    torch.testing.assert_close(merged(ids).logits, expected, atol=1e-5, rtol=0)
+
+
+def test_from_config_builds_a_fresh_ngpt_with_unit_rows():
+    config = shf.SpherenetNGPTConfig(vocab_size=VOCAB, n_layers=1, d_model=16, n_heads=2, max_seq_len=16)
+    model = AutoModelForCausalLM.from_config(config)
+    assert isinstance(model, SpherenetNGPTForCausalLM) and model.spherenet_model.config == config.spherenet_config()
+    for name, weight in model.spherenet_model.sphere_weights().items():
+        torch.testing.assert_close(weight.norm(dim=-1), torch.ones(weight.shape[0]), msg=name)
+    assert len(model.spherenet_model.sphere_weights()) == 2 + 4 + 3  # embeddings, attention, MLP
+
+
+def test_from_pretrained_takes_what_lm_eval_and_pipelines_pass(exported):
+    """Options left at None ask for nothing; ``device_map={"": device}`` puts the whole model there."""
+    model = SpherenetGPTForCausalLM.from_pretrained(
+        exported[GPT], device_map={"": "cpu"}, quantization_config=None, gguf_file=None, max_memory=None, dtype="auto"
+    )
+    assert model.device == torch.device("cpu") and not model.training
+    assert SpherenetGPTForCausalLM.from_pretrained(exported[GPT], dtype=torch.float64).dtype == torch.float64
+
+
+def test_sphere_aware_lora_keeps_ngpt_on_the_sphere_and_merges_to_equal_logits():
+    peft = pytest.importorskip("peft")
+    from spherenet.hf.lora import sphere_lora_config
+
+    model = SpherenetNGPTForCausalLM.from_spherenet(tiny(NGPT))
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(7))
+    base_logits = model(ids).logits.detach()
+    adapted = peft.get_peft_model(model, sphere_lora_config(model, r=4, init_lora_weights=False))
+    lora = {n.removeprefix("base_model.model.") for n, m in adapted.named_modules() if hasattr(m, "lora_A")}
+    projections = {f"blocks.{i}.attn.{w}" for i in range(2) for w in ("w_q", "w_k", "w_v", "w_o")}
+    projections |= {f"blocks.{i}.mlp.{w}" for i in range(2) for w in ("w_u", "w_v", "w_o")}
+    assert lora == projections  # the output layer embed_out is left alone
+    adapted(input_ids=ids, labels=ids).loss.backward()
+    assert not any(p.requires_grad for n, p in adapted.named_parameters() if "lora_" not in n)
+    expected = adapted(input_ids=ids).logits.detach()
+    assert (expected - base_logits).abs().max() > 1e-3  # the adapters do something
+    merged = adapted.merge_and_unload()
+    assert isinstance(merged, SpherenetNGPTForCausalLM)
+    for name, weight in merged.spherenet_model.sphere_weights().items():
+        torch.testing.assert_close(weight.norm(dim=-1), torch.ones(weight.shape[0]), atol=1e-6, rtol=0, msg=name)
+    torch.testing.assert_close(merged(ids).logits, expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="no SphereLinear to adapt"):
+        sphere_lora_config(SpherenetGPTForCausalLM.from_spherenet(tiny(GPT)))
