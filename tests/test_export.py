@@ -135,7 +135,7 @@ def test_a_saved_model_carries_a_manifest_of_its_files(safetensors_torch, tmp_pa
 
     from_preset("ngpt-tiny").save_pretrained(tmp_path)
     manifest = json.loads((tmp_path / MANIFEST_NAME).read_text())
-    assert sorted(manifest["files"]) == ["config.json", "model.safetensors"]
+    assert sorted(manifest["files"]) == ["config.json", "model.safetensors", "modeling_spherenet.py"]
     for name, entry in manifest["files"].items():
         data = (tmp_path / name).read_bytes()
         assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}

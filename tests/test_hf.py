@@ -194,7 +194,12 @@ def test_trust_remote_code_loads_an_export_in_a_fresh_process(exported):
 def test_save_pretrained_writes_the_export_layout(tmp_path):
     model = SpherenetGPTForCausalLM.from_spherenet(tiny(GPT))
     model.save_pretrained(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "modeling_spherenet.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "modeling_spherenet.py",
+        "sha256sums.json",
+    ]
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     ids = torch.tensor([[1, 2, 3, 4]])
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)

@@ -25,7 +25,7 @@ from spherenet.optim import (
     param_groups,
     sphere_parameters,
 )
-from spherenet.train.config import ConfigError, load_config
+from spherenet.train.config import ConfigError, load_config, resolved
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -227,10 +227,10 @@ def test_resume_refuses_another_gradient_and_older_checkpoints():
     def check(saved_config, cfg):
         check_resumable({"config": saved_config}, cfg, "NGPT", {}, path)
 
-    check(riemannian.to_dict(), riemannian)
+    check(resolved(riemannian).to_dict(), riemannian)  # a run records its config resolved
     with pytest.raises(ConfigError, match="optim.gradient: 'riemannian' in the checkpoint, 'euclidean' now"):
-        check(riemannian.to_dict(), euclidean)
-    older = euclidean.to_dict()
+        check(resolved(riemannian).to_dict(), euclidean)
+    older = resolved(euclidean).to_dict()
     for key in ("gradient", "muon_lr", "muon_momentum"):  # written before these keys existed
         del older["optim"][key]
     with pytest.raises(ConfigError, match="optim.gradient: '\\(unset\\)' in the checkpoint, 'euclidean' now"):
