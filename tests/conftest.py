@@ -20,7 +20,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Without a GPU the Triton kernels run on CPU tensors under Triton's interpreter, which must be
-# chosen before Triton is first imported (tests/test_triton_ops.py).
+# chosen before Triton is first imported (tests/kernels/test_triton_ops.py).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

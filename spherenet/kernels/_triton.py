@@ -54,7 +54,7 @@ def blocks(d: int, elements: int = ELEMENTS_PER_PROGRAM) -> tuple[int, int]:
 def warps(tile: int, per_warp: int = WARP_ELEMENTS, fewest: int = 4, most: int = 16) -> int:
     """Warps for a program's tile of ``tile`` elements (a power of two): one per ``per_warp``
     elements, so each thread holds a few values per tensor in registers (no spilling at the tiles
-    used; tests/test_triton_compile.py), within ``[fewest, most]``. The optimizer's kernels hold
+    used; tests/kernels/test_triton_compile.py), within ``[fewest, most]``. The optimizer's kernels hold
     four tensors per element and take ``fewest=8, most=32``; SLERP's backward, about 20 values per
     element, ``per_warp=256``."""
     return max(fewest, min(most, tile // per_warp))

@@ -1,0 +1,197 @@
+"""benchmarks/budget.py: the compute multiplier read off GPT's final-loss-against-budget curve
+(interpolated in log tokens, extrapolations marked), each budget's own bracketed sweep centred
+on the last budget's rate, the ledgers that make the study resumable, and its tables. The
+trainings are replaced by a function that writes a run's ``metrics.jsonl`` with a known final
+loss, so the study's logic runs in seconds; the real trainings are ``convergence.train_one``'s."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET = ROOT / "benchmarks" / "budget.py"
+
+
+@pytest.fixture(scope="module")
+def budget():
+    sys.path.insert(0, str(BUDGET.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("budget_study", BUDGET)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("budget_study", None)
+        sys.path.remove(str(BUDGET.parent))
+
+
+@pytest.fixture(scope="module")
+def report(budget):
+    return sys.modules["budget_report"]  # imported by budget.py
+
+
+# GPT's final loss falls by 0.5 per factor 4 of budget: 3.0 at 100 steps, 2.5 at 400, 2.0 at 1600.
+CURVE = [(100, 3.0), (400, 2.5), (1600, 2.0)]
+
+
+def test_interpolates_in_log_budget(report):
+    assert report.budget_for_loss(2.5, CURVE) == (pytest.approx(400), False)
+    # halfway between 3.0 and 2.5 in loss is halfway between 100 and 400 in log: 200
+    needed, extrapolated = report.budget_for_loss(2.75, CURVE)
+    assert needed == pytest.approx(200) and not extrapolated
+    # a loss on GPT's curve at 200 steps, reached by an arm in 100 steps: multiplier 2
+    assert report.multiplier(2.75, 100, CURVE) == (pytest.approx(2.0), False)
+    # an arm worse than GPT at equal tokens has a multiplier below 1
+    m, extrapolated = report.multiplier(2.75, 400, CURVE)
+    assert m == pytest.approx(0.5) and not extrapolated
+
+
+def test_order_of_the_curve_does_not_matter(report):
+    assert report.budget_for_loss(2.25, list(reversed(CURVE)))[0] == pytest.approx(800)
+
+
+def test_beyond_the_curve_is_extrapolated_and_marked(report):
+    # below GPT's loss at its largest budget: the line through 400 and 1600 continued to 1.5 at 6400
+    needed, extrapolated = report.budget_for_loss(1.5, CURVE)
+    assert needed == pytest.approx(6400) and extrapolated
+    assert report.multiplier(1.5, 1600, CURVE) == (pytest.approx(4.0), True)
+    # above GPT's loss at its smallest budget: the line through 100 and 400 continued down
+    needed, extrapolated = report.budget_for_loss(3.5, CURVE)
+    assert needed == pytest.approx(25) and extrapolated
+    assert report.fmt_multiplier(4.0, True) == "4.00*" and report.fmt_multiplier(2.0, False) == "2.00"
+
+
+def test_a_curve_that_stops_falling_gives_no_finite_extrapolation(report):
+    flat_end = [(100, 3.0), (400, 2.5), (1600, 2.6)]  # GPT got worse at its longest budget
+    needed, extrapolated = report.budget_for_loss(2.0, flat_end)
+    assert math.isinf(needed) and extrapolated
+    assert report.fmt_multiplier(math.inf, True) == "∞*"
+    # inside the curve the first bracketing segment counts
+    assert report.budget_for_loss(2.55, flat_end)[0] == pytest.approx(100 * 4 ** (0.45 / 0.5))
+    # too few finite points: nothing to read
+    assert math.isnan(report.budget_for_loss(2.5, [(100, 3.0), (400, math.inf)])[0])
+    assert report.fmt_multiplier(math.nan, False) == "-"
+
+
+# A fake study: every arm's final loss is a parabola in log10 lr around its best rate, which
+# falls with the budget; nGPT's loss at budget B is GPT's at 2B.
+BEST = {"gpt": {40: 1e-2, 160: 3e-3}, "ngpt": {40: 1e-1, 160: 3e-2}}
+
+
+def gpt_loss(steps: float) -> float:
+    return 4.0 - 0.5 * math.log(steps / 40, 4)
+
+
+def fake_final(arm: str, steps: int, lr: float, seed: int) -> float:
+    best = gpt_loss(steps if arm == "gpt" else 2 * steps)
+    return best + (math.log10(lr) - math.log10(BEST[arm][steps])) ** 2 + 0.001 * seed
+
+
+def fake_train_one(calls):
+    def train_one(pargs, spec, seed, say):
+        name, _, items = spec.partition(":")
+        arm = name.split("_lr")[0]
+        lr = float(next(kv.split("=")[1] for kv in items.split(",") if kv.startswith("optim.lr=")))
+        run_dir = pargs.runs / name / f"seed{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        loss = fake_final(arm, pargs.steps, lr, seed) if pargs.steps in BEST[arm] else 3.0
+        tokens = pargs.block * pargs.batch
+        lines = [
+            {"step": s, "loss": loss, "tok_per_s": 1000.0, "val_loss": loss, "tokens": s * tokens}
+            for s in range(pargs.eval_every, pargs.steps + 1, pargs.eval_every)
+        ]
+        lines.append({"event": "done", "step": pargs.steps, "val_loss": loss})
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        calls.append((pargs.steps, arm, lr, seed))
+        say(f"  {name} seed {seed}: ok")
+        return name, seed, 0
+
+    return train_one
+
+
+@pytest.mark.slow
+def test_study_sweeps_each_budget_from_the_last_rate_reports_the_multiplier_and_resumes(budget, tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(budget.convergence, "train_one", fake_train_one(calls))
+    results = tmp_path / "results"
+    argv = ["--points", "tiny@32", "--arms", "gpt", "ngpt", "--budgets", "40", "160", "--seeds", "0", "1",
+            "--tokens-per-step", "256", "--evals", "4", "--data", "stdlib", "--out", str(tmp_path / "out"),
+            "--results", str(results), "--no-progress"]  # fmt: skip  # a command line
+    assert budget.main(argv) == 0
+
+    estimate = json.loads((results / "estimate.json").read_text())
+    assert set(estimate["timings"]) == {"tiny@32|gpt", "tiny@32|ngpt"}
+    assert estimate["timings"]["tiny@32|gpt"]["s_per_step"] == pytest.approx(256 / 1000.0)
+
+    ledgers = {
+        b: [json.loads(line) for line in (results / f"steps{b:04d}" / "runs.jsonl").read_text().splitlines()]
+        for b in (40, 160)
+    }
+    sweep = {
+        (b, arm): sorted(r["lr"] for r in rows if r["arm"] == arm and r["seed"] == 0)
+        for b, rows in ledgers.items()
+        for arm in BEST
+    }
+    assert sweep[40, "gpt"] == [3e-3, 1e-2, 3e-2]
+    assert sweep[40, "ngpt"] == [1e-2, 3e-2, 1e-1, 3e-1]  # grown once past the top of 1e-2 3e-2 1e-1
+    # the 160-step grids start at the 40-step choices and grow down to the new best
+    assert sweep[160, "gpt"] == [1e-3, 3e-3, 1e-2, 3e-2]
+    assert sweep[160, "ngpt"] == [1e-2, 3e-2, 1e-1, 3e-1]
+    assert {(b, r["arm"]): r["lr"] for b, rows in ledgers.items() for r in rows if r["seed"] == 1} == {
+        (b, arm): BEST[arm][b] for b in (40, 160) for arm in BEST
+    }
+    assert all(r["wall_s"] >= 0 for rows in ledgers.values() for r in rows)
+
+    table = (results / "budget.md").read_text()
+    row40 = next(line for line in table.splitlines() if line.startswith("| tiny@32 | 40 |") and "| ngpt |" in line)
+    row160 = next(line for line in table.splitlines() if line.startswith("| tiny@32 | 160 |") and "| ngpt |" in line)
+    # nGPT at 40 steps reaches GPT's loss at 80: multiplier 2, read inside GPT's curve
+    assert "2.00 ± 0.00 (2.00, 2.00)" in row40
+    # at 160 steps nGPT is below GPT's loss at 160: beyond the curve, marked
+    assert "2.00 ± 0.00* (2.00*, 2.00*)" in row160
+    assert "-0.2500 ± 0.0000" in row40  # GPT's loss at 80 steps is 0.25 below its loss at 40
+    assert "Estimated before the first run" in table
+    for name in ("multiplier.png", "loss_budget.png", "steps0040/scaling.md"):
+        assert (results / name).stat().st_size > 0
+
+    # resumed: everything is in the ledgers and the estimate, nothing trains again
+    calls.clear()
+    assert budget.main(argv) == 0
+    assert calls == []
+
+    # the report alone, with another command line: nothing trains, the first command stays
+    (results / "budget.md").unlink()
+    assert budget.main([*argv, "--report-only", "--jobs", "1"]) == 0
+    assert calls == []
+    table = (results / "budget.md").read_text()
+    assert "2.00 ± 0.00 (2.00, 2.00)" in table and "--report-only" not in table
+    assert json.loads((results / "study.json").read_text())["command"] == "python benchmarks/budget.py " + " ".join(
+        argv
+    )
+
+
+def test_a_single_budget_is_refused(budget, tmp_path):
+    with pytest.raises(SystemExit, match="two or more budgets"):
+        budget.main(["--budgets", "100", "--out", str(tmp_path), "--results", str(tmp_path)])
+
+
+def test_gpu_plan_costs_each_run_by_6_n_d(budget, capsys):
+    assert budget.main(["--gpu-plan"]) == 0
+    text = capsys.readouterr().out
+    assert "--points base@1024 base@4096 --budgets 750 3000 12000 --tokens-per-step 524288" in text
+    n = budget.scaling.parameters(budget.scaling.Point.parse("base@1024"))
+    tokens = 12000 * 524288
+    row = next(line for line in text.splitlines() if line.startswith("| base@1024 | ") and "| 12000 |" in line)
+    assert f"| {6 * n * tokens:.2e} |" in row and f"| {tokens / n:.1f} |" in row
+    attention = 6 * 12 * 1024 * 768 * tokens
+    runs = (budget.RUNS_PER_SWEEP + 2) * len(budget.ARMS)  # each arm's sweep and two more seeds
+    assert f"| {runs} |" in row
+    hours = runs * (6 * n * tokens + attention) / (790e12 * 0.4) / 3600
+    assert row.endswith(f"| {hours:.0f} |")

@@ -1,0 +1,312 @@
+"""The shape of the library (docs/architecture.md): which package may import which, file sizes,
+reasons beside ``fmt: skip``, and deprecated module names that still work."""
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ROOT / "spherenet"
+
+# package of spherenet -> the other spherenet packages it may import (docs/architecture.md).
+# The root package (spherenet/__init__.py: __version__, the torch version check) may be imported
+# by all and imports none. A new package must be placed here before its modules pass.
+MAY_IMPORT: dict[str, set[str]] = {
+    "manifolds": set(),
+    "kernels": {"manifolds"},
+    "layers": {"manifolds", "kernels"},
+    "optim": {"manifolds", "kernels"},
+    "models": {"manifolds", "kernels", "layers", "optim", "checkpoint"},  # hub.py: the file manifest of a saved model
+    "analysis": {"manifolds", "kernels", "layers", "optim", "models"},
+    "data": set(),
+    "checkpoint": set(),
+    "train": {"manifolds", "kernels", "layers", "optim", "models", "data", "checkpoint"},
+    "hf": {"manifolds", "kernels", "layers", "optim", "models"},
+    "__main__": {"manifolds", "kernels", "layers", "optim", "models", "analysis", "data", "checkpoint", "train"},
+}
+APPLICATIONS = ("recipes", "benchmarks", "tests")  # they import the library, never the reverse
+
+MAX_LINES = 500
+# file -> why it may be longer than MAX_LINES (none at present)
+LONG_FILES: dict[str, str] = {}
+
+
+def library_modules() -> list[tuple[str, Path]]:
+    """``(dotted module name, path)`` of every module in spherenet/."""
+    found = []
+    for path in sorted(LIBRARY.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found.append((".".join(parts[:-1] if parts[-1] == "__init__" else parts), path))
+    return found
+
+
+def imported_names(module: str, path: Path) -> list[tuple[str, int]]:
+    """Absolute names of everything ``path`` imports (function-level imports included), with
+    their line; ``from pkg import name`` gives ``pkg.name`` so that a submodule counts."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            names += [(f"{target}.{alias.name}", node.lineno) for alias in node.names]
+    return names
+
+
+def spherenet_package(name: str) -> str | None:
+    """The spherenet package ``name`` lies in (``"optim"`` for ``spherenet.optim.groups``);
+    ``None`` for the root package and its attributes, and for names outside spherenet."""
+    parts = name.split(".")
+    if parts[0] != "spherenet" or len(parts) < 2:
+        return None
+    return parts[1] if (LIBRARY / parts[1]).is_dir() or parts[1] == "__main__" else None
+
+
+def test_library_imports_follow_the_layers():
+    problems = []
+    for module, path in library_modules():
+        own = spherenet_package(module)
+        for name, line in imported_names(module, path):
+            where = f"{path.relative_to(ROOT)}:{line} imports {name}"
+            if name.split(".")[0] in APPLICATIONS:
+                problems.append(f"{where}: the library never imports {name.split('.')[0]}/")
+                continue
+            target = spherenet_package(name)
+            if target is None or target == own:
+                continue
+            if own is None:
+                problems.append(f"{where}: the root package imports no spherenet package")
+            elif own not in MAY_IMPORT:
+                problems.append(f"{where}: package {own!r} has no place in MAY_IMPORT (docs/architecture.md)")
+            elif target not in MAY_IMPORT[own]:
+                allowed = ", ".join(sorted(MAY_IMPORT[own])) or "no other spherenet package"
+                problems.append(f"{where}: {own} may import {allowed}, not {target}")
+    assert not problems, "imports against the layers of docs/architecture.md:\n" + "\n".join(problems)
+
+
+def test_import_check_names_the_offending_module_and_import(tmp_path, monkeypatch):
+    """The checker itself: a lower layer importing a higher one is reported with file and import."""
+    fake = tmp_path / "spherenet"
+    (fake / "manifolds").mkdir(parents=True)
+    (fake / "models").mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "models" / "__init__.py").write_text("")
+    (fake / "manifolds" / "__init__.py").write_text("")
+    (fake / "manifolds" / "sphere.py").write_text("def f():\n    from ..models import NGPT\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "LIBRARY", fake)
+    with pytest.raises(AssertionError, match=r"spherenet/manifolds/sphere\.py:2 imports spherenet\.models\.NGPT"):
+        test_library_imports_follow_the_layers()
+
+
+def module_import_cycles() -> list[list[str]]:
+    """Cycles among spherenet's modules, package ``__init__`` s left out (importing a submodule
+    always runs its package's ``__init__`` first, so those edges say nothing about order)."""
+    modules = {name: path for name, path in library_modules() if path.name != "__init__.py"}
+
+    def module_of(name: str) -> str | None:  # the longest prefix of an imported name that is a module
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    # A kernel family loads its Triton module on first use (Triton is optional), and that module
+    # falls back on the family's fused functions for what its kernels do not take (float64): an
+    # edge from ``x`` to ``x_triton`` is that plug-in, not a circle of ideas, and is left out.
+    graph = {
+        name: {m for n, _ in imported_names(name, path) if (m := module_of(n)) and m not in (name, name + "_triton")}
+        for name, path in modules.items()
+    }
+    cycles, done = [], set()
+
+    def visit(name: str, stack: list[str]) -> None:
+        if name in stack:
+            cycles.append(stack[stack.index(name) :] + [name])
+            return
+        if name in done:
+            return
+        for target in sorted(graph[name]):
+            visit(target, stack + [name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    return cycles
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No import circle between modules (function-level imports included): e.g. the model
+    classes register themselves with spherenet.models.hub, which imports no model class."""
+    cycles = module_import_cycles()
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_import_cycle_check_finds_a_function_level_cycle(tmp_path, monkeypatch):
+    fake = tmp_path / "spherenet"
+    (fake / "models").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "models" / "__init__.py").write_text("")
+    (fake / "models" / "hub.py").write_text("def load():\n    from .ngpt import NGPT\n")
+    (fake / "models" / "ngpt.py").write_text("from .hub import load\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "LIBRARY", fake)
+    assert module_import_cycles() == [["spherenet.models.hub", "spherenet.models.ngpt", "spherenet.models.hub"]]
+
+
+@pytest.mark.parametrize("module", ["spherenet.models.hub", "spherenet.models.ngpt", "spherenet.models.gpt"])
+def test_each_model_module_imports_alone_and_the_registry_is_full(module):
+    """In a fresh interpreter, importing one model module first works, and every model class is
+    registered by then (the package's __init__ imports them)."""
+    code = f"import {module}; from spherenet.models import MODEL_CLASSES; print(sorted(MODEL_CLASSES))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["['gpt',", "'ngpt']"]
+
+
+def test_library_files_stay_short():
+    """The library, the recipes and the benchmarks alike."""
+    long = {}
+    for path in sorted(p for top in ("spherenet", "recipes", "benchmarks") for p in (ROOT / top).rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES and rel not in LONG_FILES:
+            long[rel] = lines
+    assert not long, f"files over {MAX_LINES} lines (split them by idea): {long}"
+
+
+# `# fmt: skip` followed by a comment: ruff still honours it (text right after `skip` it does not).
+_FMT_SKIP = re.compile(r"#\s*fmt:\s*skip\b(?P<after>.*)$")
+
+
+def bare_fmt_skips(paths) -> list[str]:
+    """``path:line`` of every ``# fmt: skip`` comment with no reason: neither a comment after it
+    (``# fmt: skip  # one case per line``) or before it on the line, nor a comment line just above."""
+    bare = []
+    for path in paths:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        with open(path, "rb") as f:
+            comments = [t for t in tokenize.tokenize(f.readline) if t.type == tokenize.COMMENT]
+        for token in comments:
+            found = _FMT_SKIP.search(token.string)
+            if found is None:
+                continue
+            row = token.start[0]
+            reason_after = found.group("after").strip().lstrip("#").strip()
+            reason_before = token.string[: found.start()].strip().lstrip("#").strip()
+            above = lines[row - 2].strip() if row > 1 else ""
+            reason_above = above.startswith("#") and "fmt:" not in above
+            if not (reason_after or reason_before or reason_above):
+                bare.append(f"{path.relative_to(ROOT).as_posix()}:{row}")
+    return bare
+
+
+def repository_python_files() -> list[Path]:
+    return sorted(p for d in ("spherenet", "tests", "recipes", "benchmarks") for p in (ROOT / d).rglob("*.py"))
+
+
+def test_every_fmt_skip_has_a_reason():
+    bare = bare_fmt_skips(repository_python_files())
+    assert not bare, "give each `# fmt: skip` a reason (`# fmt: skip  # why`) or let ruff format it:\n" + "\n".join(
+        bare
+    )
+
+
+def test_bare_fmt_skip_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    src = tmp_path / "m.py"
+    src.write_text(
+        "a = [1,  2]  # fmt: skip\n"
+        "b = [1,  2]  # fmt: skip  # one case per line\n"
+        "c = [1,  2]  # aligned with d  # fmt: skip\n"
+        "# aligned with the line below\n"
+        "d = [1,  2]  # fmt: skip\n"
+        "e = [1,  2]  # fmt: skip  #\n"
+    )
+    assert bare_fmt_skips([src]) == ["m.py:1", "m.py:6"]
+
+
+def test_renamed_modules_are_gone_not_shimmed():
+    """No compatibility layer: a renamed module is renamed everywhere at once (CHANGELOG.md)."""
+    for old in ("spherenet.optim.radam", "spherenet.optim.recipes"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+
+
+def test_nothing_in_the_library_or_recipes_warns_about_deprecation():
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in repository_python_files()
+        if path.parts[len(ROOT.parts)] in ("spherenet", "recipes")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "DeprecationWarning" in line and "torch.jit.script" not in line
+    ]
+    assert not hits, hits
+
+
+# every public name the rest of the repository imports from a package that was split into modules
+SPLIT_PACKAGES = {
+    "spherenet.checkpoint": [
+        "CheckpointManager",
+        "LoadedCheckpoint",
+        "VerifiedCheckpoint",
+        "CheckpointError",
+        "CheckpointCorruptError",
+        "CheckpointMismatchError",
+        "NonFiniteStateError",
+        "CheckpointWarning",
+        "model_fingerprint",
+        "FORMAT_VERSION",
+        "MANIFEST",
+        "STATE_FILE",
+        "SHARDED_DIR",
+    ],
+    "spherenet.analysis": [
+        "condition_number",
+        "embedding_stats",
+        "condition_numbers",
+        "scaling_factors",
+        "with_max_seq_len",
+        "length_extrapolation",
+        "plot_embeddings",
+        "plot_condition_numbers",
+        "plot_scalings",
+        "plot_extrapolation",
+        "CONDITION_KEYS",
+    ],
+    "spherenet.data.tokenizer": [
+        "SPEC_FILE",
+        "ByteTokenizer",
+        "HFTokenizer",
+        "Tokenizer",
+        "build_tokenizer",
+        "load_pretrained",
+        "load_tokenizer",
+        "train_bpe",
+    ],
+    "spherenet.data.prepare": [
+        "FORMAT_VERSION",
+        "META_FILE",
+        "PreparedData",
+        "default_corpus",
+        "load_prepared",
+        "prepare_dataset",
+        "token_dtype",
+    ],
+}
+
+
+@pytest.mark.parametrize("package", sorted(SPLIT_PACKAGES))
+def test_split_packages_keep_their_public_names(package):
+    module = importlib.import_module(package)
+    missing = [name for name in SPLIT_PACKAGES[package] if not hasattr(module, name)]
+    assert not missing, f"{package} no longer provides {missing}"
+    assert set(SPLIT_PACKAGES[package]) <= set(module.__all__), f"{package}.__all__ lost some of its names"
