@@ -1,0 +1,84 @@
+"""Whose run a directory holds, end to end: a torchrun restart continues only a run its own job
+wrote, a refusal under torchrun is one line from rank 0 on every attempt, a refused run leaves
+nothing behind, ``--overwrite`` moves nothing until every input is checked, and sizes that
+cannot run are refused before anything is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recipes.train import cli
+from tests.test_faults import args, checkpoint_steps, finish, launched, max_step, torchrun_cmd
+
+pytest_plugins = ["tests.test_faults"]  # its fixtures: text_file, cache, one_thread
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+def halted_run(tmp_path: Path, cache: Path, text_file: Path, capsys) -> Path:
+    out = tmp_path / "run"
+    assert cli(args(out, cache, text_file, "train.steps=20", "train.checkpoint_every=4", "train.halt_after=4")) == 0
+    capsys.readouterr()
+    assert checkpoint_steps(out) == [4]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_refusal_under_torchrun_repeats_on_restart_and_trains_nothing(tmp_path, cache, text_file, capsys):
+    """A fresh torchrun job (no --resume) aimed at a halted run is refused; with --max-restarts=1
+    torchrun starts the workers again, and the restart is refused the same way (it is no restart
+    of the job that wrote the run): nothing is trained or appended, and each attempt says it in
+    one line from rank 0, no traceback from the other rank."""
+    out = halted_run(tmp_path, cache, text_file, capsys)
+    before = (out / "metrics.jsonl").read_bytes()
+    log = tmp_path / "torchrun.log"
+    cmd = torchrun_cmd(2, *args(out, cache, text_file, "train.steps=20", "train.parallel=ddp"), max_restarts=1)
+    with launched(cmd, log) as proc:
+        text = finish(proc, log)
+    assert proc.returncode != 0, text[-3000:]
+    errors = error_lines(text)
+    assert len(errors) == 2, text[-3000:]  # the first attempt and its restart, one line each
+    assert all(f"train.out_dir {out} holds a run (checkpoints up to step_00000004)" in e for e in errors), errors
+    # torchrun's own summary of the failed attempts is its one traceback; none from the workers
+    assert text.count("Traceback") <= 1 and "recipes/" not in text and "gloo" not in text.lower(), text[-3000:]
+    assert "resumed from" not in text and "exitcode  : 2" in text, text[-3000:]
+    assert (out / "metrics.jsonl").read_bytes() == before
+    assert checkpoint_steps(out) == [4] and not (out / "job.json").exists()
+
+
+def test_a_single_process_refusal_leaves_no_lock(tmp_path, cache, text_file, capsys):
+    """--resume into an empty directory is refused; the lock file it made is gone again, and so is
+    the directory it made."""
+    out = tmp_path / "empty"
+    out.mkdir()
+    assert cli(args(out, cache, text_file, "train.steps=4", "--resume")) == 2
+    assert "holds no checkpoint" in capsys.readouterr().err
+    assert not out.exists()
+    bad = tmp_path / "bad"  # refused after the claim, by the data
+    assert cli([*args(bad, cache, text_file, "train.steps=4"), f"data.source={tmp_path / 'nope.txt'}"]) == 2
+    assert "source file not found" in capsys.readouterr().err
+    assert not bad.exists()
+
+
+def test_overwrite_with_init_from_inside_the_run_moves_nothing(tmp_path, cache, text_file, capsys):
+    out = halted_run(tmp_path, cache, text_file, capsys)
+    code = cli(args(out, cache, text_file, "train.steps=8", f"train.init_from={out}", "--overwrite"))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"train.init_from={out} is inside train.out_dir" in err, err
+    assert not list(out.glob("previous-*")) and checkpoint_steps(out) == [4]
+
+
+def test_overwrite_moves_aside_only_after_the_inputs_are_checked(tmp_path, cache, text_file, capsys):
+    out = halted_run(tmp_path, cache, text_file, capsys)
+    assert cli(args(out, cache, text_file, "train.steps=8", "optim.warmup_steps=50", "--overwrite")) == 2
+    assert "warmup_steps" in capsys.readouterr().err
+    assert not list(out.glob("previous-*")) and checkpoint_steps(out) == [4]
+    assert cli(args(out, cache, text_file, "train.steps=8", "--overwrite")) == 0
+    (aside,) = out.glob("previous-*")
+    assert (aside / "checkpoints" / "step_00000004").is_dir() and max_step(out) == 8
