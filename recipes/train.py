@@ -56,6 +56,7 @@ from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config, model_config, resolved, to_toml
 from spherenet.train.distributed import all_reduce_max, init_distributed, shutdown, wrap_model
 from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
+from spherenet.train.memory import check_training_memory
 from spherenet.train.tracking import check_available, open_trackers
 
 
@@ -139,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare_data(cfg, info.is_main)
     data_changed = check_data(plan, data, args.accept_data_change) if plan is not None else False
     tokenizer = data.tokenizer()
+    check_training_memory(  # a size that cannot run: refused before the model is built or anything written
+        model_config(cfg, data.vocab_size), device=info.device, micro_batch=micro, block_size=t.block_size,
+        shards=info.world_size if t.parallel == "fsdp" else 1, activation_checkpointing=t.activation_checkpointing,
+    )  # fmt: skip  # one call, its sizes together
     torch.manual_seed(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, data.vocab_size, info.device)
     if plan is None and t.init_from:  # before sharding: the weights are whole tensors

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from recipes.train import cli
 from tests.test_faults import args, checkpoint_steps, finish, launched, max_step, torchrun_cmd
@@ -82,3 +83,39 @@ def test_overwrite_moves_aside_only_after_the_inputs_are_checked(tmp_path, cache
     assert cli(args(out, cache, text_file, "train.steps=8", "--overwrite")) == 0
     (aside,) = out.glob("previous-*")
     assert (aside / "checkpoints" / "step_00000004").is_dir() and max_step(out) == 8
+
+
+@pytest.mark.parametrize(
+    "override, what",
+    [("train.batch_size=100000000000", "micro-batch of 100000000000 x 32 tokens"), ("model.d_model=1000000", "")],
+    ids=["huge_batch", "huge_width"],
+)
+def test_a_size_that_cannot_run_is_refused_before_anything_is_written(
+    tmp_path, cache, text_file, capsys, override, what
+):
+    out = tmp_path / "run"
+    assert cli(args(out, cache, text_file, "train.steps=3", override)) == 2
+    err = capsys.readouterr().err
+    (line,) = err.splitlines()
+    assert line.startswith("error: this run needs an estimated ") and what in line, line
+    assert "but this machine has" in line and "GiB (" in line, line
+    assert not out.exists()  # no metrics.jsonl, no checkpoint, no lock, not even the directory
+
+
+def test_memory_estimate_counts_states_and_activations():
+    from spherenet.models import model_from_config
+    from spherenet.train.config import load_config, model_config, resolved
+    from spherenet.train.memory import available_memory, estimate_training_memory
+
+    config = model_config(resolved(load_config(None, ["model.preset=ngpt-tiny"])), 256)
+    params = sum(p.numel() for p in model_from_config(config).parameters())
+    est = estimate_training_memory(config, micro_batch=2, block_size=32)
+    assert est.parameters == params and est.state_bytes == params * 4 * 4  # weight, grad, two moments
+    per_token = config.n_layers * (16 * config.d_model + 2 * config.n_heads * 32) + 2 * 256
+    assert est.activation_bytes == 2 * 32 * per_token * 4
+    sharded = estimate_training_memory(config, micro_batch=2, block_size=32, shards=4)
+    assert sharded.state_bytes == est.state_bytes // 4
+    checkpointed = estimate_training_memory(config, micro_batch=2, block_size=32, activation_checkpointing=True)
+    assert checkpointed.activation_bytes < est.activation_bytes
+    have, source = available_memory(torch.device("cpu"))
+    assert have is None or have > 0, source
