@@ -343,10 +343,15 @@ def claim_run_directory(out_dir: Path, resume: bool, overwrite: bool, is_main: b
         except FileNotFoundError:
             pass
         lock.close()
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    lock.flush()
+    try:
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+    except OSError as exc:  # a full disk: the error of a write names no file
+        lock.close()
+        exc.filename = exc.filename or str(path)
+        raise
     existing = None if resume else run_in_directory(out_dir)
     if existing and not overwrite:
         if created:
@@ -416,7 +421,11 @@ class RunDirectory:
             move_run_aside(self.out_dir)
         if self._agents:
             tmp = self.out_dir / f".{JOB_FILE}.tmp"
-            tmp.write_text(json.dumps({"agents": self._agents}) + "\n")
+            try:
+                tmp.write_text(json.dumps({"agents": self._agents}) + "\n")
+            except OSError as exc:  # a full disk: the error of a write names no file
+                exc.filename = exc.filename or str(tmp)
+                raise
             tmp.replace(self.out_dir / JOB_FILE)
         elif (self.out_dir / JOB_FILE).exists():  # a run continued outside torchrun: no job of its own
             (self.out_dir / JOB_FILE).unlink()

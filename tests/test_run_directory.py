@@ -119,3 +119,21 @@ def test_memory_estimate_counts_states_and_activations():
     assert checkpointed.activation_bytes < est.activation_bytes
     have, source = available_memory(torch.device("cpu"))
     assert have is None or have > 0, source
+
+
+def test_a_disk_full_while_a_checkpoint_is_written_names_the_checkpoint(
+    tmp_path, cache, text_file, capsys, monkeypatch
+):
+    """An ENOSPC whose OSError names no file (as from ``write`` on an open file): the line names
+    the checkpoint being written."""
+    import spherenet.checkpoint.manager as manager
+
+    def disk_full(obj, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(manager, "_torch_save_synced", disk_full)
+    out = tmp_path / "run"
+    assert cli(args(out, cache, text_file, "train.steps=2")) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    tmp = out / "checkpoints" / ".tmp-step_00000002"
+    assert f"(rank 0: cannot write {tmp}: no space left on device (ENOSPC))" in line, line
