@@ -6,6 +6,7 @@ every field that differs and the override that sets it."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -14,7 +15,20 @@ from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError
 from spherenet.train.config import ConfigError
 
-__all__ = ["init_from_weights"]
+__all__ = ["check_init_from_target", "init_from_weights"]
+
+
+def check_init_from_target(source: str | None, out_dir: Path, overwrite: bool) -> None:
+    """Before anything moves: ``--overwrite`` moves train.out_dir's run aside, so weights inside
+    it would be gone by the time they are loaded; refused, naming both."""
+    if not (source and overwrite):
+        return
+    where, run = Path(source).resolve(), out_dir.resolve()
+    if where == run or run in where.parents:
+        raise ConfigError(
+            f"train.init_from={source} is inside train.out_dir {out_dir}, whose run --overwrite moves aside: "
+            "copy the weights elsewhere first (or recipes.export them), or train into another train.out_dir"
+        )
 
 
 def init_from_weights(model: torch.nn.Module, tokenizer, source: str, is_main: bool) -> None:

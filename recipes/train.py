@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,15 +32,16 @@ import torch
 from recipes.checkpoints import checkpoint_files, model_class_name
 from recipes.cli import prog
 from recipes.config_files import DEFAULT_CONFIG, resolve_config, shipped_configs
-from recipes.init_from import init_from_weights
+from recipes.init_from import check_init_from_target, init_from_weights
 from recipes.progress import progress_bar
 from recipes.resume import (
+    QuietRefusal,
     check_data,
     check_resumable,
-    check_resume_target,
-    claim_run_directory,
     extend_schedule,
+    open_run_directory,
     plan_resume,
+    release_claims,
     restore_position,
 )
 from recipes.run_data import batch_geometry, prepare_data, run_windows
@@ -56,6 +56,7 @@ from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config, model_config, resolved, to_toml
 from spherenet.train.distributed import all_reduce_max, init_distributed, shutdown, wrap_model
 from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
+from spherenet.train.memory import check_training_memory
 from spherenet.train.tracking import check_available, open_trackers
 
 
@@ -127,13 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(t.out_dir)
     micro, accum = batch_geometry(cfg, info.world_size)
     ckpt = CheckpointManager(out_dir / "checkpoints", keep_last=t.keep_last)
-    # torchrun --max-restarts: a restarted worker group continues from the last checkpoint.
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if args.resume and not restarted:
-        check_resume_target(out_dir, ckpt, claimed=False)  # before the directory is made
-    _lock = claim_run_directory(out_dir, args.resume or restarted, args.overwrite, info.is_main)  # held to the end
-    if args.resume and not restarted:
-        check_resume_target(out_dir, ckpt, claimed=True)  # another trainer's run is refused as in use first
+    check_init_from_target(t.init_from, out_dir, args.overwrite)
+    # A torchrun restart continues the run only when this job wrote it (recipes.resume).
+    run_dir = open_run_directory(out_dir, ckpt, args.resume, args.overwrite, info)  # rank 0 holds its lock
+    restarted = run_dir.continuing
     plan = None
     if args.resume or restarted:  # a refusal costs nothing
         found = ckpt.latest_verified()
@@ -142,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare_data(cfg, info.is_main)
     data_changed = check_data(plan, data, args.accept_data_change) if plan is not None else False
     tokenizer = data.tokenizer()
+    check_training_memory(  # a size that cannot run: refused before the model is built or anything written
+        model_config(cfg, data.vocab_size), device=info.device, micro_batch=micro, block_size=t.block_size,
+        shards=info.world_size if t.parallel == "fsdp" else 1, activation_checkpointing=t.activation_checkpointing,
+    )  # fmt: skip  # one call, its sizes together
     torch.manual_seed(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, data.vocab_size, info.device)
     if plan is None and t.init_from:  # before sharding: the weights are whole tensors
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     elif restarted and info.is_main:  # a restart before the first checkpoint: from the start again
         print(f"restart: no checkpoint in {ckpt.directory} yet, starting from step 0", flush=True)
 
+    run_dir.commit()  # every input checked: an overwritten run moves aside only now
     n_params = sum(p.numel() for p in model.parameters())
     tokens_per_step = t.batch_size * block
     log = MetricsLog(out_dir / "metrics.jsonl", enabled=info.is_main)
@@ -355,7 +358,9 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 3
     except (ConfigError, DataError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        if not isinstance(exc, QuietRefusal):  # under torchrun rank 0 says it for the job
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        release_claims(refused=True)
         return 2
     except KeyboardInterrupt:  # a second Ctrl-C: out at once, without the stop checkpoint
         print(
@@ -373,6 +378,7 @@ def cli(argv: list[str] | None = None) -> int:
         )
         return 2
     finally:
+        release_claims(refused=False)
         shutdown()
 
 

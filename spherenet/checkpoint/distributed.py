@@ -38,12 +38,13 @@ class _Group:
         dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
         return box[0]
 
-    def agree(self, error: BaseException | None, what: str) -> None:
-        """Raise on every rank when ``what`` failed on any rank (keeps ranks out of deadlock)."""
+    def agree(self, error: BaseException | None, what: str, path=None) -> None:
+        """Raise on every rank when ``what`` failed on any rank (keeps ranks out of deadlock);
+        ``path``: what was being written, named when an OSError names no file."""
         if error is None:
             text = None
         elif isinstance(error, OSError):
-            text = describe_os_error(error)  # errno named: no space, read-only, permission
+            text = describe_os_error(error, path=path)  # errno named: no space, read-only, permission
         else:
             text = f"{type(error).__name__}: {error}"
         msgs = self.gather(text)

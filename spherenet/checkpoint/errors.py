@@ -24,11 +24,13 @@ class CheckpointWarning(UserWarning):
     """A damaged checkpoint was skipped, or the RNG state could not be fully restored."""
 
 
-def describe_os_error(exc: OSError, action: str = "cannot write") -> str:
+def describe_os_error(exc: OSError, action: str = "cannot write", path=None) -> str:
     """One line for a failed file operation, the errno named: ``cannot write runs/x/metrics.jsonl:
-    no space left on device (ENOSPC)``."""
+    no space left on device (ENOSPC)``. ``path`` names what was written when the error itself
+    names no file (a failed ``write`` or ``fsync`` of an open file does not)."""
     reason = (exc.strerror or str(exc)).rstrip(".")
     reason = reason[:1].lower() + reason[1:]
     code = f" ({_errno.errorcode[exc.errno]})" if exc.errno in _errno.errorcode else ""
-    target = f" {exc.filename}" if exc.filename is not None else ""
+    where = exc.filename if exc.filename is not None else path
+    target = f" {where}" if where is not None else ""
     return f"{action}{target}: {reason}{code}"

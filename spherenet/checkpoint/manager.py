@@ -163,7 +163,7 @@ class CheckpointManager:
                 tmp.mkdir()
             except Exception as e:  # noqa: BLE001 - reported to every rank below
                 err = e
-        g.agree(err, f"preparing {tmp}")
+        g.agree(err, f"preparing {tmp}", path=tmp)
 
         try:
             shard_files: dict[str, Any] = {}
@@ -204,7 +204,7 @@ class CheckpointManager:
                     self._publish(tmp, final)
                 except Exception as e:  # noqa: BLE001 - reported to every rank below
                     err = e
-            g.agree(err, f"saving checkpoint {final}")
+            g.agree(err, f"saving checkpoint {final}", path=tmp)
         except Exception:
             if g.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)

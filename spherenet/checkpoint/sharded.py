@@ -44,7 +44,7 @@ def _save_sharded(tmp: Path, msd, osd, g: _Group, process_group) -> dict[str, An
             mine[f"{SHARDED_DIR}/{rel}"] = _describe(tmp, f"{SHARDED_DIR}/{rel}")
     except Exception as e:  # noqa: BLE001
         err = e
-    g.agree(err, "hashing checkpoint shards")
+    g.agree(err, "hashing checkpoint shards", path=tmp / SHARDED_DIR)
     files: dict[str, Any] = {}
     for part in g.gather(mine):
         files.update(part)

@@ -312,7 +312,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_frees_
 
 
 def test_a_fresh_start_over_a_run_is_refused_and_overwrite_moves_it_aside(tmp_path):
-    from recipes.resume import claim_run_directory
+    from recipes.resume import claim_run_directory, move_run_aside
 
     (tmp_path / "checkpoints" / "step_00000004").mkdir(parents=True)
     (tmp_path / "metrics.jsonl").write_text("{}\n")
@@ -321,7 +321,10 @@ def test_a_fresh_start_over_a_run_is_refused_and_overwrite_moves_it_aside(tmp_pa
     ):
         claim_run_directory(tmp_path, False, False)
     claim_run_directory(tmp_path, True, False).close()  # --resume: continue it
-    claim_run_directory(tmp_path, False, True).close()  # --overwrite: moved aside, nothing deleted
+    lock = claim_run_directory(tmp_path, False, True)  # --overwrite: let through, moved aside once all is checked
+    assert (tmp_path / "metrics.jsonl").is_file()
+    move_run_aside(tmp_path)
+    lock.close()
     (aside,) = tmp_path.glob("previous-*")
     assert (aside / "metrics.jsonl").is_file() and (aside / "checkpoints" / "step_00000004").is_dir()
     assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "checkpoints").exists()

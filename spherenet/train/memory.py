@@ -1,0 +1,107 @@
+"""A rough estimate of the memory a training run needs, so that sizes that cannot run are
+refused before anything is built or written, with the estimate and what the machine has.
+
+The estimate is a floor-like rough count, meant to tell "clearly impossible" from "may fit":
+
+- states: ``parameters x bytes_per_value x (1 weight + 1 gradient + optimizer_states)``
+  (Adam-style methods keep two moments), divided by the number of ranks when the parameters
+  are sharded (FSDP);
+- activations, per rank and micro-batch of ``tokens = micro_batch x block_size``: each layer
+  keeps about ``16 x d_model`` values per token for the backward pass (the attention and MLP
+  inputs and outputs of a 4x-wide MLP) plus ``2 x n_heads x block_size`` (attention scores and
+  probabilities); the output layer ``2 x vocab_size`` (logits and their softmax). With
+  activation checkpointing a layer keeps only its input (``d_model``), and one layer at a time
+  is recomputed in full.
+
+Runs are refused only when this estimate exceeds the memory available, so a run that might fit
+is never refused; a run under the estimate may still run out of memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from spherenet.train.config import ConfigError
+
+__all__ = ["MemoryEstimate", "available_memory", "estimate_training_memory", "check_training_memory"]
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    parameters: int
+    state_bytes: int  # weights, gradients and optimizer state, per rank
+    activation_bytes: int  # per rank, one micro-batch
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
+
+def estimate_training_memory(
+    model_config,
+    *,
+    micro_batch: int,
+    block_size: int,
+    shards: int = 1,
+    optimizer_states: int = 2,
+    bytes_per_value: int = 4,
+    activation_checkpointing: bool = False,
+) -> MemoryEstimate:
+    """The rough estimate of the module docstring for a model of ``model_config`` (built on the
+    meta device, so that no memory is taken to count its parameters)."""
+    from spherenet.models import model_from_config
+
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in model_from_config(model_config).parameters())
+    state = parameters * bytes_per_value * (2 + optimizer_states) // max(shards, 1)
+    c = model_config
+    tokens = micro_batch * block_size
+    full_layer = 16 * c.d_model + 2 * c.n_heads * block_size
+    if activation_checkpointing:
+        per_token = c.n_layers * c.d_model + full_layer
+    else:
+        per_token = c.n_layers * full_layer
+    activations = tokens * (per_token + 2 * c.vocab_size) * bytes_per_value
+    return MemoryEstimate(parameters, state, activations)
+
+
+def available_memory(device: torch.device) -> tuple[int | None, str]:
+    """(bytes available for a run on ``device``, where the number comes from); None when this
+    platform does not tell. CUDA: the device's free memory (``torch.cuda.mem_get_info``); CPU:
+    ``MemAvailable`` of ``/proc/meminfo``, else the available physical pages (``sysconf``)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free, f"free on {device} (torch.cuda.mem_get_info)"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "available physical pages (sysconf)"
+    except (AttributeError, ValueError, OSError):
+        return None, "unknown"
+
+
+def check_training_memory(model_config, *, device: torch.device, **sizes) -> MemoryEstimate:
+    """:func:`estimate_training_memory` (``sizes`` are its keywords), compared with
+    :func:`available_memory`: ``ConfigError`` in one line giving both when the estimate is
+    larger; nothing is checked where the platform tells no number."""
+    estimate = estimate_training_memory(model_config, **sizes)
+    have, source = available_memory(device)
+    if have is not None and estimate.total_bytes > have:
+        raise ConfigError(
+            f"this run needs an estimated {estimate.total_bytes / GIB:,.1f} GiB per process "
+            f"({estimate.parameters:,} parameters: {estimate.state_bytes / GIB:,.1f} GiB of weights, gradients and "
+            f"optimizer state; {estimate.activation_bytes / GIB:,.1f} GiB of activations for a micro-batch of "
+            f"{sizes.get('micro_batch')} x {sizes.get('block_size')} tokens), but this machine has "
+            f"{have / GIB:,.1f} GiB ({source}): make the model, train.batch_size or train.micro_batch_size smaller"
+        )
+    return estimate

@@ -1,0 +1,141 @@
+"""Whose run a directory holds, end to end: a torchrun restart continues only a run its own job
+wrote, a refusal under torchrun is one line from rank 0 on every attempt, a refused run leaves
+nothing behind, ``--overwrite`` moves nothing until every input is checked, and sizes that
+cannot run are refused before anything is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import test_faults
+import torch
+from test_faults import args, checkpoint_steps, finish, launched, max_step, torchrun_cmd
+
+from recipes.train import cli
+
+# the fault tests' fixtures: the corpus, its data cache, one intra-op thread (autouse)
+text_file, cache, one_thread = test_faults.text_file, test_faults.cache, test_faults.one_thread
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+def halted_run(tmp_path: Path, cache: Path, text_file: Path, capsys) -> Path:
+    out = tmp_path / "run"
+    assert cli(args(out, cache, text_file, "train.steps=20", "train.checkpoint_every=4", "train.halt_after=4")) == 0
+    capsys.readouterr()
+    assert checkpoint_steps(out) == [4]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_refusal_under_torchrun_repeats_on_restart_and_trains_nothing(tmp_path, cache, text_file, capsys):
+    """A fresh torchrun job (no --resume) aimed at a halted run is refused; with --max-restarts=1
+    torchrun starts the workers again, and the restart is refused the same way (it is no restart
+    of the job that wrote the run): nothing is trained or appended, and each attempt says it in
+    one line from rank 0, no traceback from the other rank."""
+    out = halted_run(tmp_path, cache, text_file, capsys)
+    before = (out / "metrics.jsonl").read_bytes()
+    log = tmp_path / "torchrun.log"
+    cmd = torchrun_cmd(2, *args(out, cache, text_file, "train.steps=20", "train.parallel=ddp"), max_restarts=1)
+    with launched(cmd, log) as proc:
+        text = finish(proc, log)
+    assert proc.returncode != 0, text[-3000:]
+    errors = error_lines(text)
+    assert len(errors) == 2, text[-3000:]  # the first attempt and its restart, one line each
+    assert all(f"train.out_dir {out} holds a run (checkpoints up to step_00000004)" in e for e in errors), errors
+    # torchrun's own summary of the failed attempts is its one traceback; none from the workers
+    assert text.count("Traceback") <= 1 and "recipes/" not in text and "gloo" not in text.lower(), text[-3000:]
+    assert "resumed from" not in text and "exitcode  : 2" in text, text[-3000:]
+    assert (out / "metrics.jsonl").read_bytes() == before
+    assert checkpoint_steps(out) == [4] and not (out / "job.json").exists()
+
+
+def test_a_single_process_refusal_leaves_no_lock(tmp_path, cache, text_file, capsys):
+    """--resume into an empty directory is refused; the lock file it made is gone again, and so is
+    the directory it made."""
+    out = tmp_path / "empty"
+    out.mkdir()
+    assert cli(args(out, cache, text_file, "train.steps=4", "--resume")) == 2
+    assert "holds no checkpoint" in capsys.readouterr().err
+    assert not out.exists()
+    bad = tmp_path / "bad"  # refused after the claim, by the data
+    assert cli([*args(bad, cache, text_file, "train.steps=4"), f"data.source={tmp_path / 'nope.txt'}"]) == 2
+    assert "source file not found" in capsys.readouterr().err
+    assert not bad.exists()
+
+
+def test_overwrite_with_init_from_inside_the_run_moves_nothing(tmp_path, cache, text_file, capsys):
+    out = halted_run(tmp_path, cache, text_file, capsys)
+    code = cli(args(out, cache, text_file, "train.steps=8", f"train.init_from={out}", "--overwrite"))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"train.init_from={out} is inside train.out_dir" in err, err
+    assert not list(out.glob("previous-*")) and checkpoint_steps(out) == [4]
+
+
+def test_overwrite_moves_aside_only_after_the_inputs_are_checked(tmp_path, cache, text_file, capsys):
+    out = halted_run(tmp_path, cache, text_file, capsys)
+    assert cli(args(out, cache, text_file, "train.steps=8", "optim.warmup_steps=50", "--overwrite")) == 2
+    assert "warmup_steps" in capsys.readouterr().err
+    assert not list(out.glob("previous-*")) and checkpoint_steps(out) == [4]
+    assert cli(args(out, cache, text_file, "train.steps=8", "--overwrite")) == 0
+    (aside,) = out.glob("previous-*")
+    assert (aside / "checkpoints" / "step_00000004").is_dir() and max_step(out) == 8
+
+
+@pytest.mark.parametrize(
+    "override, what",
+    [("train.batch_size=100000000000", "micro-batch of 100000000000 x 32 tokens"), ("model.d_model=1000000", "")],
+    ids=["huge_batch", "huge_width"],
+)
+def test_a_size_that_cannot_run_is_refused_before_anything_is_written(
+    tmp_path, cache, text_file, capsys, override, what
+):
+    out = tmp_path / "run"
+    assert cli(args(out, cache, text_file, "train.steps=3", override)) == 2
+    err = capsys.readouterr().err
+    (line,) = err.splitlines()
+    assert line.startswith("error: this run needs an estimated ") and what in line, line
+    assert "but this machine has" in line and "GiB (" in line, line
+    assert not out.exists()  # no metrics.jsonl, no checkpoint, no lock, not even the directory
+
+
+def test_memory_estimate_counts_states_and_activations():
+    from spherenet.models import model_from_config
+    from spherenet.train.config import load_config, model_config, resolved
+    from spherenet.train.memory import available_memory, estimate_training_memory
+
+    config = model_config(resolved(load_config(None, ["model.preset=ngpt-tiny"])), 256)
+    params = sum(p.numel() for p in model_from_config(config).parameters())
+    est = estimate_training_memory(config, micro_batch=2, block_size=32)
+    assert est.parameters == params and est.state_bytes == params * 4 * 4  # weight, grad, two moments
+    per_token = config.n_layers * (16 * config.d_model + 2 * config.n_heads * 32) + 2 * 256
+    assert est.activation_bytes == 2 * 32 * per_token * 4
+    sharded = estimate_training_memory(config, micro_batch=2, block_size=32, shards=4)
+    assert sharded.state_bytes == est.state_bytes // 4
+    checkpointed = estimate_training_memory(config, micro_batch=2, block_size=32, activation_checkpointing=True)
+    assert checkpointed.activation_bytes < est.activation_bytes
+    have, source = available_memory(torch.device("cpu"))
+    assert have is None or have > 0, source
+
+
+def test_a_disk_full_while_a_checkpoint_is_written_names_the_checkpoint(
+    tmp_path, cache, text_file, capsys, monkeypatch
+):
+    """An ENOSPC whose OSError names no file (as from ``write`` on an open file): the line names
+    the checkpoint being written."""
+    import spherenet.checkpoint.manager as manager
+
+    def disk_full(obj, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(manager, "_torch_save_synced", disk_full)
+    out = tmp_path / "run"
+    assert cli(args(out, cache, text_file, "train.steps=2")) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    tmp = out / "checkpoints" / ".tmp-step_00000002"
+    assert f"(rank 0: cannot write {tmp}: no space left on device (ENOSPC))" in line, line
