@@ -2,7 +2,7 @@
 (+ the paper's renormalization) and geoopt's RiemannianAdam.
 
 RiemannianAdam runs with each of its sphere kernels: on CPU the native kernel (one fused pass
-per row, built on first use; skipped when it cannot be built or ``SPHERENET_NATIVE=0``) and the
+per row, built on first use; skipped when it cannot be built or ``SPHERENET_KERNELS=torch``) and the
 ``_foreach`` kernels; on CUDA the Triton kernel (one fused pass per block of rows; skipped
 without Triton) and the ``_foreach`` kernels, and the baseline is
 ``torch.optim.Adam(fused=True)``'s CUDA kernel. Only

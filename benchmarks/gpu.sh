@@ -16,7 +16,6 @@ OUT_MD=${1:-benchmarks/results/gpu.md}
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 LIMIT=${LIMIT:-300}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export SPHERENET_NATIVE=0  # the native kernel is CPU-only: nothing to build on a GPU machine
 export PYTHONUNBUFFERED=1
 
 # Fail fast, before any work, when there is no GPU or a dependency is missing.

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-__all__ = ["VALUES", "ENVIRONMENT_VARIABLE", "Op", "resolve", "check", "use", "active", "checkpoint"]
+__all__ = ["VALUES", "ENVIRONMENT_VARIABLE", "Op", "resolve", "check", "use", "active", "environment", "checkpoint"]
 
 IMPLEMENTATIONS = ("reference", "torch", "native", "triton")
 VALUES = ("auto", *IMPLEMENTATIONS)
@@ -104,6 +104,12 @@ def resolve(op: Op, requested: str | None = None, device_type: str = "cpu") -> s
     if name == "auto" or name not in op.implementations:
         return op.auto.get(device_type, op.auto["*"])
     return name
+
+
+def environment() -> str:
+    """``SPHERENET_KERNELS``'s value as read at import (unset: ``"auto"``), regardless of any
+    :func:`use` block: what decides whether the native kernel may be built at all."""
+    return _ENVIRONMENT
 
 
 def active() -> str:

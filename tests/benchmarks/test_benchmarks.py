@@ -20,7 +20,7 @@ TIMING = rf"{NUMBER} \({NUMBER}–{NUMBER}\)"  # median (min–max)
 def bench_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["SPHERENET_NATIVE"] = "0"  # no kernel build in a smoke run (the optimizer bench skips it)
+    env["SPHERENET_KERNELS"] = "torch"  # no native build in a smoke run (the optimizer bench skips it)
     env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
@@ -104,7 +104,7 @@ def test_bench_memory_quick_markdown(tmp_path):
 def test_bench_optimizer_quick_markdown(tmp_path):
     text = run_bench("bench_optimizer.py", tmp_path / "optimizer.md")
     check_preamble(text, "Optimizer step: cpu fp32, 1 thread")
-    assert "native kernel not run: disabled by SPHERENET_NATIVE=0" in text
+    assert "native kernel not run: disabled by SPHERENET_KERNELS=torch" in text
     rows = table(text, "| contender | cpu fp32, 1 thread: ms | x fused Adam | geoopt / this |")
     names = [r[0] for r in rows]
     assert names[0] == "torch Adam fused" and "geoopt RiemannianAdam" in names

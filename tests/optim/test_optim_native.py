@@ -306,12 +306,16 @@ def test_unavailable_kernel_native_refuses_auto_warns_once(monkeypatch):
 
 
 @pytest.mark.slow
-def test_environment_switch_disables_the_build():
+@pytest.mark.parametrize("kernels", ["torch", "reference"])
+def test_torch_only_kernels_never_build_native(kernels, tmp_path):
     code = "from spherenet.kernels import native; ok, why = native.native_status(); print(ok); print(why)"
-    env = dict(os.environ, SPHERENET_NATIVE="0")
+    build_root = tmp_path / "extensions"  # an empty extension cache: a build would write here
+    build_root.mkdir()
+    env = dict(os.environ, SPHERENET_KERNELS=kernels, TORCH_EXTENSIONS_DIR=str(build_root))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:2] == ["False", "disabled by SPHERENET_NATIVE=0"]
+    assert out.stdout.split("\n")[:2] == ["False", f"disabled by SPHERENET_KERNELS={kernels}"]
+    assert list(build_root.iterdir()) == []  # nothing built, not even a build folder made
 
 
 _OTHER_ISA_CHECK = """

@@ -7,8 +7,9 @@ streams each tensor once, like ``torch.optim.Adam(fused=True)``.
 
 It is built with ``torch.utils.cpp_extension`` (a C++17 compiler and ninja are needed; the
 ``ninja`` package is a dependency of spherenet) into ``TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``), once per machine. Building is skipped,
-and the optimizers use the plain-torch reference, when ``SPHERENET_NATIVE=0`` is set.
+``~/.cache/torch_extensions``), once per machine. Building is skipped, and the optimizers use
+the torch kernels, when ``SPHERENET_KERNELS`` is ``torch`` or ``reference`` (see
+:mod:`spherenet.kernels.resolve`).
 The module name carries the CPU instruction set torch selected (``AVX2``, ``AVX512``, ...), so
 one cache directory shared by different machines never loads code built for another CPU, and a
 hash of the source, the flags and the torch version, so a library found there under that name
@@ -29,11 +30,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["sphere_adam_op", "native_status", "NATIVE_DTYPES", "ENV_SWITCH"]
+from spherenet.kernels import resolve
+
+__all__ = ["sphere_adam_op", "native_status", "NATIVE_DTYPES"]
 
 log = logging.getLogger(__name__)
 
-ENV_SWITCH = "SPHERENET_NATIVE"
+# SPHERENET_KERNELS values that keep every op in torch: the kernel is then never built.
+_EXCLUDING_NATIVE = ("torch", "reference")
 NATIVE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _SOURCE = Path(__file__).parent / "sphere_adam.cpp"
 # Compiler flags per CPU capability, and the CPU_CAPABILITY macros that make ATen's Vectorized<T>
@@ -77,8 +81,8 @@ def _ninja_folder() -> str | None:
 
 
 def _build():
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, f"disabled by {ENV_SWITCH}={os.environ[ENV_SWITCH]}"
+    if resolve.environment() in _EXCLUDING_NATIVE:
+        return None, f"disabled by {resolve.ENVIRONMENT_VARIABLE}={resolve.environment()}"
     if not hasattr(torch.ops, "spherenet") or not hasattr(torch.ops.spherenet, "sphere_adam_"):
         ninja_folder = _ninja_folder()
         if ninja_folder is None:
