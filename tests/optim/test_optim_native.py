@@ -352,7 +352,7 @@ def test_kernel_built_for_another_cpu_capability(capability, tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),  # the repository
     )
     if out.returncode == 0 and out.stdout.split() and out.stdout.split()[0] != capability:
         pytest.skip(f"this CPU cannot run {capability} code (torch picked {out.stdout.split()[0]})")
