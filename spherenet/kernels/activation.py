@@ -102,7 +102,17 @@ def relu2_fused(x: torch.Tensor) -> torch.Tensor:
     return _ReLU2.apply(x)
 
 
-RELU2 = Op("relu2", implementations={"reference": relu2_reference, "torch": relu2_fused}, auto={"*": "torch"})
+def _relu2_triton(x: torch.Tensor) -> torch.Tensor:
+    from . import activation_triton  # imports Triton: on first use only
+
+    return activation_triton.relu2(x)
+
+
+RELU2 = Op(
+    "relu2",
+    implementations={"reference": relu2_reference, "torch": relu2_fused, "triton": _relu2_triton},
+    auto={"*": "torch"},
+)
 
 
 def relu2(x: torch.Tensor) -> torch.Tensor:
