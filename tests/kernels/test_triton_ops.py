@@ -189,6 +189,18 @@ def test_relu2_through_the_resolver_runs_the_kernel(monkeypatch):
     assert calls == [x.shape]
 
 
+def test_relu2_traces_as_one_custom_op_forward_and_backward():
+    """torch.compile(fullgraph=True) traces relu2 through its fakes and registered autograd: the
+    eager values and gradients (aot_eager: the tracing, without generating code)."""
+    x = (torch.randn(6, 5, generator=_gen(16)) * 3).to(DEVICE).t().requires_grad_()
+    torch._dynamo.reset()
+    compiled = torch.compile(activation_triton.relu2, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    torch.testing.assert_close(out, F.relu(x.detach()) ** 2, rtol=1e-6, atol=0)
+    torch.testing.assert_close(grad, 2 * F.relu(x.detach()), rtol=1e-6, atol=0)
+
+
 def test_float64_runs_the_torch_functions():
     x = torch.randn(4, 8, dtype=torch.float64)
     torch.testing.assert_close(norm_triton.normalize(x), normalize(x), rtol=0, atol=0)
