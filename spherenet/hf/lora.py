@@ -30,7 +30,14 @@ from torch import nn
 from .. import kernels
 from ..layers import SphereLinear
 
-__all__ = ["SphereLoraLinear", "PlainSphereLoraLinear", "sphere_lora_config", "all_linear_names", "ALL_LINEAR"]
+__all__ = [
+    "SphereLoraLinear",
+    "PlainSphereLoraLinear",
+    "sphere_lora_config",
+    "all_linear_names",
+    "merged_state_dict",
+    "ALL_LINEAR",
+]
 
 #: ``target_modules`` value meaning every attention and MLP projection (all linear maps but the output layer)
 ALL_LINEAR = "all-linear"
@@ -146,3 +153,27 @@ def sphere_lora_config(
     config = LoraConfig(target_modules=list(target_modules), **lora_kwargs)
     config._register_custom_module({SphereLinear: SphereLoraLinear if sphere_aware else PlainSphereLoraLinear})
     return config
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict ``model`` (with LoRA layers) would have after ``merge_and_unload()``,
+    computed without changing it: each adapted layer's weight is its adapted matrix (of the
+    active adapters; back on the sphere for the sphere-aware LoRA), under the base layer's name;
+    the adapters' own tensors are left out."""
+    state = {}
+    for key, value in model.state_dict().items():
+        if "lora_" not in key:
+            state[key.replace(".base_layer.", ".")] = value
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not isinstance(module, LoraLayer):
+                continue
+            base = module.get_base_layer()
+            active = [a for a in module.active_adapters if a in module.lora_A]
+            if isinstance(module, SphereLoraLinear):
+                matrix = module.adapted_matrix(active)
+                weight = matrix if base.sphere == "in" else matrix.t()
+            else:
+                weight = base.weight + sum(module.get_delta_weight(a).to(base.weight.dtype) for a in active)
+            state[f"{name}.weight"] = weight.detach().as_subclass(torch.Tensor)
+    return state

@@ -8,7 +8,13 @@ import torch
 peft = pytest.importorskip("peft")
 
 from spherenet.hf import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
-from spherenet.hf.lora import PlainSphereLoraLinear, SphereLoraLinear, all_linear_names, sphere_lora_config  # noqa: E402
+from spherenet.hf.lora import (  # noqa: E402
+    PlainSphereLoraLinear,
+    SphereLoraLinear,
+    all_linear_names,
+    merged_state_dict,
+    sphere_lora_config,
+)
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig  # noqa: E402
 
 VOCAB = 64
@@ -73,7 +79,11 @@ def test_lora_steps_lower_the_loss_and_merge_to_equal_logits(cls, sphere_aware):
             torch.testing.assert_close(p, base[name.replace(".base_layer", "")], rtol=0, atol=0, msg=name)
     adapted.eval()
     expected = adapted(input_ids=ids).logits.detach()
+    computed = merged_state_dict(adapted.get_base_model())  # without merging
     merged = adapted.merge_and_unload()
+    assert computed.keys() == merged.state_dict().keys()
+    for name, tensor in merged.state_dict().items():
+        torch.testing.assert_close(computed[name], tensor.as_subclass(torch.Tensor), rtol=0, atol=1e-6, msg=name)
     assert type(merged) is type(model) and not any(hasattr(m, "lora_A") for m in merged.modules())
     torch.testing.assert_close(merged(ids).logits, expected, atol=1e-5, rtol=0)
     if cls is NGPT:
