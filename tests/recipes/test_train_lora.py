@@ -102,6 +102,7 @@ def test_lora_run_trains_adapters_and_checkpoints_the_merged_model(
         assert torch.equal(p, q)
 
 
+@pytest.mark.slow
 def test_lora_resume_continues_as_an_uninterrupted_run(corpus, bases, tmp_path):
     whole, halted = tmp_path / "whole", tmp_path / "halted"
     assert lora_run(corpus, bases, whole) == 0
