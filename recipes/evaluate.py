@@ -9,7 +9,9 @@ Takes ``lm_eval``'s arguments: it registers the ``spherenet`` model (:mod:`recip
 and then runs ``lm_eval``'s own command line, which does not discover models of other packages
 by itself. ``--help`` starts with how to name the spherenet model, then lm_eval's options. A
 ``path=`` that holds no model is one ``error:`` line (exit 2) before lm_eval starts. Datasets
-are fetched by ``lm_eval`` from the Hugging Face Hub (or read from its cache). Needs
+are fetched by ``lm_eval`` from the Hugging Face Hub (or read from its cache); a task whose
+dataset cannot be reached is one ``error:`` line saying so (exit 2): a task of your own with a
+local copy of its data (a YAML in a folder given to ``--include_path``) runs offline. Needs
 ``pip install "spherenet[eval]"``.
 """
 
@@ -63,6 +65,15 @@ def check_model_path(argv: list[str]) -> str | None:
     return None
 
 
+def hub_unreachable(exc: BaseException) -> str:
+    """One line for a task whose dataset is on the Hugging Face Hub when the Hub cannot be reached."""
+    return (
+        f"this task's dataset needs the Hugging Face Hub, which cannot be reached ({' '.join(str(exc).split())}); "
+        "connect (and unset HF_DATASETS_OFFLINE / HF_HUB_OFFLINE), or evaluate a local copy of the data: a task YAML "
+        "with dataset_path: json and data_files, in a folder passed as --include_path DIR"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     name = prog("recipes.evaluate")
@@ -86,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         cli_evaluate()
     except SystemExit as exc:  # --help, or lm_eval's own usage errors (argparse: exit 2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except ConnectionError as exc:  # a task's dataset on the Hub, offline or unreachable
+        print(f"error: {hub_unreachable(exc)}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, ValueError) as exc:  # the model's arguments (path=, dtype=, batch_size=)
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -10,7 +10,9 @@ and ``model.safetensors`` (``NGPT.from_pretrained(OUT)`` / ``GPT.from_pretrained
 ``spherenet.models.load_pretrained(OUT)`` load them; with ``auto_map`` and ``modeling_spherenet.py``,
 so does transformers' ``AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)``), the tokenizer's files
 (``spherenet.data.tokenizer.load_tokenizer(OUT)``, and a ``tokenizer.json`` for every tokenizer,
-which ``tokenizers`` / ``transformers`` load), a model card, ``README.md``, and
+which ``tokenizers`` / ``transformers`` load, with ``tokenizer_config.json`` naming its end-of-text
+token as ``eos_token``: for the byte tokenizer ``<0xFF>``, id 255, or ``<|endoftext|>``, id 256,
+of its 257-token variant), a model card, ``README.md``, and
 ``sha256sums.json``, the size and sha256 of every other file, checked when the model is loaded.
 OUT must be empty or absent; ``--overwrite`` replaces what is there (as one rename: a failed export
 leaves the old one in place). Needs ``pip install "spherenet[hub]"``.
@@ -35,6 +37,33 @@ from spherenet.models import PretrainedFileError
 from spherenet.models.hub import MANIFEST_NAME, write_manifest
 
 CARD = "README.md"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+
+
+def write_transformers_tokenizer_config(directory: Path, eos_id: int, max_length: int) -> None:
+    """Write ``tokenizer_config.json`` and ``special_tokens_map.json`` beside ``directory``'s
+    ``tokenizer.json`` unless it has them: transformers' ``AutoTokenizer`` then has the
+    tokenizer's end-of-text token as ``eos_token`` (lm-evaluation-harness's ``hf`` model needs
+    one), splits special-token strings inside text as text (as spherenet's tokenizers do) and
+    adds no BOS (spherenet's models are trained without one)."""
+    from tokenizers import Tokenizer as _Tokenizers
+
+    if (directory / TOKENIZER_CONFIG).exists():
+        return
+    eos_token = _Tokenizers.from_file(str(directory / TOKENIZER_JSON)).id_to_token(eos_id)
+    if eos_token is None:
+        raise CheckpointError(f"{directory / TOKENIZER_JSON} has no token of the end-of-text id {eos_id}")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos_token,
+        "model_max_length": max_length,
+        "split_special_tokens": True,
+        "clean_up_tokenization_spaces": False,
+    }
+    (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    if not (directory / SPECIAL_TOKENS_MAP).exists():
+        (directory / SPECIAL_TOKENS_MAP).write_text(json.dumps({"eos_token": eos_token}) + "\n", encoding="utf-8")
 
 
 def step_checkpoint(run: str | Path, step: int) -> Path:
@@ -147,6 +176,13 @@ def export(trained: Trained, out: str | Path, overwrite: bool = False) -> list[P
     out = Path(out)
     if not overwrite:
         refuse_non_empty(out)
+    train = trained.config.get("train", {})
+    if train.get("lora_rank") and not train.get("lora_sphere_aware", True) and type(trained.model).__name__ == "NGPT":
+        raise CheckpointError(
+            f"{trained.path} was fine-tuned with a plain LoRA of nGPT (train.lora_sphere_aware=false): its merged "
+            "matrices are off the sphere, and an nGPT export holds unit rows only; fine-tune with the sphere-aware "
+            "LoRA (train.lora_sphere_aware=true) to export"
+        )
     tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
@@ -160,6 +196,7 @@ def export(trained: Trained, out: str | Path, overwrite: bool = False) -> list[P
             trained.tokenizer.save(tmp)
         if not (tmp / TOKENIZER_JSON).is_file():  # the byte tokenizer: its tokenizer.json form
             (tmp / TOKENIZER_JSON).write_text(trained.tokenizer.tokenizer_json(), encoding="utf-8")
+        write_transformers_tokenizer_config(tmp, trained.tokenizer.eos_id, trained.model.config.max_seq_len)
         (tmp / CARD).write_text(model_card(trained), encoding="utf-8")
         write_manifest(tmp, sorted(p.name for p in tmp.iterdir() if p.name != MANIFEST_NAME))
         names = sorted(p.name for p in tmp.iterdir())

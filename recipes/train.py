@@ -16,7 +16,8 @@ data (spherenet.data), model (spherenet.models), optimizer (spherenet.optim), pa
 (spherenet.train.distributed), the step (spherenet.train.loop), checkpoints
 (spherenet.checkpoint), experiment tracking (spherenet.train.tracking); and the recipe's own:
 config files (recipes.config_files), the data per rank (recipes.run_data), starting weights
-(recipes.init_from), the resume policy (recipes.resume), a clean stop on a signal (recipes.stop).
+(recipes.init_from), LoRA fine-tuning (recipes.lora), the resume policy (recipes.resume), a clean
+stop on a signal (recipes.stop).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from recipes.checkpoints import checkpoint_files, model_class_name
 from recipes.cli import prog
 from recipes.config_files import DEFAULT_CONFIG, resolve_config, shipped_configs
 from recipes.init_from import check_init_from_target, init_from_weights
+from recipes.lora import LoraTraining
 from recipes.progress import progress_bar
 from recipes.resume import (
     QuietRefusal,
@@ -66,7 +68,8 @@ def _epilog() -> str:
         f"model presets (model.preset=NAME): {', '.join(sorted(PRESETS))}\n"
         "overrides: section.key=value, sections model, data, optim, train; every key with its default and meaning "
         "is in spherenet/train/config.py, and --print-config prints them all as resolved\n"
-        "fine-tune: train.init_from=<run dir | checkpoint | exported dir | Hub id> starts from those weights"
+        "fine-tune: train.init_from=<run dir | checkpoint | exported dir | Hub id> starts from those weights; "
+        "train.lora_rank=R (with init_from) trains rank-R LoRA adapters instead, checkpoints hold the merged model"
     )
 
 
@@ -148,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(cfg, data.vocab_size, info.device)
     if plan is None and t.init_from:  # before sharding: the weights are whole tensors
         init_from_weights(model, tokenizer, t.init_from, info.is_main)
+    lora = LoraTraining(model, t, info.is_main) if t.lora_rank else None  # recipes.lora: checkpoints merge
     block = t.block_size  # resolved: the model's max_seq_len unless set
     if block > model.config.max_seq_len:
         raise ConfigError(f"train.block_size {block} exceeds the model's max_seq_len {model.config.max_seq_len}")
@@ -177,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     step_model = torch.compile(wrapped) if t.compile else wrapped
 
     state = {
-        "model": model,
+        "model": lora.merged if lora else model,
+        **({"lora": lora} if lora else {}),
         "optimizer": optimizer,
         "scheduler": scheduler,
         "train_windows": train_windows,
@@ -284,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                 if info.enabled:  # every rank must leave the loop at the same step
                     stop = bool(all_reduce_max(torch.tensor(float(stop))) > 0)
                 if step % t.checkpoint_every == 0 or step == last_step or stop:
+                    if lora:
+                        lora.refresh_merged()
                     ckpt.save(step, state, files=run_files)
                 if stop:
                     last_step = step

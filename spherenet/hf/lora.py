@@ -1,15 +1,19 @@
-"""Sphere-aware LoRA for nGPT: the adapted matrix stays on the sphere.
+"""LoRA for spherenet's models: a sphere-aware LoRA that keeps nGPT on the sphere, and a plain one.
 
 A plain LoRA adds ``B A`` to a weight; nGPT's matrices are unit vectors along their
-d_model-sized side (:class:`spherenet.layers.SphereLinear`), and ``W + B A`` is not. Here the
-adapted matrix is put back on the sphere along the same axis: ``Norm(W + s B A)`` (rows for
-``sphere="in"``, columns of ``(out, in)`` for ``sphere="out"``), in the forward pass and when
-merged, so that a merged model is an nGPT again (unit rows, same logits).
+d_model-sized side (:class:`spherenet.layers.SphereLinear`), and ``W + B A`` is not. The
+sphere-aware LoRA puts the adapted matrix back on the sphere along the same axis:
+``Norm(W + s B A)`` (rows for ``sphere="in"``, columns of ``(out, in)`` for ``sphere="out"``),
+in the forward pass and when merged, so that a merged model is an nGPT again (unit rows, same
+logits). The plain LoRA of a SphereLinear uses ``W + s B A`` as it is (a baseline).
+
+peft's own ``target_modules="all-linear"`` sees ``nn.Linear`` layers only (GPT's projections,
+not nGPT's SphereLinear); :func:`sphere_lora_config` resolves ``"all-linear"`` for both models:
 
     from peft import get_peft_model
     from spherenet.hf.lora import sphere_lora_config
 
-    model = get_peft_model(model, sphere_lora_config(model, r=8))
+    model = get_peft_model(model, sphere_lora_config(model, r=8))  # every attention and MLP projection
 
 needs peft (``pip install "spherenet[hf]"``).
 """
@@ -26,15 +30,27 @@ from torch import nn
 from .. import kernels
 from ..layers import SphereLinear
 
-__all__ = ["SphereLoraLinear", "sphere_lora_config"]
+__all__ = [
+    "SphereLoraLinear",
+    "PlainSphereLoraLinear",
+    "sphere_lora_config",
+    "all_linear_names",
+    "merged_state_dict",
+    "ALL_LINEAR",
+]
+
+#: ``target_modules`` value meaning every attention and MLP projection (all linear maps but the output layer)
+ALL_LINEAR = "all-linear"
 
 
 class SphereLoraLinear(LoraLinear):
     """LoRA of a :class:`SphereLinear`: ``Norm(W + sum of s B A)`` along the weight's sphere axis."""
 
+    sphere_aware = True
+
     def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, r: int = 0, lora_alpha=1, **kw):
         if config.lora_dropout:
-            raise ValueError("sphere-aware LoRA adapts the weight, not the input: lora_dropout must be 0")
+            raise ValueError("LoRA of a SphereLinear adapts the weight, not the input: lora_dropout must be 0")
         nn.Module.__init__(self)
         LoraLayer.__init__(self, base_layer, **kw)
         self.fan_in_fan_out = False
@@ -48,6 +64,8 @@ class SphereLoraLinear(LoraLinear):
 
     def _on_sphere(self, matrix: torch.Tensor) -> torch.Tensor:
         """``matrix`` ``(out, in)`` with unit vectors along the base weight's sphere axis."""
+        if not self.sphere_aware:
+            return matrix
         if self.get_base_layer().sphere == "in":
             return kernels.normalize(matrix)  # unit rows
         return kernels.normalize(matrix.t()).t()  # unit columns: the rows of the stored (in, out) weight
@@ -68,7 +86,8 @@ class SphereLoraLinear(LoraLinear):
         return F.linear(x, matrix) if out_scale is None else kernels.scaled_linear(x, matrix, out_scale)
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
-        """Write ``Norm(W + s B A)`` into the base weight (unit rows again); keeps ``W`` for unmerge."""
+        """Write the adapted matrix (``Norm(W + s B A)``: unit rows again, for the sphere-aware
+        LoRA) into the base weight; keeps ``W`` for unmerge."""
         names = [
             n for n in (adapter_names or self.active_adapters) if n in self.lora_A and n not in self.merged_adapters
         ]
@@ -92,16 +111,69 @@ class SphereLoraLinear(LoraLinear):
         self.merged_adapters.clear()
 
 
-def sphere_lora_config(model: nn.Module, **lora_kwargs) -> LoraConfig:
-    """A :class:`peft.LoraConfig` adapting every :class:`SphereLinear` of ``model`` but the
-    output layer (attention and MLP projections) with :class:`SphereLoraLinear`;
-    ``lora_kwargs`` as in ``LoraConfig`` (``r``, ``lora_alpha``, ...), ``lora_dropout`` 0."""
-    output = model.get_output_embeddings()
-    names = sorted(
-        name for name, module in model.named_modules() if isinstance(module, SphereLinear) and module is not output
+class PlainSphereLoraLinear(SphereLoraLinear):
+    """Plain LoRA of a :class:`SphereLinear`: ``W + sum of s B A``, left off the sphere (merged
+    too), with the layer's output scaling as in the sphere-aware one."""
+
+    sphere_aware = False
+
+
+def all_linear_names(model: nn.Module) -> list[str]:
+    """Names of every linear map of ``model`` (:class:`SphereLinear` and ``nn.Linear``) but its
+    output layer (``get_output_embeddings()`` / ``embed_out``): the attention and MLP projections."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else model.embed_out
+    return sorted(
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, (SphereLinear, nn.Linear)) and module is not output and "lora_" not in name
     )
-    if not names:
-        raise ValueError(f"{type(model).__name__} has no SphereLinear to adapt (sphere-aware LoRA is for nGPT)")
-    config = LoraConfig(target_modules=names, lora_dropout=0.0, **lora_kwargs)
-    config._register_custom_module({SphereLinear: SphereLoraLinear})
+
+
+def sphere_lora_config(
+    model: nn.Module, target_modules: str | list[str] = ALL_LINEAR, sphere_aware: bool = True, **lora_kwargs
+) -> LoraConfig:
+    """A :class:`peft.LoraConfig` for spherenet's ``model`` (nGPT or GPT, spherenet's or its
+    transformers class): ``target_modules`` ``"all-linear"`` (every attention and MLP
+    projection, :func:`all_linear_names`) or module names as peft takes them; a
+    :class:`SphereLinear` gets :class:`SphereLoraLinear` (``sphere_aware``) or
+    :class:`PlainSphereLoraLinear`, an ``nn.Linear`` peft's LoRA. ``lora_kwargs`` as in
+    ``LoraConfig`` (``r``, ``lora_alpha``, ...); ``lora_dropout`` is 0 for a SphereLinear."""
+    has_sphere = any(isinstance(m, SphereLinear) for m in model.modules())
+    if sphere_aware and not has_sphere:
+        raise ValueError(
+            f"{type(model).__name__} has no SphereLinear to adapt (sphere-aware LoRA is for nGPT); "
+            "pass sphere_aware=False for a plain LoRA"
+        )
+    if isinstance(target_modules, str):
+        if target_modules.lower() != ALL_LINEAR:
+            raise ValueError(f"target_modules must be {ALL_LINEAR!r} or a list of module names, got {target_modules!r}")
+        target_modules = all_linear_names(model)
+    if has_sphere:
+        lora_kwargs.setdefault("lora_dropout", 0.0)
+    config = LoraConfig(target_modules=list(target_modules), **lora_kwargs)
+    config._register_custom_module({SphereLinear: SphereLoraLinear if sphere_aware else PlainSphereLoraLinear})
     return config
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict ``model`` (with LoRA layers) would have after ``merge_and_unload()``,
+    computed without changing it: each adapted layer's weight is its adapted matrix (of the
+    active adapters; back on the sphere for the sphere-aware LoRA), under the base layer's name;
+    the adapters' own tensors are left out."""
+    state = {}
+    for key, value in model.state_dict().items():
+        if "lora_" not in key:
+            state[key.replace(".base_layer.", ".")] = value
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not isinstance(module, LoraLayer):
+                continue
+            base = module.get_base_layer()
+            active = [a for a in module.active_adapters if a in module.lora_A]
+            if isinstance(module, SphereLoraLinear):
+                matrix = module.adapted_matrix(active)
+                weight = matrix if base.sphere == "in" else matrix.t()
+            else:
+                weight = base.weight + sum(module.get_delta_weight(a).to(base.weight.dtype) for a in active)
+            state[f"{name}.weight"] = weight.detach().as_subclass(torch.Tensor)
+    return state

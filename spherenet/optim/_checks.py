@@ -172,7 +172,7 @@ class ModelWatch:
             return
         placed_set = set(placed)
         for name, p in named_sphere_parameters(model):
-            if id(p) not in placed_set:
+            if id(p) not in placed_set and p.requires_grad:  # a frozen one (e.g. under LoRA) is not trained
                 raise RuntimeError(
                     f"{owner}: the model's sphere parameter {name!r} is not one this optimizer holds in a sphere "
                     "group. Its parameters were replaced after the optimizer was built (fully_shard, "

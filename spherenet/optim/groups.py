@@ -164,6 +164,8 @@ def check_groups(
         declared = [(name, p, SPHERE) for name, p in named_sphere_parameters(model)]
         declared += [(name, p, manifold.name) for name, p, manifold in declared_on_geometries(model)]
         for name, p, manifold in declared:
+            if not p.requires_grad:  # frozen (e.g. under LoRA): param_groups leaves it out
+                continue
             where = placed.get(id(p))
             if where != manifold:
                 raise ValueError(

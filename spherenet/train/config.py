@@ -128,6 +128,14 @@ class TrainSection:
     # files in <out_dir>/tensorboard), "wandb" (Weights & Biases). See spherenet.train.tracking.
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     wandb_project: str = "spherenet"  # train.loggers with "wandb": the W&B project of the run
+    # LoRA fine-tuning of train.init_from's weights (needs peft): 0 = train every weight; r > 0 =
+    # freeze them and train rank-r adapters (spherenet.hf.lora). Checkpoints and exports hold the
+    # merged model; --resume continues the adapters.
+    lora_rank: int = 0
+    lora_alpha: float = 0.0  # the adapters' scale is lora_alpha / lora_rank; 0 = lora_rank (scale 1)
+    # "all-linear" (every attention and MLP projection) or module names (e.g. "w_q", "blocks.0.mlp.w_u")
+    lora_targets: list[str] = field(default_factory=lambda: ["all-linear"])
+    lora_sphere_aware: bool = True  # nGPT: the adapted matrix back on the sphere (false: a plain LoRA)
 
 
 _SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, "train": TrainSection}
@@ -173,6 +181,8 @@ _NON_NEGATIVE = {
     ("train", "block_size"),
     ("train", "sample_tokens"),
     ("train", "halt_after"),
+    ("train", "lora_rank"),
+    ("train", "lora_alpha"),
     ("optim", "grad_clip"),
     ("optim", "weight_decay"),
     ("optim", "warmup_steps"),
@@ -220,11 +230,28 @@ class RunConfig:
             raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.data.val_fraction!r}")
         if not self.data.source:
             raise ConfigError("data.source is empty")
+        self._validate_lora()
         for section in ("train", "data"):  # torch.manual_seed and numpy take 64-bit seeds >= 0
             seed = getattr(self, section).seed
             if not 0 <= seed < 2**63:
                 raise ConfigError(f"{section}.seed must be in [0, 2**63), got {seed!r}")
         return self
+
+    def _validate_lora(self) -> None:
+        t = self.train
+        if not t.lora_rank:
+            return
+        if not t.init_from:
+            raise ConfigError(
+                f"train.lora_rank={t.lora_rank} fine-tunes trained weights with LoRA: set train.init_from "
+                "(a run directory, checkpoint, exported directory or Hub id), or train.lora_rank=0"
+            )
+        if t.parallel == "fsdp":
+            raise ConfigError("train.lora_rank > 0 trains with train.parallel none or ddp, not fsdp")
+        if not t.lora_targets or any(not name.strip() for name in t.lora_targets):
+            raise ConfigError(f"train.lora_targets must name modules (or be ['all-linear']), got {t.lora_targets!r}")
+        if "all-linear" in t.lora_targets and len(t.lora_targets) > 1:
+            raise ConfigError(f"train.lora_targets: 'all-linear' stands alone, got {t.lora_targets!r}")
 
 
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
