@@ -17,24 +17,21 @@ from typing import Any
 
 from torch import nn
 
+from .nemotron_config import LAYOUT_ARCHITECTURE, LAYOUT_MODEL_TYPE
+
 __all__ = [
-    "PUBLISHED_ARCHITECTURE",
-    "PUBLISHED_MODEL_TYPE",
     "is_published_config",
     "is_published_directory",
     "load_saved",
 ]
 
-PUBLISHED_MODEL_TYPE = "ngpt"
-PUBLISHED_ARCHITECTURE = "NGPTForCausalLM"
-
 
 def is_published_config(values: Any) -> bool:
     """Whether a config.json's contents describe a model in the published layout."""
-    if not isinstance(values, dict) or values.get("model_type") != PUBLISHED_MODEL_TYPE:
+    if not isinstance(values, dict) or values.get("model_type") != LAYOUT_MODEL_TYPE:
         return False
     architectures = values.get("architectures")
-    return isinstance(architectures, list) and PUBLISHED_ARCHITECTURE in architectures
+    return isinstance(architectures, list) and LAYOUT_ARCHITECTURE in architectures
 
 
 def is_published_directory(path: str | os.PathLike) -> bool:
