@@ -112,10 +112,10 @@ def adopt_published_model(cfg: RunConfig, config_file: Path | None, overrides: l
     from spherenet.models.nemotron import nemotron_config
 
     directory = Path(source).expanduser().resolve()
-    config_file = directory / "config.json"
+    layout_file = directory / "config.json"
     try:
         saved = dataclasses.asdict(
-            nemotron_config(json.loads(config_file.read_text(encoding="utf-8")), str(config_file))
+            nemotron_config(json.loads(layout_file.read_text(encoding="utf-8")), str(layout_file))
         )
     except (OSError, ValueError) as exc:
         raise ConfigError(f"train.init_from={source}: {' '.join(str(exc).split())}") from None
