@@ -158,11 +158,18 @@ def test_what_contradicts_the_directory_is_refused_by_name(published, corpus, tm
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_agreeing_overrides_and_the_same_tokenizer_are_accepted(published, corpus, tmp_path, capsys):
+def test_agreeing_overrides_and_the_same_tokenizer_start_from_the_directorys_weights(
+    published, corpus, tmp_path, capsys
+):
     args = train_args(published, corpus, tmp_path / "run", "model.n_layers=2", f"data.tokenizer=hf:{published}")
     assert train.main([*args, "--print-config"]) == 0
     printed = capsys.readouterr().out
     assert "n_kv_heads = 2" in printed and 'mlp = "relu2"' in printed and "head_dim = 12" in printed
+    assert train.cli([*args, "train.steps=1", "optim.lr=1e-12"]) == 0  # a step too small to move the weights
+    start, run = load_weights(published).model.state_dict(), load_trained(tmp_path / "run").model.state_dict()
+    assert start.keys() == run.keys()
+    for name in start:
+        torch.testing.assert_close(run[name], start[name], rtol=0, atol=1e-6, msg=name)
 
 
 def test_a_directory_without_tokenizer_json_is_one_line(published, corpus, tmp_path, capsys):
