@@ -238,6 +238,10 @@ def test_bfloat16_and_device_arguments(checkpoint):
     directory, tensors = checkpoint
     model = from_normalized_nemotron(directory, dtype=torch.bfloat16, device="cpu")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    by_name = from_normalized_nemotron(directory, dtype="bfloat16", device=torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), by_name.parameters()))
+    with pytest.raises(ValueError, match="int8"):
+        from_normalized_nemotron(directory, dtype="int8")
     assert {p.device for p in model.parameters()} == {torch.device("cpu")}
     for name, parameter in model.named_parameters():  # each value is the stored one, rounded once
         assert torch.isfinite(parameter).all(), name
