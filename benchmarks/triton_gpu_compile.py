@@ -105,6 +105,8 @@ def layers() -> list[dict]:
         warps = _triton.warps(_triton.ELEMENTS_PER_PROGRAM)
         records.append(compile_one(activation_triton._swiglu_fwd, {"U": p, "V": p, "OUT": p, "n": "i32"}, block, warps, {"dtype": dtype}))  # fmt: skip  # one kernel a line
         records.append(compile_one(activation_triton._swiglu_bwd, {"G": p, "U": p, "V": p, "GU": p, "GV": p, "n": "i32"}, block, warps, {"dtype": dtype}))  # fmt: skip  # one kernel a line
+        records.append(compile_one(activation_triton._relu2_fwd, {"X": p, "OUT": p, "n": "i32"}, block, warps, {"dtype": dtype}))  # fmt: skip  # one kernel a line
+        records.append(compile_one(activation_triton._relu2_bwd, {"G": p, "X": p, "GX": p, "n": "i32"}, block, warps, {"dtype": dtype}))  # fmt: skip  # one kernel a line
     return records
 
 

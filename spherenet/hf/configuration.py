@@ -18,6 +18,7 @@ _GENERIC_NAMES = {
     "hidden_size": "d_model",
     "num_hidden_layers": "n_layers",
     "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
     "intermediate_size": "d_mlp",
     "max_position_embeddings": "max_seq_len",
 }
@@ -64,6 +65,9 @@ class SpherenetNGPTConfig(SpherenetConfigMixin, PretrainedConfig):
     max_seq_len: int | None = None
     rope_base: float | None = None
     causal: bool | None = None
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    mlp: str | None = None
     update: str | None = None
     alpha_attn: dict[str, Any] | None = None
     alpha_mlp: dict[str, Any] | None = None
@@ -71,6 +75,7 @@ class SpherenetNGPTConfig(SpherenetConfigMixin, PretrainedConfig):
     s_qk: dict[str, Any] | None = None
     s_u: dict[str, Any] | None = None
     s_v: dict[str, Any] | None = None
+    s_uv: dict[str, Any] | None = None
     s_z: dict[str, Any] | None = None
     use_cache: bool = True
     tie_word_embeddings: bool = False
@@ -91,6 +96,9 @@ class SpherenetGPTConfig(SpherenetConfigMixin, PretrainedConfig):
     max_seq_len: int | None = None
     rope_base: float | None = None
     causal: bool | None = None
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    mlp: str | None = None
     init_std: float | None = None
     norm_eps: float | None = None
     use_cache: bool = True

@@ -14,7 +14,7 @@ The layer ops (equation numbers of Loshchilov et al., "nGPT", 2024):
   (eq. 15, 16): :mod:`~spherenet.kernels.norm`;
 - :func:`residual_update`, LERP (eq. 10, 11), SLERP (eq. 6) and Riemannian (eq. 24-26):
   :mod:`~spherenet.kernels.residual`;
-- :func:`swiglu` (eq. 19): :mod:`~spherenet.kernels.activation`;
+- :func:`swiglu` (eq. 19) and :func:`relu2`, the squared ReLU: :mod:`~spherenet.kernels.activation`;
 - :func:`scaled_linear` (eq. 3, 20, 21): :mod:`~spherenet.kernels.linear`.
 
 The optimizer ops (Section 2.6; the Triton kernels of both in :mod:`~spherenet.kernels.sphere_rows_triton`):
@@ -24,7 +24,7 @@ The optimizer ops (Section 2.6; the Triton kernels of both in :mod:`~spherenet.k
 """
 
 from . import resolve  # the module (its function resolve.resolve is not re-exported: one name, one thing)
-from .activation import swiglu
+from .activation import relu2, swiglu
 from .linear import scaled_linear
 from .norm import normalize, qk_normalize
 from .residual import residual_update
@@ -43,6 +43,7 @@ __all__ = [
     "qk_normalize",
     "residual_update",
     "swiglu",
+    "relu2",
     "scaled_linear",
     "sphere_adam_",
     "normalize_rows_",

@@ -1,12 +1,15 @@
-"""The MLP's gated activation, SwiGLU: ``u * SiLU(v)`` (eq. 19; ``v`` is the gate).
+"""The MLP's activations: the gated SwiGLU, ``u * SiLU(v)`` (eq. 19; ``v`` is the gate), and the
+ungated squared ReLU, ``relu(x)**2`` (the MLP of the released Normalized-Nemotron models).
 
-Three implementations under one signature ``(u, v)`` (:mod:`spherenet.kernels.resolve` picks):
+SwiGLU has three implementations under one signature ``(u, v)`` (:mod:`spherenet.kernels.resolve` picks):
 ``"reference"`` plain autograd; ``"torch"`` (what ``"auto"`` takes) one
 ``torch.autograd.Function`` that keeps ``u`` and ``v`` and recomputes ``SiLU(v)`` in the backward
 pass (instead of keeping all three), computed in at least float32 and returned in the inputs'
 dtype; ``"triton"`` one kernel forward and one backward
-(:mod:`spherenet.kernels.activation_triton`). Another activation of the MLP is added here, as its
-own op with the same three rows.
+(:mod:`spherenet.kernels.activation_triton`). The squared ReLU has the same three rows under
+``(x)``: its ``"torch"`` function keeps ``x`` alone and its gradient is ``2 relu(x)``. Neither op
+has a native (C++) implementation: each is one element-wise pass, which the fused torch function
+already is on CPU. Another activation of the MLP is added here, as its own op with the same rows.
 
 Equation numbers are those of Loshchilov et al., "nGPT: Normalized Transformer with
 Representation Learning on the Hypersphere" (2024).
@@ -20,7 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from .resolve import Op
 
-__all__ = ["SWIGLU", "swiglu", "swiglu_reference", "swiglu_fused"]
+__all__ = ["SWIGLU", "swiglu", "swiglu_reference", "swiglu_fused", "RELU2", "relu2", "relu2_reference", "relu2_fused"]
 
 
 def swiglu_reference(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -72,3 +75,46 @@ SWIGLU = Op(
 def swiglu(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``u * SiLU(v)`` (eq. 19; ``v`` is the gate)."""
     return SWIGLU.pick(u.device.type)(u, v)
+
+
+def relu2_reference(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x)**2``, in plain autograd."""
+    return F.relu(x) ** 2
+
+
+class _ReLU2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return F.relu(x.to(torch.promote_types(x.dtype, torch.float32))).square().to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        work = torch.promote_types(grad.dtype, torch.float32)
+        return (grad.to(work) * (2 * F.relu(x.to(work)))).to(x.dtype)
+
+
+def relu2_fused(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x)**2``, keeping only ``x`` for the backward pass (gradient ``2 relu(x)``), computed
+    in at least float32 and returned in ``x``'s dtype."""
+    return _ReLU2.apply(x)
+
+
+def _relu2_triton(x: torch.Tensor) -> torch.Tensor:
+    from . import activation_triton  # imports Triton: on first use only
+
+    return activation_triton.relu2(x)
+
+
+RELU2 = Op(
+    "relu2",
+    implementations={"reference": relu2_reference, "torch": relu2_fused, "triton": _relu2_triton},
+    auto={"*": "torch"},
+)
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x)**2``, the squared ReLU (ungated: ``x`` is the up projection)."""
+    return RELU2.pick(x.device.type)(x)

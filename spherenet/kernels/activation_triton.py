@@ -1,8 +1,8 @@
-"""SwiGLU, ``u * SiLU(v)`` (eq. 19), as Triton kernels: the ``"triton"`` implementation of
-:mod:`spherenet.kernels.activation`, its kernels, ``torch.library.custom_op``, fake and wrapper
-together. Element-wise: a program takes :data:`~spherenet.kernels._triton.ELEMENTS_PER_PROGRAM`
-elements and computes in float32. Float64 tensors, and ``u`` and ``v`` of different shapes
-(broadcasting), run the fused function.
+"""SwiGLU, ``u * SiLU(v)`` (eq. 19), and the squared ReLU, ``relu(x)**2``, as Triton kernels: the
+``"triton"`` implementations of :mod:`spherenet.kernels.activation`, each op's kernels,
+``torch.library.custom_op``, fake and wrapper together. Element-wise: a program takes
+:data:`~spherenet.kernels._triton.ELEMENTS_PER_PROGRAM` elements and computes in float32. Float64
+tensors, and SwiGLU's ``u`` and ``v`` of different shapes (broadcasting), run the fused functions.
 
 Equation numbers are those of Loshchilov et al., "nGPT" (2024).
 """
@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from ._triton import ELEMENTS_PER_PROGRAM, check_device, contiguous_like, on_device_of, warps
-from .activation import swiglu_fused
+from .activation import relu2_fused, swiglu_fused
 
-__all__ = ["swiglu"]
+__all__ = ["swiglu", "relu2"]
 
 
 @triton.jit
@@ -87,3 +87,67 @@ def swiglu(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return swiglu_fused(u, v)
     check_device("swiglu", u, v)
     return _swiglu_op(u, v)
+
+
+@triton.jit
+def _relu2_fwd(X, OUT, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    r = tl.maximum(tl.load(X + offs, mask=mask, other=0.0).to(tl.float32), 0.0)
+    tl.store(OUT + offs, (r * r).to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _relu2_bwd(G, X, GX, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.maximum(tl.load(X + offs, mask=mask, other=0.0).to(tl.float32), 0.0)
+    tl.store(GX + offs, (2.0 * g * r).to(GX.dtype.element_ty), mask=mask)
+
+
+@torch.library.custom_op("spherenet::relu2", mutates_args=())
+def _relu2_op(x: torch.Tensor) -> torch.Tensor:
+    x1 = x.contiguous().view(-1)
+    out = torch.empty_like(x1)
+    with on_device_of(x1):
+        _relu2_fwd[(triton.cdiv(x1.numel(), ELEMENTS_PER_PROGRAM),)](x1, out, x1.numel(), BLOCK=ELEMENTS_PER_PROGRAM, num_warps=warps(ELEMENTS_PER_PROGRAM))  # fmt: skip  # one launch
+    return out.view(x.shape)
+
+
+@_relu2_op.register_fake
+def _(x):
+    return contiguous_like(x)
+
+
+@torch.library.custom_op("spherenet::relu2_backward", mutates_args=())
+def _relu2_backward_op(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    g1, x1 = grad.contiguous().view(-1), x.contiguous().view(-1)
+    grad_x = torch.empty_like(x1)
+    with on_device_of(g1):
+        _relu2_bwd[(triton.cdiv(x1.numel(), ELEMENTS_PER_PROGRAM),)](g1, x1, grad_x, x1.numel(), BLOCK=ELEMENTS_PER_PROGRAM, num_warps=warps(ELEMENTS_PER_PROGRAM))  # fmt: skip  # one launch
+    return grad_x.view(x.shape)
+
+
+@_relu2_backward_op.register_fake
+def _(grad, x):
+    return contiguous_like(x)
+
+
+def _relu2_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _relu2_grad(ctx, grad):
+    return _relu2_backward_op(grad, *ctx.saved_tensors)
+
+
+_relu2_op.register_autograd(_relu2_grad, setup_context=_relu2_setup)
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x)**2``; reference :func:`spherenet.kernels.activation.relu2_reference`."""
+    if x.dtype == torch.float64:
+        return relu2_fused(x)
+    check_device("relu2", x)
+    return _relu2_op(x)

@@ -9,7 +9,7 @@ from .config import RESIDUAL_UPDATES, GPTConfig, NGPTConfig
 from .cross_attention import GPTCrossAttention, GPTCrossBlock, NGPTCrossAttention, NGPTCrossBlock
 from .head import SphereClassifier
 from .linear import SphereEmbedding, SphereLinear
-from .mlp import GPTMLP, NGPTMLP
+from .mlp import GPTMLP, NGPTMLP, GPTReLU2MLP, NGPTReLU2MLP, gpt_mlp, ngpt_mlp
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding, apply_rotary
 from .scale import Scale, ScaleSpec
@@ -29,6 +29,10 @@ __all__ = [
     "GPTAttention",
     "NGPTMLP",
     "GPTMLP",
+    "NGPTReLU2MLP",
+    "GPTReLU2MLP",
+    "ngpt_mlp",
+    "gpt_mlp",
     "RMSNorm",
     "NGPTBlock",
     "GPTBlock",

@@ -17,7 +17,7 @@ from torch import nn
 from .. import kernels
 from .attention import GPTAttention, KVCache, NGPTAttention
 from .config import GPTConfig, NGPTConfig
-from .mlp import GPTMLP, NGPTMLP
+from .mlp import gpt_mlp, ngpt_mlp
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
 from .scale import Scale
@@ -43,11 +43,19 @@ class NGPTBlock(nn.Module):
             raise TypeError(f"NGPTBlock takes an NGPTConfig, got {config!r}")
         c = self.config = config
         self.attn = NGPTAttention(
-            c.d_model, c.n_heads, rope=rope, rope_base=c.rope_base, causal=c.causal, qk_norm=c.qk_norm, s_qk=c.s_qk
+            c.d_model,
+            c.n_heads,
+            n_kv_heads=c.n_kv_heads,
+            head_dim=c.head_dim,
+            rope=rope,
+            rope_base=c.rope_base,
+            causal=c.causal,
+            qk_norm=c.qk_norm,
+            s_qk=c.s_qk,
         )
         # a ModuleDict, so that alpha's saved name stays residual_attn.alpha
         self.residual_attn = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_attn, c.d_model)})
-        self.mlp = NGPTMLP(c.d_model, c.d_mlp, s_u=c.s_u, s_v=c.s_v)
+        self.mlp = ngpt_mlp(c)
         self.residual_mlp = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_mlp, c.d_model)})
 
     def forward(
@@ -80,9 +88,17 @@ class GPTBlock(nn.Module):
             raise TypeError(f"GPTBlock takes an GPTConfig, got {config!r}")
         c = self.config = config
         self.norm_attn = RMSNorm(c.d_model, c.norm_eps)
-        self.attn = GPTAttention(c.d_model, c.n_heads, rope=rope, rope_base=c.rope_base, causal=c.causal)
+        self.attn = GPTAttention(
+            c.d_model,
+            c.n_heads,
+            n_kv_heads=c.n_kv_heads,
+            head_dim=c.head_dim,
+            rope=rope,
+            rope_base=c.rope_base,
+            causal=c.causal,
+        )
         self.norm_mlp = RMSNorm(c.d_model, c.norm_eps)
-        self.mlp = GPTMLP(c.d_model, c.d_mlp)
+        self.mlp = gpt_mlp(c)
 
     def forward(
         self,

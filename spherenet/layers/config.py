@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .scale import ScaleSpec
 
-__all__ = ["NGPTConfig", "GPTConfig", "ALPHA", "S_QK", "S_U", "S_V", "S_Z", "RESIDUAL_UPDATES"]
+__all__ = ["NGPTConfig", "GPTConfig", "ALPHA", "S_QK", "S_U", "S_V", "S_UV", "S_Z", "RESIDUAL_UPDATES", "MLP_KINDS"]
 
 # ---------------------------------------------------------------------------------------------
 # The paper's constants (Section 2.6; a ScaleSpec's ``scale=None`` is 1/sqrt(d_model))
@@ -26,12 +26,18 @@ S_QK = ScaleSpec(init=1.0)
 #: s_u and s_v (step 5): init 1, scale 1, one per element of d_MLP.
 S_U = ScaleSpec(init=1.0, scale=1.0)
 S_V = ScaleSpec(init=1.0, scale=1.0)
+#: s_uv: the one scaling of the squared-ReLU MLP (``mlp="relu2"``, not in the paper), on its up
+#: projection like s_v on the gate: init 1, scale 1, one per element of d_MLP.
+S_UV = ScaleSpec(init=1.0, scale=1.0)
 #: s_z (step 6): init 1, scale 1/sqrt(d_model), one per vocabulary entry (or class).
 S_Z = ScaleSpec(init=1.0)
 
 #: The hidden-state updates: ``"lerp"`` (eq. 10, 11, the paper's), ``"slerp"`` (eq. 6),
 #: ``"riemannian"`` (eq. 24-26); computed by :func:`spherenet.kernels.residual_update`.
 RESIDUAL_UPDATES = ("lerp", "slerp", "riemannian")
+
+#: The MLPs: ``"swiglu"`` (gated, eq. 17-21, the paper's) and ``"relu2"`` (squared ReLU, no gate).
+MLP_KINDS = ("swiglu", "relu2")
 
 
 def ngpt_softmax_scale(head_dim: int) -> float:
@@ -75,22 +81,38 @@ def check_bool(config, name: str) -> None:
 
 
 def check_transformer_shape(config) -> None:
-    """Sizes positive, ``d_mlp`` resolved (None -> 4 d_model), heads that divide d_model into
-    even head dims (RoPE rotates pairs)."""
+    """Sizes positive, ``d_mlp`` resolved (None -> 4 d_model), ``head_dim`` resolved (None ->
+    d_model / n_heads, which must then divide) and even (RoPE rotates pairs), ``n_kv_heads``
+    resolved (None -> n_heads) and a divisor of ``n_heads``, ``mlp`` one of :data:`MLP_KINDS`."""
     name = type(config).__name__
     for field in ("vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len"):
         check_positive_int(config, field)
     if config.d_mlp is None:
         config.d_mlp = 4 * config.d_model
     check_positive_int(config, "d_mlp")
-    if config.d_model % config.n_heads:
-        raise ValueError(f"{name}: d_model={config.d_model} is not divisible by n_heads={config.n_heads}")
-    head_dim = config.d_model // config.n_heads
-    if head_dim % 2:
+    derived = config.head_dim is None
+    if derived:
+        if config.d_model % config.n_heads:
+            raise ValueError(
+                f"{name}: d_model={config.d_model} is not divisible by n_heads={config.n_heads} (or set head_dim)"
+            )
+        config.head_dim = config.d_model // config.n_heads
+    check_positive_int(config, "head_dim")
+    if config.head_dim % 2:
+        value = f"d_model/n_heads = {config.d_model}/{config.n_heads} = " if derived else ""
         raise ValueError(
-            f"{name}: head dim d_model/n_heads = {config.d_model}/{config.n_heads} = {head_dim} is odd; "
-            "RoPE rotates pairs of coordinates and needs an even head dim"
+            f"{name}.head_dim = {value}{config.head_dim} is odd; RoPE rotates pairs of coordinates and needs an even "
+            "head dim"
         )
+    if config.n_kv_heads is None:
+        config.n_kv_heads = config.n_heads
+    check_positive_int(config, "n_kv_heads")
+    if config.n_heads % config.n_kv_heads:
+        raise ValueError(
+            f"{name}.n_kv_heads = {config.n_kv_heads} does not divide n_heads = {config.n_heads}: "
+            "each key/value head serves a group of n_heads / n_kv_heads query heads"
+        )
+    check_choice(config, "mlp", MLP_KINDS)
     check_positive_field(config, "rope_base")
     check_bool(config, "causal")
 
@@ -117,6 +139,11 @@ class NGPTConfig:
     max_seq_len: int = 1024
     rope_base: float = 10000.0
     causal: bool = True
+    # grouped-query attention: key/value heads, each shared by n_heads / n_kv_heads query heads;
+    # s_qk then applies squared to the queries only. None -> n_heads (the paper's).
+    n_kv_heads: int | None = None
+    head_dim: int | None = None  # None -> d_model // n_heads
+    mlp: str = "swiglu"  # "swiglu" (eq. 20, 21) | "relu2" (squared ReLU, scaled by s_uv)
     # residual update (eq. 10, 11 / eq. 6 / eq. 25, 26) and its eigen learning rates
     update: str = "lerp"
     alpha_attn: ScaleSpec = ALPHA  # alpha_A, eq. 10
@@ -127,6 +154,7 @@ class NGPTConfig:
     # MLP (eq. 20, 21) and logits (eq. 3)
     s_u: ScaleSpec = S_U
     s_v: ScaleSpec = S_V
+    s_uv: ScaleSpec = S_UV  # mlp = "relu2"
     s_z: ScaleSpec = S_Z
 
     def __post_init__(self):
@@ -137,10 +165,6 @@ class NGPTConfig:
             value = getattr(self, f.name)
             if isinstance(f.default, ScaleSpec) and not isinstance(value, ScaleSpec):
                 setattr(self, f.name, ScaleSpec.from_dict(value, base=f.default, where=f"NGPTConfig.{f.name}"))
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
 
 
 @dataclass
@@ -156,6 +180,9 @@ class GPTConfig:
     max_seq_len: int = 1024
     rope_base: float = 10000.0
     causal: bool = True
+    n_kv_heads: int | None = None  # grouped-query attention; None -> n_heads
+    head_dim: int | None = None  # None -> d_model // n_heads
+    mlp: str = "swiglu"  # "swiglu" (eq. 17-19) | "relu2" (squared ReLU, no gate)
     init_std: float = 0.02
     norm_eps: float = 1e-5
 
@@ -163,7 +190,3 @@ class GPTConfig:
         check_transformer_shape(self)
         check_positive_field(self, "init_std")
         check_positive_field(self, "norm_eps")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads

@@ -22,7 +22,7 @@ from torch import nn
 from .. import kernels
 from .attention import GPTAttention, KVCache, NGPTAttention
 from .config import ALPHA, GPTConfig, NGPTConfig
-from .mlp import GPTMLP, NGPTMLP
+from .mlp import gpt_mlp, ngpt_mlp
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
 from .scale import Scale, ScaleSpec
@@ -52,7 +52,7 @@ class _CrossAttention:
         q = self._split_heads(self.w_q(x))
         if self.cross_positions:  # queries at their own positions (after any cached ones)
             q = self.rope(q, query_offset)
-        q = self._scale_qk(q)
+        q = self._scale_q(q)
         if cache is not None and cache.length > 0:
             k, v = cache.keys, cache.values
         else:
@@ -63,7 +63,7 @@ class _CrossAttention:
                     f"{type(self).__name__} expected context of shape ({x.shape[0]}, S, {self.d_model}), got {tuple(context.shape)}"
                 )
             k = self._split_heads(self.w_k(context))
-            k = self._scale_qk(self.rope(k) if self.cross_positions else k)
+            k = self._scale_k(self.rope(k) if self.cross_positions else k)
             v = self._split_heads(self.w_v(context))
             if cache is not None:
                 cache.append(k, v)
@@ -112,15 +112,29 @@ class NGPTCrossBlock(nn.Module):
         if not isinstance(config, NGPTConfig):
             raise TypeError(f"NGPTCrossBlock takes an NGPTConfig, got {config!r}")
         c = self.config = config
+        heads = dict(n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
         self.attn = NGPTAttention(
-            c.d_model, c.n_heads, rope=rope, rope_base=c.rope_base, causal=c.causal, qk_norm=c.qk_norm, s_qk=c.s_qk
+            c.d_model,
+            c.n_heads,
+            **heads,
+            rope=rope,
+            rope_base=c.rope_base,
+            causal=c.causal,
+            qk_norm=c.qk_norm,
+            s_qk=c.s_qk,
         )
         self.residual_attn = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_attn, c.d_model)})
         self.cross_attn = NGPTCrossAttention(
-            c.d_model, c.n_heads, rope=self.attn.rope, cross_positions=cross_positions, qk_norm=c.qk_norm, s_qk=c.s_qk
+            c.d_model,
+            c.n_heads,
+            **heads,
+            rope=self.attn.rope,
+            cross_positions=cross_positions,
+            qk_norm=c.qk_norm,
+            s_qk=c.s_qk,
         )
         self.residual_cross = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, alpha_cross, c.d_model)})
-        self.mlp = NGPTMLP(c.d_model, c.d_mlp, s_u=c.s_u, s_v=c.s_v)
+        self.mlp = ngpt_mlp(c)
         self.residual_mlp = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_mlp, c.d_model)})
 
     def forward(
@@ -158,12 +172,15 @@ class GPTCrossBlock(nn.Module):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"GPTCrossBlock takes an GPTConfig, got {config!r}")
         c = self.config = config
+        heads = dict(n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
         self.norm_attn = RMSNorm(c.d_model, c.norm_eps)
-        self.attn = GPTAttention(c.d_model, c.n_heads, rope=rope, rope_base=c.rope_base, causal=c.causal)
+        self.attn = GPTAttention(c.d_model, c.n_heads, **heads, rope=rope, rope_base=c.rope_base, causal=c.causal)
         self.norm_cross = RMSNorm(c.d_model, c.norm_eps)
-        self.cross_attn = GPTCrossAttention(c.d_model, c.n_heads, rope=self.attn.rope, cross_positions=cross_positions)
+        self.cross_attn = GPTCrossAttention(
+            c.d_model, c.n_heads, **heads, rope=self.attn.rope, cross_positions=cross_positions
+        )
         self.norm_mlp = RMSNorm(c.d_model, c.norm_eps)
-        self.mlp = GPTMLP(c.d_model, c.d_mlp)
+        self.mlp = gpt_mlp(c)
 
     def forward(
         self,

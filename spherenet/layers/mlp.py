@@ -1,4 +1,6 @@
-"""SwiGLU MLP blocks: the baseline's (eq. 17-19) and nGPT's (eq. 20, 21)."""
+"""MLP blocks: SwiGLU, the baseline's (eq. 17-19) and nGPT's (eq. 20, 21), and the squared-ReLU
+MLP without a gate (``mlp="relu2"``) of both; :func:`ngpt_mlp` and :func:`gpt_mlp` build the one
+a config names."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
-from .config import S_U, S_V
+from .config import S_U, S_UV, S_V, GPTConfig, NGPTConfig
 from .linear import SphereLinear
 from .scale import Scale, ScaleSpec
 
-__all__ = ["NGPTMLP", "GPTMLP"]
+__all__ = ["NGPTMLP", "GPTMLP", "NGPTReLU2MLP", "GPTReLU2MLP", "ngpt_mlp", "gpt_mlp"]
 
 
 class GPTMLP(nn.Module):
@@ -63,3 +65,58 @@ class NGPTMLP(nn.Module):
         u = self.w_u(h, out_scale=self.s_u())  # eq. 20
         v = self.w_v(h, out_scale=self.s_v() * math.sqrt(self.d_model))  # eq. 21
         return self.w_o(kernels.swiglu(u, v))  # eq. 19
+
+
+class GPTReLU2MLP(nn.Module):
+    """The baseline's squared-ReLU MLP, no gate and no biases: ``h_M = ReLU(h W_u)^2 W_o_mlp``.
+
+    Weights keep ``nn.Linear``'s default init; :class:`spherenet.models.GPT` re-initializes them.
+    """
+
+    def __init__(self, d_model: int, d_mlp: int):
+        super().__init__()
+        self.w_u = nn.Linear(d_model, d_mlp, bias=False)
+        self.w_o = nn.Linear(d_mlp, d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.w_o(kernels.relu2(self.w_u(h)))
+
+
+class NGPTReLU2MLP(nn.Module):
+    """nGPT's squared-ReLU MLP, without a gate (not in the paper; the layout of NVIDIA's
+    released normalized models). ``W_u`` is unit along its d_model-sized input side, so ``u`` is
+    a cosine similarity, rescaled as the gate of eq. 21 is::
+
+        u <- (h W_u) * s_uv * sqrt(d_model)     # unit variance, where ReLU^2 is non-linear
+        out = ReLU(u)^2 W_o_mlp
+
+    ``W_o_mlp`` is unit along its d_model-sized output side (stored transposed, ``(d_mlp,
+    d_model)``); ``s_uv`` defaults to :data:`S_UV`. With ``d_mlp`` 1.5 times the SwiGLU's it
+    has as many weights (two matrices instead of three). The output is not normalized here: the
+    block applies ``Norm``.
+    """
+
+    def __init__(self, d_model: int, d_mlp: int, *, s_uv: ScaleSpec = S_UV):
+        super().__init__()
+        self.d_model, self.d_mlp = d_model, d_mlp
+        self.w_u = SphereLinear(d_model, d_mlp, sphere="in")
+        self.w_o = SphereLinear(d_mlp, d_model, sphere="out")
+        self.s_uv = Scale.from_spec(d_mlp, s_uv, d_model)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        u = self.w_u(h, out_scale=self.s_uv() * math.sqrt(self.d_model))
+        return self.w_o(kernels.relu2(u))
+
+
+def ngpt_mlp(config: NGPTConfig) -> nn.Module:
+    """The MLP ``config.mlp`` names: :class:`NGPTMLP` (``"swiglu"``) or :class:`NGPTReLU2MLP` (``"relu2"``)."""
+    if config.mlp == "relu2":
+        return NGPTReLU2MLP(config.d_model, config.d_mlp, s_uv=config.s_uv)
+    return NGPTMLP(config.d_model, config.d_mlp, s_u=config.s_u, s_v=config.s_v)
+
+
+def gpt_mlp(config: GPTConfig) -> nn.Module:
+    """The MLP ``config.mlp`` names: :class:`GPTMLP` (``"swiglu"``) or :class:`GPTReLU2MLP` (``"relu2"``)."""
+    if config.mlp == "relu2":
+        return GPTReLU2MLP(config.d_model, config.d_mlp)
+    return GPTMLP(config.d_model, config.d_mlp)

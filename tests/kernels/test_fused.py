@@ -76,6 +76,10 @@ def plain_swiglu(u, v):
     return u * F.silu(v)
 
 
+def plain_relu2(x):
+    return torch.where(x > 0, x * x, torch.zeros_like(x))
+
+
 UPDATES = {"lerp": (residual.lerp_normalize, lerp), "riemannian": (residual.riemannian_normalize, riemannian_update)}
 TOL = {torch.float64: {"rtol": 1e-12, "atol": 1e-12}, torch.float32: {"rtol": 2e-5, "atol": 2e-6}}
 
@@ -92,13 +96,14 @@ def test_residual_update_gradcheck(update, alpha):
 
 
 @pytest.mark.parametrize("scale_shape", [(3, 1, 5), (1,)])
-def test_norm_and_scaled_norm_and_swiglu_gradcheck(scale_shape):
+def test_norm_scaled_norm_and_activations_gradcheck(scale_shape):
     x = leaf(torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=_gen(0)))
     s = leaf(torch.rand(scale_shape, dtype=torch.float64, generator=_gen(1)) + 0.5)
     v = leaf(torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=_gen(2)))
     assert torch.autograd.gradcheck(norm.normalize_fused, (x,))
     assert torch.autograd.gradcheck(norm.scaled_normalize_fused, (x, s))
     assert torch.autograd.gradcheck(activation.swiglu_fused, (x, v))
+    assert torch.autograd.gradcheck(activation.relu2_fused, (x,))
 
 
 # ------------------------------------------------------------------- same as plain autograd
@@ -114,13 +119,30 @@ def test_residual_update_matches_plain(dtype, update, alpha):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("scale_shape", [(4, 1, 8), (1,)])
-def test_norm_scaled_norm_and_swiglu_match_plain(dtype, scale_shape):
+def test_norm_scaled_norm_and_activations_match_plain(dtype, scale_shape):
     x = 3 * torch.randn(2, 4, 5, 8, dtype=dtype, generator=_gen(5))
     s = torch.rand(scale_shape, dtype=torch.float64, generator=_gen(6)).to(dtype) + 0.5
     v = torch.randn(2, 4, 5, 8, dtype=dtype, generator=_gen(7))
     assert_same(norm.normalize_fused, normalize, (x,), **TOL[dtype])
     assert_same(norm.scaled_normalize_fused, plain_scaled_normalize, (x, s), **TOL[dtype])
     assert_same(activation.swiglu_fused, plain_swiglu, (x, v), **TOL[dtype])
+    assert_same(activation.relu2_fused, plain_relu2, (x,), **TOL[dtype])
+    assert_same(activation.relu2_reference, plain_relu2, (x,), **TOL[dtype])
+
+
+def test_relu2_values_and_gradients_are_exact_in_float64():
+    """relu(x)**2 and its gradient 2 relu(x), written out: zero at and below 0 (the gradient too)."""
+    x = torch.tensor([-2.0, -1e-300, 0.0, 1e-300, 0.5, 3.0], dtype=torch.float64)
+    want = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.25, 9.0], dtype=torch.float64)  # (1e-300)**2 underflows
+    upstream = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, -6.0], dtype=torch.float64)
+    want_grad = upstream * torch.tensor([0.0, 0.0, 0.0, 2e-300, 1.0, 6.0], dtype=torch.float64)
+    for fn in (activation.relu2_reference, activation.relu2_fused, kernels.relu2):
+        x_leaf = leaf(x)
+        out = fn(x_leaf)
+        (grad,) = torch.autograd.grad(out, x_leaf, upstream)
+        assert out.dtype == grad.dtype == torch.float64
+        torch.testing.assert_close(out, want, rtol=1e-15, atol=0)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-15, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -162,6 +184,7 @@ def test_bf16_inputs_keep_the_plain_dtypes_and_values():
     assert_same(norm.normalize_fused, normalize, (x,), **tol)
     assert_same(norm.scaled_normalize_fused, plain_scaled_normalize, (x, s), **tol)
     assert_same(activation.swiglu_fused, plain_swiglu, (x, 2 * x.flip(-1)), **tol)
+    assert_same(activation.relu2_fused, plain_relu2, (x,), **tol)
 
 
 def test_use_switches_and_restores_the_implementation():
@@ -190,6 +213,7 @@ def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
         "qk_normalize": kernels.norm.QK_NORMALIZE,
         **kernels.residual.UPDATES,
         "swiglu": kernels.activation.SWIGLU,
+        "relu2": kernels.activation.RELU2,
         "scaled_linear": kernels.linear.SCALED_LINEAR,
     }
     assert {name: op.auto for name, op in ops.items()} == {name: {"*": "torch"} for name in ops}
@@ -202,10 +226,11 @@ def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
         for update in ("lerp", "slerp", "riemannian"):
             kernels.residual_update(update, x, x, x)
         kernels.swiglu(x, x)
+        kernels.relu2(x)
         kernels.scaled_linear(x, x, x)
-    assert calls == ["normalize", "qk_normalize", "lerp", "slerp", "riemannian", "swiglu", "scaled_linear"]
+    assert calls == ["normalize", "qk_normalize", "lerp", "slerp", "riemannian", "swiglu", "relu2", "scaled_linear"]
     kernels.normalize(x)  # "auto": the fused function, not the recorder
-    assert len(calls) == 7
+    assert len(calls) == 8
 
 
 @pytest.mark.slow

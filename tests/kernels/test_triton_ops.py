@@ -159,6 +159,48 @@ def test_swiglu_is_eq_19(shape):
     check(activation_triton.swiglu, lambda u, v: u * F.silu(v), [u, v])
 
 
+@pytest.mark.parametrize("shape", [(4, 33), (3, 4096 + 7)])
+def test_relu2_is_the_squared_relu(shape):
+    x = torch.randn(*shape, generator=_gen(13), dtype=torch.float64) * 3
+    x[0, :3] = torch.tensor([0.0, -0.0, 1e-30])  # at the kink: value and gradient 0
+    check(activation_triton.relu2, lambda x: F.relu(x) ** 2, [x])
+
+
+def test_relu2_of_a_strided_view():
+    """A transposed view (the kernel reads a contiguous copy) gives the values and gradients of the
+    same elements in order."""
+    x = (torch.randn(33, 5, generator=_gen(14), dtype=torch.float64) * 3).t()
+    assert not x.is_contiguous()
+
+    def kernel(x):
+        assert not x.is_contiguous()
+        return activation_triton.relu2(x)
+
+    check(kernel, lambda x: F.relu(x) ** 2, [x])
+
+
+def test_relu2_through_the_resolver_runs_the_kernel(monkeypatch):
+    calls = []
+    monkeypatch.setattr(activation_triton, "_relu2_op", lambda x: calls.append(x.shape) or F.relu(x) ** 2)
+    x = torch.randn(3, 5, generator=_gen(15)).to(DEVICE)
+    with kernels.use("triton"):
+        kernels.relu2(x)
+        kernels.relu2(x.double())  # float64: the fused torch function
+    assert calls == [x.shape]
+
+
+def test_relu2_traces_as_one_custom_op_forward_and_backward():
+    """torch.compile(fullgraph=True) traces relu2 through its fakes and registered autograd: the
+    eager values and gradients (aot_eager: the tracing, without generating code)."""
+    x = (torch.randn(6, 5, generator=_gen(16)) * 3).to(DEVICE).t().requires_grad_()
+    torch._dynamo.reset()
+    compiled = torch.compile(activation_triton.relu2, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    torch.testing.assert_close(out, F.relu(x.detach()) ** 2, rtol=1e-6, atol=0)
+    torch.testing.assert_close(grad, 2 * F.relu(x.detach()), rtol=1e-6, atol=0)
+
+
 def test_float64_runs_the_torch_functions():
     x = torch.randn(4, 8, dtype=torch.float64)
     torch.testing.assert_close(norm_triton.normalize(x), normalize(x), rtol=0, atol=0)
@@ -233,8 +275,10 @@ def test_backward_of_many_row_blocks_on_few_programs_sums_alpha_over_all(update,
         (residual_triton._residual_op, lambda x: (x, x.flip(0), torch.rand(x.shape[-1]), True)),
         (residual_triton._slerp_op, lambda x: (x, x.flip(0), torch.rand(x.shape[-1]))),
         (activation_triton._swiglu_op, lambda x: (x, x.flip(0))),
+        (activation_triton._relu2_op, lambda x: (x,)),
+        (activation_triton._relu2_backward_op, lambda x: (x.flip(0), x)),
     ],
-    ids=["normalize", "scaled_normalize", "residual_update", "slerp_update", "swiglu"],
+    ids=["normalize", "scaled_normalize", "residual_update", "slerp_update", "swiglu", "relu2", "relu2_backward"],
 )
 def test_fake_implementations_report_what_the_kernels_return_for_strided_inputs(op, make):
     """torch.compile plans with the fake implementations: for an input that is a transposed view

@@ -46,7 +46,7 @@ def reference_attention(module, x, allowed: torch.Tensor) -> torch.Tensor:
     q = module._split_heads(module.w_q(x))
     k = module._split_heads(module.w_k(x))
     v = module._split_heads(module.w_v(x))
-    q, k = module._scale_qk(module.rope(q)), module._scale_qk(module.rope(k))
+    q, k = module._scale_q(module.rope(q)), module._scale_k(module.rope(k))
     scores = (q @ k.transpose(-1, -2)) * module.softmax_scale
     scores = scores.masked_fill(~allowed[:, None], -math.inf)
     out = scores.softmax(-1) @ v
