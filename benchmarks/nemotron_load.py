@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from _machine import emit, header  # benchmarks/ is on sys.path
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

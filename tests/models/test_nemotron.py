@@ -4,7 +4,6 @@ equations, written back, and refused when they are bad."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -19,8 +18,6 @@ from spherenet.models.nemotron import INDEX_NAME, from_normalized_nemotron, to_n
 from spherenet.models.tensorfile import read_header, read_into
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
-if "n_kv_heads" not in {f.name for f in dataclasses.fields(NGPTConfig)}:
-    pytest.skip("NGPTConfig has no grouped-query attention yet", allow_module_level=True)
 F64 = torch.float64
 
 # a small model of the layout: grouped-query attention (2 key/value heads for 4 query heads), a
