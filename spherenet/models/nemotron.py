@@ -26,6 +26,7 @@ copy of the model. Config fields, tensors and values it cannot map are refused w
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -147,11 +148,15 @@ def _check_finite(name: str):
 
 
 def _check_unit(name: str, parameter: torch.Tensor, how: str, rows_per_check: int = 4096) -> None:
-    """Refuse a sphere weight whose unit vectors (rows of ``parameter``) are not unit."""
+    """Refuse a sphere weight whose unit vectors (rows of ``parameter``) are not unit, or that
+    holds NaN or inf (its row norm is then not finite: one pass over the values checks both)."""
     worst, work = 0.0, torch.float64 if parameter.dtype == torch.float64 else torch.float32
     for start in range(0, parameter.shape[0], rows_per_check):
         norms = torch.linalg.vector_norm(parameter[start : start + rows_per_check], dim=-1, dtype=work)
-        worst = max(worst, float((norms - 1).abs().max()))
+        error = float((norms - 1).abs().max())
+        if not math.isfinite(error):
+            raise PretrainedFileError(f"tensor {name!r} holds non-finite values (NaN/inf)")
+        worst = max(worst, error)
     if worst > UNIT_TOLERANCE:
         axis = "columns (unit along axis 0)" if how == "transposed" else "rows (unit along axis 1)"
         raise PretrainedFileError(
@@ -211,7 +216,8 @@ def from_normalized_nemotron(
     for name, target, how, _ in table:
         parameter = parameters[target]
         try:
-            read_into(stored[name], _layout_view(parameter.data, how), check=_check_finite(name))
+            check = None if target in spheres else _check_finite(name)  # spheres: by _check_unit
+            read_into(stored[name], _layout_view(parameter.data, how), check=check)
         except TensorFileError as exc:
             raise PretrainedFileError(str(exc)) from None
         if target in spheres:

@@ -453,12 +453,26 @@ def _with_nan(t):
         (lambda t: t.update({Q0: t[Q0][:-1].clone()}) or t, f"tensor {Q0!r} has shape (47, 32), expected (48, 32)"),
         (lambda t: t.update({"sz.weight": t["sz.weight"][:, 0].clone()}) or t, "tensor 'sz.weight' has shape (53,)"),
         (lambda t: t.update({Q0: _with_nan(t[Q0])}) or t, f"tensor {Q0!r} holds non-finite values"),
+        (lambda t: t.update({O1: _with_nan(t[O1])}) or t, f"tensor {O1!r} holds non-finite values"),
+        (lambda t: t.update({"sz.weight": t["sz.weight"] * math.inf}) or t, "tensor 'sz.weight' holds non-finite"),
         (lambda t: t.update({"lm_head.weight": _scaled_row(t["lm_head.weight"])}) or t, "'lm_head.weight': its rows"),
         (lambda t: t.update({O1: _scaled_column(t[O1])}) or t, f"{O1!r}: its columns (unit along axis 0)"),
         (lambda t: t.update({O1: t[O1] * 1.02}) or t, f"{O1!r}: its columns"),
         (lambda t: t.update({Q0: t[Q0].to(torch.int32)}) or t, f"{Q0!r} has dtype I32"),
     ],
-    ids=["missing", "unexpected", "shape", "vector-shape", "nan", "row", "column", "column-scaled", "int"],
+    ids=[
+        "missing",
+        "unexpected",
+        "shape",
+        "vector-shape",
+        "nan",
+        "nan-column",
+        "inf-scaling",
+        "row",
+        "column",
+        "column-scaled",
+        "int",
+    ],
 )
 @pytest.mark.parametrize("shards", [1, 2])
 def test_bad_tensors_are_refused_in_one_line_naming_the_tensor(tmp_path, mutate, named, shards):
