@@ -26,6 +26,7 @@ copy of the model. Config fields, tensors and values it cannot map are refused w
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 from ..layers import NGPTConfig
-from .hub import CONFIG_NAME, WEIGHTS_NAME, PretrainedFileError, _require
+from .hub import CONFIG_NAME, WEIGHTS_NAME, PretrainedFileError, _pick_dtype, _require
 from .nemotron_config import LAYOUT_ARCHITECTURE, LAYOUT_MODEL_TYPE, layout_config, layout_refusals, nemotron_config
 from .ngpt import NGPT
 from .tensorfile import TensorFileError, read_header, read_into
@@ -147,11 +148,15 @@ def _check_finite(name: str):
 
 
 def _check_unit(name: str, parameter: torch.Tensor, how: str, rows_per_check: int = 4096) -> None:
-    """Refuse a sphere weight whose unit vectors (rows of ``parameter``) are not unit."""
+    """Refuse a sphere weight whose unit vectors (rows of ``parameter``) are not unit, or that
+    holds NaN or inf (its row norm is then not finite: one pass over the values checks both)."""
     worst, work = 0.0, torch.float64 if parameter.dtype == torch.float64 else torch.float32
     for start in range(0, parameter.shape[0], rows_per_check):
         norms = torch.linalg.vector_norm(parameter[start : start + rows_per_check], dim=-1, dtype=work)
-        worst = max(worst, float((norms - 1).abs().max()))
+        error = float((norms - 1).abs().max())
+        if not math.isfinite(error):
+            raise PretrainedFileError(f"tensor {name!r} holds non-finite values (NaN/inf)")
+        worst = max(worst, error)
     if worst > UNIT_TOLERANCE:
         axis = "columns (unit along axis 0)" if how == "transposed" else "rows (unit along axis 1)"
         raise PretrainedFileError(
@@ -179,13 +184,13 @@ def _read_config(directory: Path) -> NGPTConfig:
 
 
 def from_normalized_nemotron(
-    path: str | os.PathLike, dtype: torch.dtype | None = None, device: str | torch.device | None = None
+    path: str | os.PathLike, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None
 ) -> NGPT:
     """The :class:`NGPT` saved at ``path`` in the Normalized-Nemotron layout, in eval mode.
 
-    ``dtype``: of every parameter (default: the stored one, or the widest of them when the
-    tensors differ); ``device`` (default CPU): where the parameters are built and read into.
-    Each tensor is read from the files straight into its parameter, so memory peaks at one copy
+    ``dtype``: of every parameter, a ``torch.dtype`` or its name (default or ``"auto"``: the
+    stored one, or the widest of them when the tensors differ); ``device`` (default CPU): where
+    the parameters are built and read into. Each tensor is read from the files straight into its parameter, so memory peaks at one copy
     of the model. Raises :class:`PretrainedFileError` in one line naming the path, the field or
     the tensor: no config.json, a config field it cannot map, a missing, unexpected, misshapen
     or non-float tensor, a non-finite value, or a sphere weight whose unit vectors (rows of
@@ -197,12 +202,11 @@ def from_normalized_nemotron(
     stored = _stored_tensors(directory)
     table = layout_tensors(config)
     _check_names_and_shapes(table, stored, directory)
+    dtype = _pick_dtype(dtype=dtype, torch_dtype=None)
     if dtype is None:
         dtype = stored[table[0][0]].torch_dtype
         for t in stored.values():
             dtype = torch.promote_types(dtype, t.torch_dtype)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"from_normalized_nemotron: dtype must be a floating-point torch.dtype, got {dtype!r}")
     device = torch.device("cpu" if device is None else device)
     with torch.device("meta"):
         model = NGPT(config)
@@ -212,7 +216,8 @@ def from_normalized_nemotron(
     for name, target, how, _ in table:
         parameter = parameters[target]
         try:
-            read_into(stored[name], _layout_view(parameter.data, how), check=_check_finite(name))
+            check = None if target in spheres else _check_finite(name)  # spheres: by _check_unit
+            read_into(stored[name], _layout_view(parameter.data, how), check=check)
         except TensorFileError as exc:
             raise PretrainedFileError(str(exc)) from None
         if target in spheres:

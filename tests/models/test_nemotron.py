@@ -4,7 +4,6 @@ equations, written back, and refused when they are bad."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -19,8 +18,6 @@ from spherenet.models.nemotron import INDEX_NAME, from_normalized_nemotron, to_n
 from spherenet.models.tensorfile import read_header, read_into
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
-if "n_kv_heads" not in {f.name for f in dataclasses.fields(NGPTConfig)}:
-    pytest.skip("NGPTConfig has no grouped-query attention yet", allow_module_level=True)
 F64 = torch.float64
 
 # a small model of the layout: grouped-query attention (2 key/value heads for 4 query heads), a
@@ -238,6 +235,10 @@ def test_bfloat16_and_device_arguments(checkpoint):
     directory, tensors = checkpoint
     model = from_normalized_nemotron(directory, dtype=torch.bfloat16, device="cpu")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    by_name = from_normalized_nemotron(directory, dtype="bfloat16", device=torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), by_name.parameters()))
+    with pytest.raises(ValueError, match="int8"):
+        from_normalized_nemotron(directory, dtype="int8")
     assert {p.device for p in model.parameters()} == {torch.device("cpu")}
     for name, parameter in model.named_parameters():  # each value is the stored one, rounded once
         assert torch.isfinite(parameter).all(), name
@@ -452,12 +453,26 @@ def _with_nan(t):
         (lambda t: t.update({Q0: t[Q0][:-1].clone()}) or t, f"tensor {Q0!r} has shape (47, 32), expected (48, 32)"),
         (lambda t: t.update({"sz.weight": t["sz.weight"][:, 0].clone()}) or t, "tensor 'sz.weight' has shape (53,)"),
         (lambda t: t.update({Q0: _with_nan(t[Q0])}) or t, f"tensor {Q0!r} holds non-finite values"),
+        (lambda t: t.update({O1: _with_nan(t[O1])}) or t, f"tensor {O1!r} holds non-finite values"),
+        (lambda t: t.update({"sz.weight": t["sz.weight"] * math.inf}) or t, "tensor 'sz.weight' holds non-finite"),
         (lambda t: t.update({"lm_head.weight": _scaled_row(t["lm_head.weight"])}) or t, "'lm_head.weight': its rows"),
         (lambda t: t.update({O1: _scaled_column(t[O1])}) or t, f"{O1!r}: its columns (unit along axis 0)"),
         (lambda t: t.update({O1: t[O1] * 1.02}) or t, f"{O1!r}: its columns"),
         (lambda t: t.update({Q0: t[Q0].to(torch.int32)}) or t, f"{Q0!r} has dtype I32"),
     ],
-    ids=["missing", "unexpected", "shape", "vector-shape", "nan", "row", "column", "column-scaled", "int"],
+    ids=[
+        "missing",
+        "unexpected",
+        "shape",
+        "vector-shape",
+        "nan",
+        "nan-column",
+        "inf-scaling",
+        "row",
+        "column",
+        "column-scaled",
+        "int",
+    ],
 )
 @pytest.mark.parametrize("shards", [1, 2])
 def test_bad_tensors_are_refused_in_one_line_naming_the_tensor(tmp_path, mutate, named, shards):
