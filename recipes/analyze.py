@@ -81,7 +81,9 @@ def _finite(x: float) -> float | None:
 
 def _json_stats(t: Trained, emb: dict, cond: dict, cond_norm: dict, scal: dict, ext: dict | None) -> dict[str, Any]:
     """The numbers behind the figures, small enough to read: summaries and per-layer values."""
-    layers = lambda c: {k: [_finite(v) for v in c[k]] for k in analysis.CONDITION_KEYS}  # noqa: E731
+    layers = lambda c: {  # noqa: E731  # a matrix no block has (NaN throughout) is left out
+        k: [_finite(v) for v in c[k]] for k in analysis.CONDITION_KEYS if not np.isnan(c[k]).all()
+    }
     out: dict[str, Any] = {
         "checkpoint": str(t.path),
         "step": t.step,
@@ -97,8 +99,7 @@ def _json_stats(t: Trained, emb: dict, cond: dict, cond_norm: dict, scal: dict, 
             "alpha_A_mean_abs": _per_layer(np.abs(scal["alpha_A"])),
             "alpha_M_mean_abs": _per_layer(np.abs(scal["alpha_M"])),
             "s_qk_mean": _per_layer(scal["s_qk"]),
-            "s_u_mean": _per_layer(scal["s_u"]),
-            "s_v_mean": _per_layer(scal["s_v"]),
+            **{f"{k}_mean": _per_layer(scal[k]) for k in ("s_u", "s_v", "s_uv") if k in scal},
             "s_z_quantiles": {str(q): float(np.quantile(scal["s_z"], q)) for q in (0.05, 0.25, 0.5, 0.75, 0.95)},
         }
     else:
@@ -137,7 +138,10 @@ def _markdown(stats: dict[str, dict], factors: list[int] | None) -> str:
         e_in, e_out, c = s["embeddings"]["input"], s["embeddings"]["output"], s["condition_numbers"]
 
         def med(*keys):
-            vals = ["inf" if any(v is None for v in c[k]) else f"{float(np.median(c[k])):.3g}" for k in keys]
+            vals = [
+                "-" if k not in c else "inf" if any(v is None for v in c[k]) else f"{float(np.median(c[k])):.3g}"
+                for k in keys
+            ]
             return " / ".join(vals)
 
         def num(v, fmt=".3g"):

@@ -34,8 +34,9 @@ from spherenet.checkpoint import (
 )
 from spherenet.data import DataError, Tokenizer, build_tokenizer
 from spherenet.data.tokenizer import SPEC_FILE, TOKENIZER_JSON, load_tokenizer
-from spherenet.models import MODEL_CLASSES, load_pretrained
+from spherenet.models import MODEL_CLASSES
 from spherenet.models.hub import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError
+from spherenet.models.published import is_published_directory, load_saved
 
 MODEL_FILE = "model.json"
 TOKENIZER_DIR = "tokenizer"
@@ -161,20 +162,25 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu") -> Train
     """The model and tokenizer of a directory written by ``recipes.export`` (``config.json``,
     ``model.safetensors`` and the tokenizer's files). ``CheckpointError`` names what is missing."""
     path = Path(path).expanduser()
-    if not (path / WEIGHTS_NAME).is_file():
+    published = is_published_directory(path)  # its weights may be sharded: the converter reads them
+    if not published and not (path / WEIGHTS_NAME).is_file():
         raise CheckpointError(
             f"{path} holds {CONFIG_NAME} but no {WEIGHTS_NAME}: not a model written by recipes.export"
         )
     tokenizer_dir = next((d for d in (path, path / TOKENIZER_DIR) if (d / SPEC_FILE).is_file()), None)
     if tokenizer_dir is None and (path / TOKENIZER_JSON).is_file():
         tokenizer_dir = path
+    if tokenizer_dir is None and published:
+        raise CheckpointError(
+            f"{path} holds a Normalized-Nemotron model but no {TOKENIZER_JSON}: copy its tokenizer there"
+        )
     if tokenizer_dir is None:
         raise CheckpointError(
             f"{path} holds a model but no tokenizer ({SPEC_FILE} or {TOKENIZER_JSON}); recipes.export writes "
             "both, save_pretrained only the model: save the tokenizer there with Tokenizer.save()"
         )
     try:
-        model = load_pretrained(path, map_location=device)
+        model = load_saved(path, map_location=device)  # either layout
     except (PretrainedFileError, FileNotFoundError, ImportError) as exc:
         raise CheckpointError(f"{path}: {exc}") from None
     return Trained(model, load_tokenizer(tokenizer_dir), {}, None, path)
@@ -200,7 +206,8 @@ def load_weights(source: str | Path, device: str | torch.device = "cpu") -> Trai
         from huggingface_hub import snapshot_download
 
         local = snapshot_download(
-            repo_id=str(source), allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, MANIFEST_NAME, "tokenizer*.json"]
+            repo_id=str(source),
+            allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, MANIFEST_NAME, "tokenizer*.json", "model*.safetensors*"],
         )
     except Exception as exc:  # noqa: BLE001 - offline, missing repo, authentication, no huggingface_hub
         raise CheckpointError(

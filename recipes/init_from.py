@@ -1,21 +1,37 @@
 """``train.init_from``: a fresh run that starts from trained weights (a run directory, a
 checkpoint, an exported directory or a Hub id) with a fresh optimizer. The weights must fit the
 model the run builds: the same tokenizer, class and config, or one ``ConfigError`` that names
-every field that differs and the override that sets it."""
+every field that differs and the override that sets it.
+
+A local directory in the published Normalized-Nemotron layout (:mod:`spherenet.models.published`)
+gives the run its model and its tokenizer (:func:`adopt_published_model`): ``[model]`` becomes
+the directory's config, and ``data.tokenizer`` its ``tokenizer.json``; a ``model.*`` override or
+a ``data.tokenizer`` that says otherwise is refused by name."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 from pathlib import Path
 
 import torch
 
 from recipes.checkpoints import load_weights, model_class_name
+from recipes.config_files import DEFAULT_CONFIG
 from spherenet.checkpoint import CheckpointError
-from spherenet.data import DataError
-from spherenet.train.config import ConfigError
+from spherenet.data import DataError, build_tokenizer
+from spherenet.data.tokenizer import TOKENIZER_JSON
+from spherenet.models import NGPT, PRESETS
+from spherenet.models.published import is_published_directory
+from spherenet.train.config import ConfigError, RunConfig, parse_override
 
-__all__ = ["check_init_from_target", "init_from_weights"]
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["adopt_published_model", "check_init_from_target", "init_from_weights"]
 
 
 def check_init_from_target(source: str | None, out_dir: Path, overwrite: bool) -> None:
@@ -81,3 +97,104 @@ def _differences(saved: dict, built: dict, prefix: str = "") -> list[tuple[str, 
 def _spelled(value) -> str:
     """A config value as a ``model.key=value`` override spells it."""
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def adopt_published_model(cfg: RunConfig, config_file: Path | None, overrides: list[str]) -> RunConfig:
+    """``cfg`` with the model and tokenizer of ``train.init_from`` when that is a local directory
+    in the published Normalized-Nemotron layout; ``cfg`` unchanged otherwise. What the user stated
+    (``overrides`` and a ``--config`` file other than the default one) must agree with the
+    directory: a ``model.*`` key of another value, a preset of another model class, or a
+    ``data.tokenizer`` other than the directory's ``tokenizer.json`` is a ``ConfigError`` naming
+    both values. Unstated keys take the directory's values."""
+    source = cfg.train.init_from
+    if not source or not is_published_directory(source):
+        return cfg
+    from spherenet.models.nemotron import nemotron_config
+
+    directory = Path(source).expanduser().resolve()
+    layout_file = directory / "config.json"
+    try:
+        saved = dataclasses.asdict(
+            nemotron_config(json.loads(layout_file.read_text(encoding="utf-8")), str(layout_file))
+        )
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"train.init_from={source}: {' '.join(str(exc).split())}") from None
+    stated_model, stated_tokenizer = _stated(config_file, overrides)
+    preset = stated_model.pop("preset", cfg.model.preset)
+    if PRESETS.get(preset, (None,))[0] is not NGPT.config_class:
+        raise ConfigError(
+            f"train.init_from={source} is an nGPT (Normalized-Nemotron layout), but model.preset={preset} builds "
+            "another model: leave model.preset out"
+        )
+    unknown = sorted(set(stated_model) - set(saved))
+    if unknown:
+        raise ConfigError(
+            f"model.{unknown[0]} is not a field of {NGPT.config_class.__name__} (train.init_from={source} sets the "
+            f"model; valid fields: {', '.join(saved)})"
+        )
+    differ = _differences(saved, stated_model)
+    if differ:
+        raise ConfigError(
+            f"train.init_from={source} sets the model, and it differs from the given "
+            + ", ".join(
+                f"model.{key}={_spelled(given)} (the directory's: {_spelled(there)})" for key, there, given in differ
+            )
+            + ": leave these out"
+        )
+    tokenizer_file = directory / TOKENIZER_JSON
+    if not tokenizer_file.is_file():
+        raise ConfigError(f"train.init_from={source} has no {TOKENIZER_JSON}: copy the model's tokenizer there")
+    theirs = _build_tokenizer(f"hf:{tokenizer_file}", source)
+    if stated_tokenizer is not None:
+        given = _build_tokenizer(stated_tokenizer, "data.tokenizer") if not _trained_bpe(stated_tokenizer) else None
+        if given is None or given.fingerprint != theirs.fingerprint:
+            raise ConfigError(
+                f"data.tokenizer={stated_tokenizer} is not the tokenizer of train.init_from={source} "
+                f"({tokenizer_file}): leave data.tokenizer out"
+            )
+    if theirs.vocab_size > saved["vocab_size"]:
+        raise ConfigError(
+            f"train.init_from={source}: {tokenizer_file} has {theirs.vocab_size} tokens, more than the model's "
+            f"vocab_size {saved['vocab_size']}"
+        )
+    out = dataclasses.replace(cfg)
+    out.model = dataclasses.replace(cfg.model, preset=preset, overrides=saved)
+    out.data = dataclasses.replace(cfg.data, tokenizer=stated_tokenizer or f"hf:{tokenizer_file}")
+    return out
+
+
+def _stated(config_file: Path | None, overrides: list[str]) -> tuple[dict, str | None]:
+    """What the user stated: the ``[model]`` keys (``preset`` included) and ``data.tokenizer``
+    (None when not stated) of a config file other than the default one, then the overrides."""
+    model: dict = {}
+    tokenizer = None
+    if config_file is not None and Path(config_file).resolve() != DEFAULT_CONFIG.resolve():
+        try:
+            tables = tomllib.loads(Path(config_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"config file {config_file}: {exc}") from None
+        model.update(tables.get("model", {}))
+        tokenizer = tables.get("data", {}).get("tokenizer", tokenizer)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if section == "model" and "." in key:  # model.alpha_attn.init=0.1: one field of a table
+            table, sub = key.split(".", 1)
+            model[table] = {**(model.get(table) if isinstance(model.get(table), dict) else {}), sub: value}
+        elif section == "model":
+            model[key] = value
+        elif (section, key) == ("data", "tokenizer"):
+            tokenizer = value
+    return model, tokenizer
+
+
+def _trained_bpe(spec: str) -> bool:
+    """``bpe:<vocab size>``: a tokenizer trained on the run's data, never a given one."""
+    kind, _, arg = spec.partition(":")
+    return kind.strip().lower() == "bpe" and arg.strip().isdigit()
+
+
+def _build_tokenizer(spec: str, what: str):
+    try:
+        return build_tokenizer(spec)
+    except DataError as exc:
+        raise ConfigError(f"{what}: {exc}") from None

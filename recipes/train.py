@@ -33,7 +33,7 @@ import torch
 from recipes.checkpoints import checkpoint_files, model_class_name
 from recipes.cli import prog
 from recipes.config_files import DEFAULT_CONFIG, resolve_config, shipped_configs
-from recipes.init_from import check_init_from_target, init_from_weights
+from recipes.init_from import adopt_published_model, check_init_from_target, init_from_weights
 from recipes.lora import LoraTraining
 from recipes.progress import progress_bar
 from recipes.resume import (
@@ -117,7 +117,8 @@ def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = resolved(build_config(args))  # what the run uses; recorded so in checkpoints and metrics
+    # what the run uses; recorded so in checkpoints and metrics (the model of a published directory: its own)
+    cfg = resolved(adopt_published_model(build_config(args), resolve_config(args.config), args.overrides))
     if args.print_config:
         print(to_toml(cfg), end="")
         return 0

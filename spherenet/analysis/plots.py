@@ -156,8 +156,9 @@ def plot_scalings(scalings: Mapping[str, Mapping[str, Any]], path: str | Path, t
             x = _layer_axis(len(s["alpha_A"]))
             _band(a_attn, x, np.abs(s["alpha_A"]), col, label)
             _band(a_mlp, x, np.abs(s["alpha_M"]), col, label)
-            _band(uv, x, s["s_u"], col, f"{label} s_u")
-            _band(uv, x, s["s_v"], col, f"{label} s_v", style="s--")
+            for name, style in (("s_u", "o-"), ("s_v", "s--"), ("s_uv", "^-")):
+                if name in s:  # s_uv: the squared-ReLU MLP's one scale
+                    _band(uv, x, s[name], col, f"{label} {name}", style=style)
             _band(qk, x, s["s_qk"], col, label)
             sz.plot(*_thin(s["s_z"]), color=col, label=label)
         elif s.get("family") == "gpt":

@@ -23,7 +23,8 @@ def scaling_factors(model: nn.Module) -> dict[str, Any]:
       per-layer mean of their absolute values.
     - ``s_qk``: ``(L, d)`` (``d_k`` per head, heads concatenated), eq. 15, 16.
     - ``s_u``, ``s_v``: ``(L, d_MLP)``, eq. 20, 21. ``s_v`` is the learned factor alone: the
-      forward pass multiplies v by ``s_v * sqrt(d_model)``.
+      forward pass multiplies v by ``s_v * sqrt(d_model)``. The squared-ReLU MLP has one scale
+      instead, ``s_uv`` ``(L, d_MLP)``, likewise the learned factor alone.
     - ``s_z``: ``(V,)`` the per-token logit scaling of eq. 3.
 
     A ``"scalar"`` mode gives width-1 rows, a ``"fixed"`` one its constant. At initialization
@@ -38,13 +39,14 @@ def scaling_factors(model: nn.Module) -> dict[str, Any]:
     model = _unwrap(model)
     family = _family(model)
     if family == "ngpt":
-        rows: dict[str, list] = {k: [] for k in ("alpha_A", "alpha_M", "s_qk", "s_u", "s_v")}
+        mlp_scales = ("s_uv",) if hasattr(model.blocks[0].mlp, "s_uv") else ("s_u", "s_v")
+        rows: dict[str, list] = {k: [] for k in ("alpha_A", "alpha_M", "s_qk", *mlp_scales)}
         for block in model.blocks:
             rows["alpha_A"].append(_f64(block.residual_attn.alpha()))
             rows["alpha_M"].append(_f64(block.residual_mlp.alpha()))
             rows["s_qk"].append(_f64(block.attn.s_qk()))
-            rows["s_u"].append(_f64(block.mlp.s_u()))
-            rows["s_v"].append(_f64(block.mlp.s_v()))
+            for name in mlp_scales:
+                rows[name].append(_f64(getattr(block.mlp, name)()))
         out: dict[str, Any] = {k: np.stack(v) for k, v in rows.items()}
         out["s_z"] = _f64(model.s_z())
     else:

@@ -76,8 +76,10 @@ def condition_numbers(model: nn.Module, *, normalize: bool = False) -> dict[str,
     Returns ``{key: (L,) array}`` for the keys of :data:`CONDITION_KEYS`: ``attn_q``,
     ``attn_k``, ``attn_v``, ``attn_o`` are the **median over heads** of the per-head condition
     numbers (Fig. 5 uses the median across heads; W_o, which Fig. 5 leaves out, is split the same
-    way, by the columns each head writes through); ``mlp_u``, ``mlp_v``, ``mlp_o`` are those of
-    the whole matrices W_u, W_v (gate), W_o_mlp ("MLP11, MLP12, MLP2" in Fig. 10). Also
+    way, by the columns each head writes through; W_k and W_v have ``n_kv_heads`` heads under
+    grouped-query attention); ``mlp_u``, ``mlp_v``, ``mlp_o`` are those of the whole matrices
+    W_u, W_v (gate), W_o_mlp ("MLP11, MLP12, MLP2" in Fig. 10); NaN for a matrix the block does
+    not have (the gate W_v of the squared-ReLU MLP). Also
     ``{key}_heads``: ``(L, H)`` the per-head values, ``n_layers``, ``n_heads`` and ``normalize``.
 
     Computed from float64 singular values (:func:`condition_number`); a singular matrix gives
@@ -89,10 +91,16 @@ def condition_numbers(model: nn.Module, *, normalize: bool = False) -> dict[str,
     c = model.config
     per_key: dict[str, list] = {k: [] for k in CONDITION_KEYS}
     per_head: dict[str, list] = {k: [] for k in CONDITION_KEYS}
+    kv_heads = getattr(c, "n_kv_heads", None) or c.n_heads  # grouped-query attention: fewer k/v heads
     for block in model.blocks:
         for key, (path, _) in CONDITION_KEYS.items():
+            owner, _, name = path.rpartition(".")
+            if not hasattr(_attr(block, owner), name):  # the squared-ReLU MLP has no gate W_v
+                per_key[key].append(math.nan)
+                continue
             m = _matrix(_attr(block, path)).detach().to(device="cpu", dtype=torch.float64)
-            conds = np.atleast_1d(condition_number(_blocks(key, m, c.n_heads, c.d_model, normalize)))
+            heads = kv_heads if key in ("attn_k", "attn_v") else c.n_heads
+            conds = np.atleast_1d(condition_number(_blocks(key, m, heads, c.d_model, normalize)))
             per_key[key].append(float(np.median(conds)))
             per_head[key].append(conds)
     out: dict[str, Any] = {k: np.asarray(v) for k, v in per_key.items()}

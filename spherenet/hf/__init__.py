@@ -5,6 +5,10 @@ with ``AutoConfig`` and ``AutoModelForCausalLM`` (model_type ``spherenet-ngpt`` 
 An export (``save_pretrained``, ``spherenet-export``) carries a modeling file importing this
 package, so ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it
 wherever spherenet is installed. Needs ``pip install "spherenet[hf]"``.
+
+:func:`from_normalized_nemotron` and :func:`to_normalized_nemotron` read and write NGPT in the
+published Normalized-Nemotron layout (:mod:`spherenet.models.nemotron`, which needs no
+transformers).
 """
 
 from importlib import metadata
@@ -41,6 +45,7 @@ check_versions()
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402 - after the version check
 
+from ..models.nemotron import from_normalized_nemotron, to_normalized_nemotron  # noqa: E402
 from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig  # noqa: E402
 from .modeling import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
 
@@ -53,6 +58,8 @@ __all__ = [
     "SpherenetGPTConfig",
     "SpherenetNGPTForCausalLM",
     "SpherenetGPTForCausalLM",
+    "from_normalized_nemotron",
+    "to_normalized_nemotron",
     "SUPPORTED_VERSIONS",
     "check_versions",
 ]

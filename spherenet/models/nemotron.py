@@ -1,0 +1,287 @@
+"""NGPT in the published Normalized-Nemotron layout (model_type "ngpt", ``NGPTForCausalLM``).
+
+That layout, of NVIDIA's released normalized models, is a directory holding ``config.json`` and
+``model.safetensors`` (or shards listed by ``model.safetensors.index.json``). Its model is an
+nGPT with grouped-query attention (``num_key_value_heads``), a free ``head_dim``, a squared-ReLU
+MLP without a gate, s_qk applied squared to the queries only, and its learnable scalings stored
+as spherenet stores them (Section 2.5: the stored vector times ``init / scale``), so every tensor
+maps verbatim onto an :class:`~spherenet.models.NGPT` of ``n_kv_heads``, ``head_dim``,
+``mlp="relu2"`` (see :func:`layout_tensors` for the names):
+
+============================  ==========================================
+layout scaling                ScaleSpec of NGPTConfig
+============================  ==========================================
+``attn_alpha``, ``mlp_alpha``  ``init=*_alpha_init_value, scale=initializer_range, absolute``
+``sqk.weight``                ``s_qk``: ``init=sqk_init_value, scale=initializer_range``
+``suv.weight``                ``s_uv``: ``init=suv_init_value, scale=suv_init_scaling``
+``sz.weight``                 ``s_z``: ``init=sz_init_value, scale=initializer_range``
+============================  ==========================================
+
+:func:`from_normalized_nemotron` builds the model on the meta device and reads each tensor from
+the files straight into its parameter (:mod:`spherenet.models.tensorfile`): peak memory is one
+copy of the model. Config fields, tensors and values it cannot map are refused with a
+:class:`PretrainedFileError` naming them, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from ..layers import NGPTConfig
+from .hub import CONFIG_NAME, WEIGHTS_NAME, PretrainedFileError, _pick_dtype, _require
+from .nemotron_config import LAYOUT_ARCHITECTURE, LAYOUT_MODEL_TYPE, layout_config, layout_refusals, nemotron_config
+from .ngpt import NGPT
+from .tensorfile import TensorFileError, read_header, read_into
+
+__all__ = [
+    "LAYOUT_MODEL_TYPE",
+    "LAYOUT_ARCHITECTURE",
+    "INDEX_NAME",
+    "from_normalized_nemotron",
+    "to_normalized_nemotron",
+    "nemotron_config",
+    "layout_tensors",
+    "UNIT_TOLERANCE",
+]
+
+INDEX_NAME = "model.safetensors.index.json"
+#: the largest |norm - 1| of a sphere weight's unit vectors that loads (bfloat16 rounding fits)
+UNIT_TOLERANCE = 1e-2
+
+
+# how a layout tensor sits in NGPT's parameter: "same" (same shape), "transposed" (the layout's
+# (d, n) is stored (n, d): unit columns become unit rows), "vector" (Linear(1, n) weight (n, 1) <-> (n,))
+def layout_tensors(config: NGPTConfig) -> list[tuple[str, str, str, tuple[int, ...]]]:
+    """``(layout name, NGPT parameter name, how, layout shape)`` of every tensor, in the layout's order."""
+    c = config
+    q, kv, d, mlp = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.d_model, c.d_mlp
+    table = [("model.embed_tokens.weight", "embed_in.weight", "same", (c.vocab_size, d))]
+    for i in range(c.n_layers):
+        layer, block = f"model.layers.{i}.", f"blocks.{i}."
+        table += [
+            (layer + "self_attn.q_proj.weight", block + "attn.w_q.weight", "same", (q, d)),
+            (layer + "self_attn.k_proj.weight", block + "attn.w_k.weight", "same", (kv, d)),
+            (layer + "self_attn.v_proj.weight", block + "attn.w_v.weight", "same", (kv, d)),
+            (layer + "self_attn.o_proj.weight", block + "attn.w_o.weight", "transposed", (d, q)),
+            (layer + "self_attn.sqk.weight", block + "attn.s_qk.param", "vector", (q, 1)),
+            (layer + "attn_alpha", block + "residual_attn.alpha.param", "same", (d,)),
+            (layer + "mlp.up_proj.weight", block + "mlp.w_u.weight", "same", (mlp, d)),
+            (layer + "mlp.down_proj.weight", block + "mlp.w_o.weight", "transposed", (d, mlp)),
+            (layer + "mlp.suv.weight", block + "mlp.s_uv.param", "vector", (mlp, 1)),
+            (layer + "mlp_alpha", block + "residual_mlp.alpha.param", "same", (d,)),
+        ]
+    table += [
+        ("lm_head.weight", "embed_out.weight", "same", (c.vocab_size, d)),
+        ("sz.weight", "s_z.param", "vector", (c.vocab_size, 1)),
+    ]
+    return table
+
+
+def _layout_view(parameter: torch.Tensor, how: str) -> torch.Tensor:
+    """The parameter seen in the layout's shape (a view: writing to it fills the parameter)."""
+    if how == "transposed":
+        return parameter.t()
+    if how == "vector":
+        return parameter.unsqueeze(1)
+    return parameter
+
+
+def _stored_tensors(directory: Path) -> dict:
+    """``{name: StoredTensor}`` over model.safetensors or the shards its index lists."""
+    single, index = directory / WEIGHTS_NAME, directory / INDEX_NAME
+    if single.is_file() and index.is_file():
+        raise PretrainedFileError(f"{directory} holds both {WEIGHTS_NAME} and {INDEX_NAME}; keep one")
+    try:
+        if single.is_file():
+            return read_header(single)
+        if not index.is_file():
+            raise PretrainedFileError(f"{directory} holds neither {WEIGHTS_NAME} nor {INDEX_NAME}")
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            assert isinstance(weight_map, dict) and all(isinstance(f, str) for f in weight_map.values())
+        except (OSError, ValueError, KeyError, TypeError, AssertionError):
+            raise PretrainedFileError(
+                f"{index}: not a JSON object with a weight_map of tensor names to files"
+            ) from None
+        stored = {}
+        for shard in sorted(set(weight_map.values())):
+            if Path(shard).name != shard or not (directory / shard).is_file():
+                raise PretrainedFileError(f"{index} lists shard {shard!r}, which is not a file in {directory}")
+            for name, tensor in read_header(directory / shard).items():
+                if weight_map.get(name) != shard:
+                    raise PretrainedFileError(f"{directory / shard}: unexpected tensor {name!r} (not indexed there)")
+                stored[name] = tensor
+        absent = [name for name in weight_map if name not in stored]
+        if absent:
+            raise PretrainedFileError(f"{index}: missing tensor {absent[0]!r} (indexed in {weight_map[absent[0]]!r})")
+        return stored
+    except TensorFileError as exc:
+        raise PretrainedFileError(str(exc)) from None
+
+
+def _check_names_and_shapes(table, stored: dict, directory: Path) -> None:
+    expected = {name: shape for name, _, _, shape in table}
+    problems = [f"missing tensor {name!r}" for name in expected if name not in stored]
+    problems += [f"unexpected tensor {name!r}" for name in stored if name not in expected]
+    problems += [
+        f"tensor {name!r} has shape {t.shape}, expected {expected[name]}"
+        for name, t in stored.items()
+        if name in expected and t.shape != expected[name]
+    ]
+    problems += [f"tensor {n!r} has dtype {t.dtype}, not a float" for n, t in stored.items() if t.torch_dtype is None]
+    if problems:
+        raise PretrainedFileError(f"{directory} does not match its config.json: {'; '.join(problems)}")
+
+
+def _check_finite(name: str):
+    def check(chunk: torch.Tensor) -> None:
+        if not bool(torch.isfinite(chunk).all()):
+            raise PretrainedFileError(f"tensor {name!r} holds non-finite values (NaN/inf)")
+
+    return check
+
+
+def _check_unit(name: str, parameter: torch.Tensor, how: str, rows_per_check: int = 4096) -> None:
+    """Refuse a sphere weight whose unit vectors (rows of ``parameter``) are not unit, or that
+    holds NaN or inf (its row norm is then not finite: one pass over the values checks both)."""
+    worst, work = 0.0, torch.float64 if parameter.dtype == torch.float64 else torch.float32
+    for start in range(0, parameter.shape[0], rows_per_check):
+        norms = torch.linalg.vector_norm(parameter[start : start + rows_per_check], dim=-1, dtype=work)
+        error = float((norms - 1).abs().max())
+        if not math.isfinite(error):
+            raise PretrainedFileError(f"tensor {name!r} holds non-finite values (NaN/inf)")
+        worst = max(worst, error)
+    if worst > UNIT_TOLERANCE:
+        axis = "columns (unit along axis 0)" if how == "transposed" else "rows (unit along axis 1)"
+        raise PretrainedFileError(
+            f"tensor {name!r}: its {axis} must be unit vectors, but |norm - 1| reaches {worst:.3g} "
+            f"(> {UNIT_TOLERANCE:g})"
+        )
+
+
+def _read_config(directory: Path) -> NGPTConfig:
+    if not directory.is_dir():
+        raise PretrainedFileError(f"{directory} is not a directory")
+    config_file = directory / CONFIG_NAME
+    try:
+        values = json.loads(config_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PretrainedFileError(f"{directory} has no {CONFIG_NAME}") from None
+    except (OSError, ValueError) as exc:
+        raise PretrainedFileError(f"cannot read {config_file}: {exc}") from None
+    try:
+        return nemotron_config(values, str(config_file))
+    except ValueError as exc:  # NGPTConfig's own checks
+        if isinstance(exc, PretrainedFileError):
+            raise
+        raise PretrainedFileError(f"{config_file}: {exc}") from None
+
+
+def from_normalized_nemotron(
+    path: str | os.PathLike, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None
+) -> NGPT:
+    """The :class:`NGPT` saved at ``path`` in the Normalized-Nemotron layout, in eval mode.
+
+    ``dtype``: of every parameter, a ``torch.dtype`` or its name (default or ``"auto"``: the
+    stored one, or the widest of them when the tensors differ); ``device`` (default CPU): where
+    the parameters are built and read into. Each tensor is read from the files straight into its parameter, so memory peaks at one copy
+    of the model. Raises :class:`PretrainedFileError` in one line naming the path, the field or
+    the tensor: no config.json, a config field it cannot map, a missing, unexpected, misshapen
+    or non-float tensor, a non-finite value, or a sphere weight whose unit vectors (rows of
+    embed_tokens, q/k/v_proj, up_proj, lm_head; columns of o_proj, down_proj) are not unit
+    within :data:`UNIT_TOLERANCE`.
+    """
+    directory = Path(path).expanduser()
+    config = _read_config(directory)
+    stored = _stored_tensors(directory)
+    table = layout_tensors(config)
+    _check_names_and_shapes(table, stored, directory)
+    dtype = _pick_dtype(dtype=dtype, torch_dtype=None)
+    if dtype is None:
+        dtype = stored[table[0][0]].torch_dtype
+        for t in stored.values():
+            dtype = torch.promote_types(dtype, t.torch_dtype)
+    device = torch.device("cpu" if device is None else device)
+    with torch.device("meta"):
+        model = NGPT(config)
+    model = model.to(dtype).to_empty(device=device)
+    parameters = dict(model.named_parameters())
+    spheres = dict(model.sphere_weights())
+    for name, target, how, _ in table:
+        parameter = parameters[target]
+        try:
+            check = None if target in spheres else _check_finite(name)  # spheres: by _check_unit
+            read_into(stored[name], _layout_view(parameter.data, how), check=check)
+        except TensorFileError as exc:
+            raise PretrainedFileError(str(exc)) from None
+        if target in spheres:
+            _check_unit(name, parameter.data, how)
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _shard_bytes(size: int | str) -> int:
+    """Bytes of ``max_shard_size``: an int, or a string like "5GB", "500MB", "2GiB"."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)\s*", str(size), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"max_shard_size must be a positive int or a size like '5GB', got {size!r}")
+    unit = match[2].upper()
+    factor = 1 if unit == "B" else (1024 if "I" in unit else 1000) ** ("KMG".index(unit[0]) + 1)
+    return int(float(match[1]) * factor)
+
+
+def to_normalized_nemotron(model: NGPT, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
+    """Write ``model`` into the directory ``path`` in the Normalized-Nemotron layout:
+    config.json and model.safetensors, or shards of at most ``max_shard_size`` with
+    model.safetensors.index.json when it is larger. Tensors keep their dtype and values (the
+    scalings verbatim, see the module's table); earlier weight files of the layout in ``path``
+    are removed, nothing else is written. Raises ``ValueError`` naming every config field the
+    layout cannot express (a SwiGLU MLP, another residual update, qk_norm off, scalar or fixed
+    or differently scaled scalings)."""
+    problems = layout_refusals(model)
+    if problems:
+        raise ValueError(f"the Normalized-Nemotron layout cannot express this model: {'; '.join(problems)}")
+    safetensors_torch = _require("safetensors.torch")
+    limit = _shard_bytes(max_shard_size)
+    parameters = dict(model.named_parameters())
+    table = layout_tensors(model.config)
+    shards: list[list[tuple[str, str, str]]] = [[]]
+    used = 0
+    for name, target, how, _ in table:
+        nbytes = parameters[target].numel() * parameters[target].element_size()
+        if shards[-1] and used + nbytes > limit:
+            shards.append([])
+            used = 0
+        shards[-1].append((name, target, how))
+        used += nbytes
+    directory = Path(path).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in [directory / WEIGHTS_NAME, directory / INDEX_NAME, *directory.glob("model-*-of-*.safetensors")]:
+        old.unlink(missing_ok=True)
+    files = [WEIGHTS_NAME]
+    if len(shards) > 1:  # transformers' shard names
+        files = [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    weight_map, total = {}, 0
+    for file, shard in zip(files, shards):
+        tensors = {
+            name: _layout_view(parameters[target].detach(), how).contiguous().cpu() for name, target, how in shard
+        }
+        safetensors_torch.save_file(tensors, str(directory / file), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, file)
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        del tensors
+    if len(files) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (directory / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    (directory / CONFIG_NAME).write_text(json.dumps(layout_config(model), indent=2) + "\n", encoding="utf-8")
