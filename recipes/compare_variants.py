@@ -42,6 +42,21 @@ BUILTIN = {
     "ngpt-muon": ["model.preset=ngpt-{size}", "model.update=lerp", "optim.method=spherical_muon"],
     "gpt-adamh": ["model.preset=gpt-{size}", "optim.method=adamh"],
     "gpt-muonh": ["model.preset=gpt-{size}", "optim.method=muonh"],
+    "ngpt-gqa": [
+        "model.preset=ngpt-{size}",
+        "model.update=lerp",
+        "optim.method=riemannian_adam",
+        "optim.gradient=euclidean",
+        "model.n_kv_heads={half_heads}",
+    ],
+    "ngpt-relu2": [
+        "model.preset=ngpt-{size}",
+        "model.update=lerp",
+        "optim.method=riemannian_adam",
+        "optim.gradient=euclidean",
+        "model.mlp=relu2",
+        "model.d_mlp={relu2_d_mlp}",
+    ],
 }
 
 DESCRIPTIONS = {
@@ -57,6 +72,8 @@ DESCRIPTIONS = {
     "ngpt-muon": "nGPT, SphericalMuon on the blocks' matrices, RiemannianAdam on the rest",
     "gpt-adamh": "GPT, AdamH (Hyperball) on the blocks' matrices, AdamW on the rest",
     "gpt-muonh": "GPT, MuonH (Hyperball) on the blocks' matrices, AdamW on the rest",
+    "ngpt-gqa": "nGPT with grouped-query attention: n_heads / 2 key/value heads (s_qk squared on the queries)",
+    "ngpt-relu2": "nGPT with the squared-ReLU MLP (no gate, s_uv) at 1.5x d_mlp: the SwiGLU MLP's weight count",
 }
 
 # The tokens a step and the context of every study run behind STUDIED_RATES (16 sequences of 256).
@@ -79,7 +96,15 @@ STUDIED_RATES: dict[str, dict[str, dict[int, float]]] = {
 }
 # Variants that take another arm's rates: the same optimizer (the residual update does not move
 # the best rate: the scaling study found one rate for LERP, SLERP and Riemannian at tiny@256).
-RATE_OF = {"ngpt-lerp": "ngpt", "ngpt-adam_normalize": "ngpt", "ngpt-slerp": "ngpt", "ngpt-riemannian": "ngpt"}
+# The model options (ngpt-gqa, ngpt-relu2) take ngpt's rates too: not swept for them.
+RATE_OF = {
+    "ngpt-lerp": "ngpt",
+    "ngpt-adam_normalize": "ngpt",
+    "ngpt-slerp": "ngpt",
+    "ngpt-riemannian": "ngpt",
+    "ngpt-gqa": "ngpt",
+    "ngpt-relu2": "ngpt",
+}
 # Variants whose studied rate is optim.matrix_lr (the hidden matrices' angle per step); their
 # AdamW part takes the named arm's studied rate as optim.lr, as in the studies.
 MATRIX_RATE_OF = {"gpt-adamh": "gpt", "gpt-muonh": "gpt"}
@@ -202,4 +227,19 @@ def variant_overrides(spec: str, size: str) -> tuple[str, list[str]]:
         return name, items
     if spec not in BUILTIN:
         raise SystemExit(f"error: unknown variant {spec!r} (built-in: {', '.join(BUILTIN)}; or name:key=value,...)")
-    return spec, [o.format(size=size) for o in BUILTIN[spec]]
+    overrides = BUILTIN[spec]
+    fields = {"size": size}
+    if any("{half_heads}" in o or "{relu2_d_mlp}" in o for o in overrides):
+        fields.update(_shape_fields(size))
+    return spec, [o.format(**fields) for o in overrides]
+
+
+def _shape_fields(size: str) -> dict[str, int]:
+    """What the model-option variants' overrides name: half the preset's heads (ngpt-gqa) and
+    1.5 times its d_mlp (ngpt-relu2: two matrices of d x 1.5 d_mlp hold as many weights as
+    SwiGLU's three of d x d_mlp)."""
+    try:
+        config = preset_config(f"ngpt-{size}")
+    except ValueError as exc:
+        raise SystemExit(f"error: --size {size!r}: {exc}") from None
+    return {"half_heads": max(1, config.n_heads // 2), "relu2_d_mlp": 3 * config.d_mlp // 2}

@@ -305,3 +305,43 @@ def test_sphere_aware_lora_keeps_ngpt_on_the_sphere_and_merges_to_equal_logits()
     torch.testing.assert_close(merged(ids).logits, expected, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="no SphereLinear to adapt"):
         sphere_lora_config(SpherenetGPTForCausalLM.from_spherenet(tiny(GPT)))
+
+
+def tiny_options(cls, seed=0):
+    """A tiny model with grouped-query attention (4 query heads, 2 key/value heads), a head size
+    that is not d_model / n_heads, and the squared-ReLU MLP; scalings moved off their inits."""
+    torch.manual_seed(seed)
+    config_class = NGPTConfig if cls is NGPT else GPTConfig
+    options = dict(n_heads=4, n_kv_heads=2, head_dim=6, mlp="relu2", d_mlp=48)
+    model = cls(config_class(vocab_size=VOCAB, n_layers=2, d_model=32, max_seq_len=48, **options)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.mul_(1 + 0.5 * torch.rand_like(p))
+    return model
+
+
+@MODELS
+def test_grouped_query_relu2_models_match_spherenet_through_cache_padding_export_and_generate(cls, tmp_path):
+    reference = tiny_options(cls)
+    reference.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True)
+    assert model.config.num_key_value_heads == 2 and model.config.head_dim == 6 and model.config.mlp == "relu2"
+    assert model.config.spherenet_config() == reference.config
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
+    full = reference(ids)
+    torch.testing.assert_close(model(ids).logits, full, atol=1e-5, rtol=0)
+    cache = DynamicCache(config=model.config)
+    pieces = [model(ids[:, a:b], cache=cache).logits for a, b in ((0, 7), (7, 11), (11, 12))]
+    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-5, rtol=0)
+    assert cache.layers[0].keys.shape == cache.layers[0].values.shape == (2, 2, 12, 6)  # the key/value heads only
+    # a left-padded batch: each row's logits and greedy tokens are its own
+    short, long = torch.tensor([[5, 6, 7]]), torch.tensor([[9, 8, 7, 6, 5, 4]])
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1] * 6])
+    torch.testing.assert_close(model(batch, attention_mask=mask).logits[0, 3:], reference(short)[0], atol=1e-5, rtol=0)
+    out = model.generate(batch, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert out[0, 3:].tolist() == reference.generate(short, 8, temperature=0)[0].tolist()
+    assert out[1].tolist() == reference.generate(long, 8, temperature=0)[0].tolist()
+    beams = model.generate(long, max_new_tokens=5, num_beams=3, do_sample=False, pad_token_id=0)
+    assert beams.shape == (1, 11) and beams[0, :6].tolist() == long[0].tolist()

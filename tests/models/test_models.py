@@ -4,6 +4,7 @@ KV-cached generation, configs and presets, torch.compile."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -511,3 +512,90 @@ def test_a_new_model_class_registers_itself_and_subclasses_without_model_type_do
     finally:
         MODEL_CLASSES.pop("tiny-test", None)
     assert list(MODEL_CLASSES) == ["gpt", "ngpt"]
+
+
+# ------------------------------------------------------ model options: GQA, head_dim, relu2
+
+OPTIONS = pytest.mark.parametrize(
+    "options",
+    [dict(n_kv_heads=1), dict(n_kv_heads=2, n_heads=4, head_dim=10, mlp="relu2")],
+    ids=["mqa", "gqa_head_dim_relu2"],
+)
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+@OPTIONS
+def test_model_options_cache_chunks_and_generation_match_the_full_pass(kind, options):
+    model = tiny(kind, seed=6, **options)
+    c = model.config
+    x = ids(2, 11)
+    with torch.no_grad():
+        full = model(x)
+        caches = [KVCache() for _ in model.blocks]
+        chunks = [model(x[:, a:b], kv_caches=caches) for a, b in ((0, 4), (4, 9), (9, 10), (10, 11))]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert all(cache.keys.shape == cache.values.shape == (2, c.n_kv_heads, 11, c.head_dim) for cache in caches)
+    prompt = ids(2, 3, seed=1)
+    generator = torch.Generator().manual_seed(3)
+    cached = model.generate(prompt, 15, temperature=0.8, generator=generator)  # slides past max_seq_len 16
+    again = recompute_generate(model, prompt, 15, temperature=0.8, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(cached, again, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["ngpt", "gpt"])
+def test_model_options_parameter_shapes_and_gradients(kind):
+    model = tiny(kind, n_heads=4, n_kv_heads=2, head_dim=6, mlp="relu2", d_mlp=36)
+    shapes = {name: tuple(p.shape) for name, p in model.blocks[0].named_parameters()}
+    assert shapes["attn.w_q.weight"] == (24, 16) and shapes["attn.w_k.weight"] == shapes["attn.w_v.weight"] == (12, 16)
+    assert shapes["attn.w_o.weight"] == ((24, 16) if kind == "ngpt" else (16, 24))
+    assert shapes["mlp.w_u.weight"] == (36, 16) and "mlp.w_v.weight" not in shapes
+    if kind == "ngpt":
+        assert (
+            shapes["attn.s_qk.param"] == (24,) and shapes["mlp.s_uv.param"] == (36,) and "mlp.s_u.param" not in shapes
+        )
+    model(ids(2, 8)).logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_model_options_count_on_meta_at_the_8b_shape():
+    """Normalized-Nemotron-8B's shape: 32 layers, d 4096, 32 heads of 128, 8 key/value heads,
+    squared-ReLU MLP of 21504, vocabulary 131072 (untied)."""
+    with torch.device("meta"):
+        model = from_preset(
+            "ngpt-1b",
+            vocab_size=131072,
+            n_layers=32,
+            d_model=4096,
+            n_heads=32,
+            n_kv_heads=8,
+            head_dim=128,
+            d_mlp=21504,
+            mlp="relu2",
+            max_seq_len=8192,
+            rope_base=1e6,
+        )
+    d, hd, layer = 4096, 128, 2 * 4096 * 32 * 128 + 2 * 4096 * 8 * 128 + 2 * 4096 * 21504
+    scalings = 32 * 128 + 21504 + 2 * d
+    expected = 2 * 131072 * d + 131072 + 32 * (layer + scalings)
+    assert sum(p.numel() for p in model.parameters()) == expected
+    assert model.blocks[0].attn.w_k.weight.shape == (8 * hd, d)
+
+
+def test_saved_models_round_trip_the_options_and_older_configs_load(tmp_path):
+    pytest.importorskip("safetensors")
+    model = tiny("ngpt", n_heads=4, n_kv_heads=1, head_dim=6, mlp="relu2", s_uv={"init": 0.5})
+    model.save_pretrained(tmp_path / "options")
+    loaded = NGPT.from_pretrained(tmp_path / "options")
+    assert loaded.config == model.config
+    torch.testing.assert_close(loaded(ids(1, 5)), model(ids(1, 5)), rtol=0, atol=0)
+    # config.json written before the options existed: the defaults
+    tiny("gpt").save_pretrained(tmp_path / "old")
+    config_file = tmp_path / "old" / "config.json"
+    values = json.loads(config_file.read_text())
+    for key in ("n_kv_heads", "head_dim", "mlp"):
+        del values[key]
+    config_file.write_text(json.dumps(values))
+    (tmp_path / "old" / "sha256sums.json").unlink()  # edited by hand: no manifest
+    with pytest.warns(UserWarning):
+        old = GPT.from_pretrained(tmp_path / "old")
+    assert (old.config.n_kv_heads, old.config.head_dim, old.config.mlp) == (2, 8, "swiglu")
