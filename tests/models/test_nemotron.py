@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -533,3 +536,19 @@ def test_read_into_stages_at_most_its_budget(tmp_path, target_dtype, transposed)
     read_into(entry, destination.t() if transposed else destination, check=seen.append, staging_bytes=100)
     assert torch.equal(destination.t() if transposed else destination, stored.to(target_dtype))
     assert len(seen) == 19 and max(chunk.numel() * 4 for chunk in seen) <= 100  # two rows of 44 bytes per read
+
+
+@pytest.mark.slow
+def test_the_load_benchmark_reports_the_peak_against_the_file(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "CUDA_VISIBLE_DEVICES": ""}
+    out = tmp_path / "load.md"
+    command = [sys.executable, str(root / "benchmarks" / "nemotron_load.py"), "--quick", "--markdown", str(out)]
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| fp32 | fp32 |"))
+    cells = [cell.strip().replace(",", "") for cell in row.strip("|").split("|")]
+    file_mib, model_mib, peak_mib, per_file = float(cells[2]), float(cells[3]), float(cells[4]), float(cells[5])
+    assert (
+        file_mib == model_mib > 10 and 0 < peak_mib and per_file == pytest.approx(peak_mib / file_mib, abs=0.1)
+    )  # MiB rounded
