@@ -23,6 +23,7 @@ from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError, build_tokenizer
 from spherenet.data.tokenizer import TOKENIZER_JSON
 from spherenet.models import NGPT, PRESETS
+from spherenet.models.nemotron import read_normalized_nemotron_into
 from spherenet.models.published import is_published_directory
 from spherenet.train.config import ConfigError, RunConfig, parse_override
 
@@ -50,7 +51,17 @@ def check_init_from_target(source: str | None, out_dir: Path, overwrite: bool) -
 def init_from_weights(model: torch.nn.Module, tokenizer, source: str, is_main: bool) -> None:
     """Load the weights of ``source`` (``train.init_from``) into the freshly built ``model``:
     the same tokenizer as the data's, the same class and the same config, field by field, or
-    ``ConfigError`` naming every field that differs and how to set it."""
+    ``ConfigError`` naming every field that differs and how to set it. A directory in the
+    published layout (whose config and tokenizer the run adopted) is read tensor by tensor into
+    ``model``, never as a second whole model."""
+    if is_published_directory(source):
+        try:
+            read_normalized_nemotron_into(model, source)
+        except ValueError as exc:  # PretrainedFileError included: one line naming the file or tensor
+            raise ConfigError(f"train.init_from={source}: {exc}") from None
+        if is_main:
+            print(f"init_from: weights of {source} (Normalized-Nemotron layout; a fresh optimizer)", flush=True)
+        return
     try:
         given = load_weights(source)
     except (CheckpointError, DataError) as exc:

@@ -25,6 +25,7 @@ copy of the model. Config fields, tensors and values it cannot map are refused w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -44,6 +45,8 @@ __all__ = [
     "LAYOUT_ARCHITECTURE",
     "INDEX_NAME",
     "from_normalized_nemotron",
+    "read_normalized_nemotron_into",
+    "nemotron_config_of",
     "to_normalized_nemotron",
     "nemotron_config",
     "layout_tensors",
@@ -183,6 +186,43 @@ def _read_config(directory: Path) -> NGPTConfig:
         raise PretrainedFileError(f"{config_file}: {exc}") from None
 
 
+def _read_tensors(model: NGPT, table, stored: dict) -> None:
+    """Read every tensor of ``table`` from the files straight into ``model``'s parameters
+    (converting dtype and device on the way), checking values as they pass."""
+    parameters = dict(model.named_parameters())
+    spheres = dict(model.sphere_weights())
+    for name, target, how, _ in table:
+        parameter = parameters[target]
+        try:
+            check = None if target in spheres else _check_finite(name)  # spheres: by _check_unit
+            read_into(stored[name], _layout_view(parameter.data, how), check=check)
+        except TensorFileError as exc:
+            raise PretrainedFileError(str(exc)) from None
+        if target in spheres:
+            _check_unit(name, parameter.data, how)
+
+
+def read_normalized_nemotron_into(model: NGPT, path: str | os.PathLike) -> None:
+    """Fill an already built ``model`` (its own dtype and device) with the weights saved at
+    ``path`` in the Normalized-Nemotron layout, one tensor at a time, so that no second copy of
+    the model is made (a fine-tuning run builds its model first). The model's config must be the
+    directory's (:func:`nemotron_config_of`); the same checks as :func:`from_normalized_nemotron`."""
+    directory = Path(path).expanduser()
+    config = _read_config(directory)
+    if dataclasses.asdict(config) != dataclasses.asdict(model.config):
+        raise ValueError(f"{directory}: the model's config is not the directory's ({config})")
+    stored = _stored_tensors(directory)
+    table = layout_tensors(config)
+    _check_names_and_shapes(table, stored, directory)
+    _read_tensors(model, table, stored)
+
+
+def nemotron_config_of(path: str | os.PathLike) -> NGPTConfig:
+    """The :class:`NGPTConfig` of a directory in the Normalized-Nemotron layout (refusals as in
+    :func:`from_normalized_nemotron`)."""
+    return _read_config(Path(path).expanduser())
+
+
 def from_normalized_nemotron(
     path: str | os.PathLike, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None
 ) -> NGPT:
@@ -211,17 +251,7 @@ def from_normalized_nemotron(
     with torch.device("meta"):
         model = NGPT(config)
     model = model.to(dtype).to_empty(device=device)
-    parameters = dict(model.named_parameters())
-    spheres = dict(model.sphere_weights())
-    for name, target, how, _ in table:
-        parameter = parameters[target]
-        try:
-            check = None if target in spheres else _check_finite(name)  # spheres: by _check_unit
-            read_into(stored[name], _layout_view(parameter.data, how), check=check)
-        except TensorFileError as exc:
-            raise PretrainedFileError(str(exc)) from None
-        if target in spheres:
-            _check_unit(name, parameter.data, how)
+    _read_tensors(model, table, stored)
     return model.eval()
 
 

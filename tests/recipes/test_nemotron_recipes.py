@@ -269,3 +269,22 @@ def _request(context: str, continuation: str):
     from lm_eval.api.instance import Instance
 
     return Instance(request_type="loglikelihood", doc={}, arguments=(context, continuation), idx=0)
+
+
+def test_init_from_streams_the_directory_into_the_runs_model(published, monkeypatch):
+    """The run's model is filled tensor by tensor from the files: no whole second model is
+    loaded (the general loader is never called), and the weights are the directory's."""
+    from recipes import init_from
+    from spherenet.models.nemotron import from_normalized_nemotron, nemotron_config_of
+
+    def whole_model_loader(*args, **kwargs):
+        raise AssertionError("init_from loaded a whole second model")
+
+    monkeypatch.setattr(init_from, "load_weights", whole_model_loader)
+    model = NGPT(nemotron_config_of(published))
+    init_from.init_from_weights(model, None, str(published), is_main=False)
+    expected = from_normalized_nemotron(published, dtype=torch.float32).state_dict()
+    got = model.state_dict()
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
