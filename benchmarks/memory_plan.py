@@ -40,7 +40,7 @@ import math
 import torch
 
 from spherenet.layers import NGPTConfig
-from spherenet.models import NGPT
+from spherenet.models import NGPT, preset_config
 from spherenet.optim import build_optimizer
 from spherenet.optim.groups import SPHERE
 from spherenet.train.memory import estimate_training_memory
@@ -48,6 +48,7 @@ from spherenet.train.memory import estimate_training_memory
 GIB = 1024**3
 
 #: the published Normalized-Nemotron-8B shape (its config.json)
+PRESET_8B = "ngpt-nemotron-8b"
 SHAPE_8B = dict(
     vocab_size=131072,
     d_model=4096,
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--second-moment", choices=["element", "row"], default="element", help="optim.second_moment")
     p.add_argument("--block-size", type=int, default=8192, help="tokens per sequence (default 8192, the context)")
     args = p.parse_args(argv)
-    config = NGPTConfig(**SHAPE_8B)
+    config = preset_config(PRESET_8B)
     result = plan(
         config,
         gpus=args.gpus,

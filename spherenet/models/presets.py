@@ -30,6 +30,20 @@ _SIZES = {
     # GPT-2 small's shape (12 layers, d 768, 12 heads) with the paper's 32k vocabulary: the GPU plan of
     # the budget study (benchmarks/budget.py --gpu-plan)
     "base": dict(vocab_size=32000, n_layers=12, d_model=768, n_heads=12, max_seq_len=4096),
+    # NVIDIA's released Normalized-Nemotron-8B (its config.json): grouped-query attention, head size
+    # 128, the squared-ReLU MLP, rope base 1e6, untied embeddings
+    "nemotron-8b": dict(
+        vocab_size=131072,
+        n_layers=32,
+        d_model=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        head_dim=128,
+        d_mlp=21504,
+        mlp="relu2",
+        max_seq_len=8192,
+        rope_base=1e6,
+    ),
 }
 
 #: ``{name: (config class, fields)}``: ``<model_type>-<size>`` for every registered model class

@@ -12,7 +12,7 @@ memory_plan = pytest.importorskip("memory_plan")
 
 
 def test_eight_billion_shape_per_gpu_bytes():
-    config = memory_plan.NGPTConfig(**memory_plan.SHAPE_8B)
+    config = memory_plan.preset_config(memory_plan.PRESET_8B)
     d, v, layers, ff, q, kv = 4096, 131072, 32, 21504, 32 * 128, 8 * 128
     per_layer = q * d + 2 * kv * d + d * q + 2 * ff * d + q + 2 * d + ff  # matrices, s_qk, two alphas, s_uv
     expected = 2 * v * d + v + layers * per_layer  # embeddings, output layer, s_z

@@ -561,19 +561,7 @@ def test_model_options_count_on_meta_at_the_8b_shape():
     """Normalized-Nemotron-8B's shape: 32 layers, d 4096, 32 heads of 128, 8 key/value heads,
     squared-ReLU MLP of 21504, vocabulary 131072 (untied)."""
     with torch.device("meta"):
-        model = from_preset(
-            "ngpt-1b",
-            vocab_size=131072,
-            n_layers=32,
-            d_model=4096,
-            n_heads=32,
-            n_kv_heads=8,
-            head_dim=128,
-            d_mlp=21504,
-            mlp="relu2",
-            max_seq_len=8192,
-            rope_base=1e6,
-        )
+        model = from_preset("ngpt-nemotron-8b")
     d, hd, layer = 4096, 128, 2 * 4096 * 32 * 128 + 2 * 4096 * 8 * 128 + 2 * 4096 * 21504
     scalings = 32 * 128 + 21504 + 2 * d
     expected = 2 * 131072 * d + 131072 + 32 * (layer + scalings)
