@@ -49,18 +49,6 @@ GIB = 1024**3
 
 #: the published Normalized-Nemotron-8B shape (its config.json)
 PRESET_8B = "ngpt-nemotron-8b"
-SHAPE_8B = dict(
-    vocab_size=131072,
-    d_model=4096,
-    n_layers=32,
-    n_heads=32,
-    n_kv_heads=8,
-    head_dim=128,
-    d_mlp=21504,
-    mlp="relu2",
-    max_seq_len=8192,
-    rope_base=1e6,
-)
 
 
 def shard_elements(shape: torch.Size, gpus: int) -> int:
