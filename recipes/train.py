@@ -218,18 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     tokens_per_step = t.batch_size * block
     log = MetricsLog(out_dir / "metrics.jsonl", enabled=info.is_main)
-    if info.is_main:
-        print(
-            f"{cfg.model.preset}: {n_params / 1e6:.2f}M parameters | data {data.num_tokens('train'):,} train tokens "
-            f"({tokenizer.name}, vocab {data.vocab_size}) | {t.steps} steps x {tokens_per_step:,} tokens | "
-            f"world {info.world_size} ({t.parallel}), micro-batch {micro} x {accum} | {o.method} lr {o.lr:g} | "
-            f"update {getattr(model.config, 'update', 'residual')}",
-            flush=True,
-        )
-        log.log(event="start", step=start, params=n_params, world_size=info.world_size, config=cfg.to_dict())
-        if plan is not None and plan.notes:
-            log.log(event="resume_changes", step=start, changes=plan.notes)
-
     # Every rank computes the nGPT health metrics (collectives); rank 0 logs them.
     is_sphere_model = any(True for _ in named_sphere_parameters(model))
     trackers = open_trackers(
@@ -242,8 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     model.train()
     skipped_in_row, last_val = 0, None  # None: no validation in this invocation yet
     t_last, step = time.time(), start
-    # SIGTERM or Ctrl-C: finish the step, checkpoint, exit cleanly (recipes.stop).
+    # SIGTERM or Ctrl-C: finish the step, checkpoint, exit cleanly (recipes.stop). Entered before the
+    # "start" record, so a signal that arrives once the run reports itself started always ends in a
+    # checkpoint.
     with StopOnSignal(announce=info.is_main) as stop_request:
+        if info.is_main:
+            print(
+                f"{cfg.model.preset}: {n_params / 1e6:.2f}M parameters | data {data.num_tokens('train'):,} train tokens "
+                f"({tokenizer.name}, vocab {data.vocab_size}) | {t.steps} steps x {tokens_per_step:,} tokens | "
+                f"world {info.world_size} ({t.parallel}), micro-batch {micro} x {accum} | {o.method} lr {o.lr:g} | "
+                f"update {getattr(model.config, 'update', 'residual')}",
+                flush=True,
+            )
+            log.log(event="start", step=start, params=n_params, world_size=info.world_size, config=cfg.to_dict())
+            if plan is not None and plan.notes:
+                log.log(event="resume_changes", step=start, changes=plan.notes)
         try:
             for step in range(start + 1, last_step + 1):
                 lr = scheduler.get_last_lr()[0]
