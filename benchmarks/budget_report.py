@@ -13,7 +13,7 @@ from pathlib import Path
 
 from _machine import cpu_name
 from scaling_ledger import BASELINE, Ledger, Point, chosen, final_loss
-from scaling_report import fmt, mean_std
+from scaling_report import fmt_values, mean_std
 
 # What the estimate assumes per arm and budget: the first grid of three rates, one growth past
 # its edge, and the other seeds at the chosen rate.
@@ -190,12 +190,12 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         per_seed = ", ".join(fmt_multiplier(m, x) for m, x in r["multipliers"])
         finite = [m for m, _ in r["multipliers"] if math.isfinite(m)]
         mark = "*" if any(x for _, x in r["multipliers"]) else ""
-        mean = fmt(*mean_std(finite)) + mark if finite else "-"
+        mean = fmt_values(finite) + mark if finite else "-"
         lines.append(
             f"| {r['point']} | {r['budget']} | {tokens_per_param(args, r['point'], r['budget']):.1f} | {r['arm']} | "
             f"**{r['lr']:g}** ({', '.join(f'{x:g}' for x in r['tried'])}) | {'yes' if r['bracketed'] else 'no'} | "
-            f"{len(r['seeds'])} | {fmt(*mean_std(r['finals']), 4)} | "
-            f"{fmt(*mean_std(r['gaps']), 4)} | {mean} ({per_seed}) |"
+            f"{len(r['seeds'])} | {fmt_values(r['finals'], 4)} | "
+            f"{fmt_values(r['gaps'], 4)} | {mean} ({per_seed}) |"
         )
     points = ", ".join(
         f"{p} (batch {max(1, args.tokens_per_step // p.context)} x {p.context}, "

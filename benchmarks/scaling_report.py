@@ -66,6 +66,12 @@ def fmt(mean: float, std: float, digits: int = 2) -> str:
     return "-" if math.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def fmt_values(values: list[float], digits: int = 2) -> str:
+    """Mean ± std of the finite values; a single value alone, without a spread it cannot have."""
+    finite = [v for v in values if math.isfinite(v)]
+    return f"{finite[0]:.{digits}f}" if len(finite) == 1 else fmt(*mean_std(finite), digits)
+
+
 def write_results(args: argparse.Namespace, ledger: Ledger, plots: bool = True) -> None:
     rows = summary(args, ledger)
     head = header(args)
@@ -82,8 +88,8 @@ def write_results(args: argparse.Namespace, ledger: Ledger, plots: bool = True) 
         bound = "≥ " if any(p["censored"]) else ""
         lines.append(
             f"| {r['point']} | {args.params[str(r['point'])] / 1e6:.2f}M | {r['arm']} | **{r['lr']:g}** ({tried}) | "
-            f"{'yes' if r['bracketed'] else 'no'} | {len(p['ratios'])} | {bound}{fmt(*mean_std(p['ratios']))} ({per_seed}) | "
-            f"{fmt(*mean_std(p['finals']), 4)} | {fmt(*mean_std(p['base_finals']), 4)} |"
+            f"{'yes' if r['bracketed'] else 'no'} | {len(p['ratios'])} | {bound}{fmt_values(p['ratios'])} ({per_seed}) | "
+            f"{fmt_values(p['finals'], 4)} | {fmt_values(p['base_finals'], 4)} |"
         )
     (args.results / "scaling.md").write_text(
         "# Scaling study: nGPT's speedup over GPT against context, size and optimizer\n\n"

@@ -172,6 +172,15 @@ def test_study_sweeps_each_budget_from_the_last_rate_reports_the_multiplier_and_
     assert calls == []
     table = (results / "budget.md").read_text()
     assert "2.00 ± 0.00 (2.00, 2.00)" in table and "--report-only" not in table
+    # one seed: its values alone, without a "± 0" spread that one seed cannot have
+    i = argv.index("--seeds")
+    assert budget.main([*argv[: i + 2], *argv[i + 3 :], "--report-only"]) == 0
+    row40 = next(
+        line
+        for line in (results / "budget.md").read_text().splitlines()
+        if line.startswith("| tiny@32 | 40 |") and "| ngpt |" in line
+    )
+    assert "| 1 |" in row40 and "| 2.00 (2.00) |" in row40 and "-0.2500 |" in row40 and "±" not in row40
     assert json.loads((results / "study.json").read_text())["command"] == "python benchmarks/budget.py " + " ".join(
         argv
     )

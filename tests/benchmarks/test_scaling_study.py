@@ -50,6 +50,12 @@ def test_ladder_steps_through_1_3_10(scaling, scaling_ledger):
     assert scaling_ledger.ladder(1e-3, -1) == 3e-4 and scaling_ledger.ladder(3e-4, -1) == 1e-4
 
 
+def test_a_spread_is_shown_only_where_there_are_two_values(scaling_report):
+    assert scaling_report.fmt_values([1.5, 2.5]) == "2.00 ± 0.71"
+    assert scaling_report.fmt_values([1.5, math.nan], 4) == "1.5000"  # one finite value: no "± 0"
+    assert scaling_report.fmt_values([math.nan]) == "-"
+
+
 def test_next_lr_grows_the_grid_past_the_best_edge(scaling):
     assert scaling.next_lr({1e-3: 2.0, 3e-3: 1.5, 1e-2: 1.2}, 0, 3) == 3e-2  # best at the top
     assert scaling.next_lr({1e-3: 1.0, 3e-3: 1.5, 1e-2: 1.7}, 0, 3) == 3e-4  # best at the bottom
