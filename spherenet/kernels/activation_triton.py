@@ -46,7 +46,7 @@ def _swiglu_op(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     out = torch.empty(u1.shape, dtype=torch.promote_types(u.dtype, v.dtype), device=u.device)
     with on_device_of(u1):
         _swiglu_fwd[(triton.cdiv(u1.numel(), ELEMENTS_PER_PROGRAM),)](
-            u1, v1, out, u1.numel(), BLOCK=ELEMENTS_PER_PROGRAM
+            u1, v1, out, u1.numel(), BLOCK=ELEMENTS_PER_PROGRAM, num_warps=warps(ELEMENTS_PER_PROGRAM)
         )
     return out.view(u.shape)
 

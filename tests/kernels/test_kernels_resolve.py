@@ -106,6 +106,23 @@ def test_tiles_and_warps_keep_both_callers_launch_shapes():
     assert [warps(t) for t in (256, 2048, 4096, 8192, 65536)] == [4, 4, 8, 16, 16]
 
 
+def test_every_triton_launch_names_its_warps():
+    """Each ``kernel[grid](...)`` launch passes ``num_warps``: benchmarks/triton_gpu_compile.py
+    compiles every kernel with the warps of :func:`warps`, which Triton's own default (4) would
+    silently depart from."""
+    import ast
+    import pathlib
+
+    launches = []
+    for path in sorted((pathlib.Path(kernels.__file__).parent).glob("*_triton.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+                name = ast.unparse(node.func.value)
+                launches.append((path.name, name, any(k.arg == "num_warps" for k in node.keywords)))
+    assert len(launches) >= 10, launches  # the walk found the launches
+    assert [launch for launch in launches if not launch[2]] == []
+
+
 def test_alignment_needs_every_address_and_row_on_16_bytes():
     pytest.importorskip("triton")
     from spherenet.kernels._triton import aligned
