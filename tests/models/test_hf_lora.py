@@ -101,3 +101,32 @@ def test_sphere_lora_config_refuses_what_it_cannot_adapt():
     with pytest.raises(ValueError, match="lora_dropout must be 0"):
         model = hf_model(NGPT)
         peft.get_peft_model(model, sphere_lora_config(model, lora_dropout=0.1))
+
+
+@pytest.mark.parametrize("sphere_aware", [True, False])
+def test_a_saved_adapter_reloads_with_sphere_lora_config(tmp_path, sphere_aware):
+    """peft saves the adapter's tensors and LoraConfig, not the registration of spherenet's LoRA
+    layer: ``PeftModel.from_pretrained`` reloads an nGPT adapter given ``config=sphere_lora_config``
+    (exactly: equal logits), and without it peft refuses the SphereLinear by name."""
+    model = hf_model(NGPT, seed=1)
+    adapted = peft.get_peft_model(model, sphere_lora_config(model, r=4, lora_alpha=8, sphere_aware=sphere_aware))
+    with torch.no_grad():  # B starts at zero: give the adapter an effect to reload
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(2))
+    adapted.eval()
+    expected = adapted(input_ids=ids).logits.detach()
+    assert not torch.allclose(expected, hf_model(NGPT, seed=1)(input_ids=ids).logits)  # the adapter matters
+    adapted.save_pretrained(tmp_path / "adapter")
+
+    base = hf_model(NGPT, seed=1)
+    config = sphere_lora_config(base, r=4, lora_alpha=8, sphere_aware=sphere_aware)
+    again = peft.PeftModel.from_pretrained(base, tmp_path / "adapter", config=config)
+    layer = SphereLoraLinear if sphere_aware else PlainSphereLoraLinear
+    assert {type(m) for m in again.modules() if hasattr(m, "lora_A")} == {layer}
+    again.eval()
+    torch.testing.assert_close(again(input_ids=ids).logits, expected, rtol=0, atol=0)
+
+    with pytest.raises(ValueError, match="SphereLinear"):
+        peft.PeftModel.from_pretrained(hf_model(NGPT, seed=1), tmp_path / "adapter")
