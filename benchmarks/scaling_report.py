@@ -62,14 +62,14 @@ def summary(args: argparse.Namespace, ledger: Ledger) -> list[dict]:
     return out
 
 
-def fmt(mean: float, std: float, digits: int = 2) -> str:
-    return "-" if math.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
 def fmt_values(values: list[float], digits: int = 2) -> str:
-    """Mean ± std of the finite values; a single value alone, without a spread it cannot have."""
+    """Mean ± std of the finite values; a single value alone, without a spread it cannot have;
+    "-" when none is finite."""
     finite = [v for v in values if math.isfinite(v)]
-    return f"{finite[0]:.{digits}f}" if len(finite) == 1 else fmt(*mean_std(finite), digits)
+    if len(finite) < 2:
+        return f"{finite[0]:.{digits}f}" if finite else "-"
+    mean, std = mean_std(finite)
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
 def write_results(args: argparse.Namespace, ledger: Ledger, plots: bool = True) -> None:

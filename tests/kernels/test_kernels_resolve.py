@@ -114,7 +114,7 @@ def test_every_triton_launch_names_its_warps():
     import pathlib
 
     launches = []
-    for path in sorted((pathlib.Path(kernels.__file__).parent).glob("*_triton.py")):
+    for path in sorted(pathlib.Path(kernels.__file__).parent.glob("*_triton.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
                 name = ast.unparse(node.func.value)
