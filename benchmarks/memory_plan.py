@@ -28,8 +28,9 @@ a measurement):
 
 What is left of the GPU's memory is for activations (and the CUDA context, the allocator's
 slack, NCCL buffers). The last rows give ``spherenet.train.memory.estimate_training_memory``'s
-rough activation count for a micro-batch of one 8192-token sequence, the number recipes.train
-compares with the free memory before it starts.
+rough activation count for a micro-batch of one 8192-token sequence under bf16 autocast (two
+bytes a value, as recipes.train counts on CUDA), the number recipes.train compares with the free
+memory before it starts.
 """
 
 from __future__ import annotations
@@ -102,7 +103,12 @@ def plan(config: NGPTConfig, *, gpus: int, second_moment: str, gpu_bytes: int, b
     ]
     for checkpointing in (True, False):
         estimate = estimate_training_memory(
-            config, micro_batch=1, block_size=block_size, shards=gpus, activation_checkpointing=checkpointing
+            config,
+            micro_batch=1,
+            block_size=block_size,
+            shards=gpus,
+            activation_checkpointing=checkpointing,
+            activation_bytes_per_value=2,  # bf16 autocast, recipes.train's default on CUDA
         )
         fits = "fits" if estimate.total_bytes <= gpu_bytes else "refused"
         rows.append(

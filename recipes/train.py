@@ -57,7 +57,7 @@ from spherenet.models.presets import PRESETS
 from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config, model_config, resolved, to_toml
 from spherenet.train.distributed import all_reduce_max, init_distributed, shutdown, wrap_model
-from spherenet.train.loop import MetricsLog, NonFiniteError, evaluate, train_step
+from spherenet.train.loop import MetricsLog, NonFiniteError, autocast_dtype, evaluate, train_step
 from spherenet.train.memory import check_training_memory
 from spherenet.train.tracking import check_available, open_trackers
 
@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     check_training_memory(  # a size that cannot run: refused before the model is built or anything written
         model_config(cfg, data.vocab_size), device=info.device, micro_batch=micro, block_size=t.block_size,
         shards=info.world_size if t.parallel == "fsdp" else 1, activation_checkpointing=t.activation_checkpointing,
+        activation_bytes_per_value=2 if autocast_dtype(t.autocast, info.device) is not None else 4,
     )  # fmt: skip  # one call, its sizes together
     torch.manual_seed(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, data.vocab_size, info.device)

@@ -31,6 +31,7 @@ __all__ = [
     "evaluate",
     "MetricsLog",
     "autocast_context",
+    "autocast_dtype",
 ]
 
 
@@ -50,12 +51,19 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
 
 
-def autocast_context(mode: str, device: torch.device):
-    """``mode``: "bf16" (autocast to bfloat16), "off", or "auto" (bf16 on CUDA, off on CPU)."""
+def autocast_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes in for ``mode`` on ``device`` ("bf16": bfloat16, "off":
+    None, "auto": bfloat16 on CUDA, None on CPU)."""
     if mode == "auto":
         mode = "bf16" if device.type == "cuda" else "off"
-    if mode == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.bfloat16 if mode == "bf16" else None
+
+
+def autocast_context(mode: str, device: torch.device):
+    """Autocast to :func:`autocast_dtype`'s dtype, or nothing when it is None."""
+    dtype = autocast_dtype(mode, device)
+    if dtype is not None:
+        return torch.autocast(device_type=device.type, dtype=dtype)
     return contextlib.nullcontext()
 
 

@@ -6,12 +6,17 @@ The estimate is a floor-like rough count, meant to tell "clearly impossible" fro
 - states: ``parameters x bytes_per_value x (1 weight + 1 gradient + optimizer_states)``
   (Adam-style methods keep two moments), divided by the number of ranks when the parameters
   are sharded (FSDP);
-- activations, per rank and micro-batch of ``tokens = micro_batch x block_size``: each layer
-  keeps about ``16 x d_model`` values per token for the backward pass (the attention and MLP
-  inputs and outputs of a 4x-wide MLP) plus ``2 x n_heads x block_size`` (attention scores and
-  probabilities); the output layer ``2 x vocab_size`` (logits and their softmax). With
-  activation checkpointing a layer keeps only its input (``d_model``), and one layer at a time
-  is recomputed in full.
+- activations, per rank and micro-batch of ``tokens = micro_batch x block_size``, what autograd
+  keeps for the backward pass: per layer and token ``6 x d_model`` (block inputs, normalized
+  and residual values), the queries, keys, values and attention output
+  (``(2 x n_heads + 2 x n_kv_heads) x head_dim``), SDPA's log-sum-exp (``n_heads``) and the MLP's
+  ``3 x d_mlp`` with SwiGLU (both projections and the gated product) or ``2 x d_mlp`` with the
+  squared ReLU; the output layer ``2 x vocab_size`` (logits and their gradient). No ``T x T``
+  term: SDPA's fused kernels keep no attention probabilities. With activation checkpointing a
+  layer keeps only its input (``d_model``), and one layer at a time is recomputed in full.
+  Activations count ``activation_bytes_per_value`` each (2 under bf16 autocast, where the
+  matmul outputs are bf16), weights and their states ``bytes_per_value``. The test suite checks
+  the count against the tensors autograd saves (``saved_tensors_hooks``): it stays below them.
 
 Runs are refused only when this estimate exceeds the memory available, so a run that might fit
 is never refused; a run under the estimate may still run out of memory.
@@ -50,23 +55,30 @@ def estimate_training_memory(
     shards: int = 1,
     optimizer_states: int = 2,
     bytes_per_value: int = 4,
+    activation_bytes_per_value: int | None = None,
     activation_checkpointing: bool = False,
 ) -> MemoryEstimate:
     """The rough estimate of the module docstring for a model of ``model_config`` (built on the
-    meta device, so that no memory is taken to count its parameters)."""
+    meta device, so that no memory is taken to count its parameters; its resolved config gives
+    ``d_mlp``, ``n_kv_heads`` and ``head_dim``). ``activation_bytes_per_value`` defaults to
+    ``bytes_per_value``."""
     from spherenet.models import model_from_config
 
     with torch.device("meta"):
-        parameters = sum(p.numel() for p in model_from_config(model_config).parameters())
+        model = model_from_config(model_config)
+    parameters = sum(p.numel() for p in model.parameters())
     state = parameters * bytes_per_value * (2 + optimizer_states) // max(shards, 1)
-    c = model_config
-    tokens = micro_batch * block_size
-    full_layer = 16 * c.d_model + 2 * c.n_heads * block_size
+    c = model.config
+    mlp_values = (3 if c.mlp == "swiglu" else 2) * c.d_mlp
+    attention_values = (2 * c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads
+    full_layer = 6 * c.d_model + attention_values + mlp_values
     if activation_checkpointing:
         per_token = c.n_layers * c.d_model + full_layer
     else:
         per_token = c.n_layers * full_layer
-    activations = tokens * (per_token + 2 * c.vocab_size) * bytes_per_value
+    if activation_bytes_per_value is None:
+        activation_bytes_per_value = bytes_per_value
+    activations = micro_batch * block_size * (per_token + 2 * c.vocab_size) * activation_bytes_per_value
     return MemoryEstimate(parameters, state, activations)
 
 
