@@ -12,7 +12,7 @@ from transformers import PretrainedConfig
 
 from ..layers import GPTConfig, NGPTConfig, ScaleSpec
 
-__all__ = ["SpherenetNGPTConfig", "SpherenetGPTConfig", "SpherenetConfigMixin"]
+__all__ = ["SpherenetNGPTConfig", "SpherenetGPTConfig", "SpherenetConfigBase"]
 
 _GENERIC_NAMES = {
     "hidden_size": "d_model",
@@ -24,8 +24,25 @@ _GENERIC_NAMES = {
 }
 
 
-class SpherenetConfigMixin:
-    """What both configs share: building spherenet's config dataclass from the fields."""
+class SpherenetConfigBase(PretrainedConfig):
+    """What nGPT's and GPT's configs share: the fields both models have (each config adds its
+    own) and the conversion to and from spherenet's config dataclass."""
+
+    attribute_map: ClassVar[dict[str, str]] = _GENERIC_NAMES
+
+    vocab_size: int | None = None
+    n_layers: int | None = None
+    d_model: int | None = None
+    n_heads: int | None = None
+    d_mlp: int | None = None
+    max_seq_len: int | None = None
+    rope_base: float | None = None
+    causal: bool | None = None
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    mlp: str | None = None
+    use_cache: bool = True
+    tie_word_embeddings: bool = False
 
     spherenet_config_class: ClassVar[type]
 
@@ -49,25 +66,13 @@ class SpherenetConfigMixin:
         return cls(**values, **kwargs)
 
 
-class SpherenetNGPTConfig(SpherenetConfigMixin, PretrainedConfig):
+class SpherenetNGPTConfig(SpherenetConfigBase):
     """nGPT's fields (:class:`spherenet.layers.NGPTConfig`); a scaling is a dict of
     :class:`~spherenet.layers.ScaleSpec`'s fields."""
 
     model_type = "spherenet-ngpt"
-    attribute_map: ClassVar[dict[str, str]] = _GENERIC_NAMES
     spherenet_config_class: ClassVar[type] = NGPTConfig
 
-    vocab_size: int | None = None
-    n_layers: int | None = None
-    d_model: int | None = None
-    n_heads: int | None = None
-    d_mlp: int | None = None
-    max_seq_len: int | None = None
-    rope_base: float | None = None
-    causal: bool | None = None
-    n_kv_heads: int | None = None
-    head_dim: int | None = None
-    mlp: str | None = None
     update: str | None = None
     alpha_attn: dict[str, Any] | None = None
     alpha_mlp: dict[str, Any] | None = None
@@ -77,29 +82,13 @@ class SpherenetNGPTConfig(SpherenetConfigMixin, PretrainedConfig):
     s_v: dict[str, Any] | None = None
     s_uv: dict[str, Any] | None = None
     s_z: dict[str, Any] | None = None
-    use_cache: bool = True
-    tie_word_embeddings: bool = False
 
 
-class SpherenetGPTConfig(SpherenetConfigMixin, PretrainedConfig):
+class SpherenetGPTConfig(SpherenetConfigBase):
     """The baseline GPT's fields (:class:`spherenet.layers.GPTConfig`)."""
 
     model_type = "spherenet-gpt"
-    attribute_map: ClassVar[dict[str, str]] = _GENERIC_NAMES
     spherenet_config_class: ClassVar[type] = GPTConfig
 
-    vocab_size: int | None = None
-    n_layers: int | None = None
-    d_model: int | None = None
-    n_heads: int | None = None
-    d_mlp: int | None = None
-    max_seq_len: int | None = None
-    rope_base: float | None = None
-    causal: bool | None = None
-    n_kv_heads: int | None = None
-    head_dim: int | None = None
-    mlp: str | None = None
     init_std: float | None = None
     norm_eps: float | None = None
-    use_cache: bool = True
-    tie_word_embeddings: bool = False

@@ -345,3 +345,19 @@ def test_grouped_query_relu2_models_match_spherenet_through_cache_padding_export
     assert out[1].tolist() == reference.generate(long, 8, temperature=0)[0].tolist()
     beams = model.generate(long, max_new_tokens=5, num_beams=3, do_sample=False, pad_token_id=0)
     assert beams.shape == (1, 11) and beams[0, :6].tolist() == long[0].tolist()
+
+
+@pytest.mark.parametrize(
+    "hf_class, config_class",
+    [(shf.SpherenetNGPTConfig, NGPTConfig), (shf.SpherenetGPTConfig, GPTConfig)],
+    ids=["ngpt", "gpt"],
+)
+def test_transformers_config_declares_every_field_of_spherenets(hf_class, config_class):
+    """A field spherenet's config gains must be declared by the transformers config too, or an
+    export would silently load with its default."""
+    import dataclasses
+
+    from transformers import PretrainedConfig
+
+    declared = {f.name for f in dataclasses.fields(hf_class)} - {f.name for f in dataclasses.fields(PretrainedConfig)}
+    assert declared - {"use_cache", "tie_word_embeddings"} == {f.name for f in dataclasses.fields(config_class)}
