@@ -20,9 +20,25 @@ from .config import GPTConfig, NGPTConfig
 from .mlp import gpt_mlp, ngpt_mlp
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
-from .scale import Scale
+from .scale import Scale, ScaleSpec
 
 __all__ = ["NGPTBlock", "GPTBlock"]
+
+
+def self_attention(config: NGPTConfig | GPTConfig, rope: RotaryEmbedding | None) -> NGPTAttention | GPTAttention:
+    """The self-attention of a layer of ``config``: nGPT's for an ``NGPTConfig``, the
+    baseline's for a ``GPTConfig`` (its own rotary table when ``rope`` is None)."""
+    c = config
+    sizes = dict(n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, rope=rope, rope_base=c.rope_base, causal=c.causal)
+    if isinstance(c, NGPTConfig):
+        return NGPTAttention(c.d_model, c.n_heads, **sizes, qk_norm=c.qk_norm, s_qk=c.s_qk)
+    return GPTAttention(c.d_model, c.n_heads, **sizes)
+
+
+def residual_alpha(config: NGPTConfig, spec: ScaleSpec) -> nn.ModuleDict:
+    """An eigen learning rate of ``spec`` (eq. 10, 11), held in a ModuleDict so that its saved
+    name is ``<residual>.alpha``."""
+    return nn.ModuleDict({"alpha": Scale.from_spec(config.d_model, spec, config.d_model)})
 
 
 class NGPTBlock(nn.Module):
@@ -42,21 +58,10 @@ class NGPTBlock(nn.Module):
         if not isinstance(config, NGPTConfig):
             raise TypeError(f"NGPTBlock takes an NGPTConfig, got {config!r}")
         c = self.config = config
-        self.attn = NGPTAttention(
-            c.d_model,
-            c.n_heads,
-            n_kv_heads=c.n_kv_heads,
-            head_dim=c.head_dim,
-            rope=rope,
-            rope_base=c.rope_base,
-            causal=c.causal,
-            qk_norm=c.qk_norm,
-            s_qk=c.s_qk,
-        )
-        # a ModuleDict, so that alpha's saved name stays residual_attn.alpha
-        self.residual_attn = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_attn, c.d_model)})
+        self.attn = self_attention(c, rope)
+        self.residual_attn = residual_alpha(c, c.alpha_attn)
         self.mlp = ngpt_mlp(c)
-        self.residual_mlp = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_mlp, c.d_model)})
+        self.residual_mlp = residual_alpha(c, c.alpha_mlp)
 
     def forward(
         self,
@@ -88,15 +93,7 @@ class GPTBlock(nn.Module):
             raise TypeError(f"GPTBlock takes an GPTConfig, got {config!r}")
         c = self.config = config
         self.norm_attn = RMSNorm(c.d_model, c.norm_eps)
-        self.attn = GPTAttention(
-            c.d_model,
-            c.n_heads,
-            n_kv_heads=c.n_kv_heads,
-            head_dim=c.head_dim,
-            rope=rope,
-            rope_base=c.rope_base,
-            causal=c.causal,
-        )
+        self.attn = self_attention(c, rope)
         self.norm_mlp = RMSNorm(c.d_model, c.norm_eps)
         self.mlp = gpt_mlp(c)
 

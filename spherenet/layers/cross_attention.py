@@ -21,11 +21,12 @@ from torch import nn
 
 from .. import kernels
 from .attention import GPTAttention, KVCache, NGPTAttention
+from .blocks import residual_alpha, self_attention
 from .config import ALPHA, GPTConfig, NGPTConfig
 from .mlp import gpt_mlp, ngpt_mlp
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
-from .scale import Scale, ScaleSpec
+from .scale import ScaleSpec
 
 __all__ = ["NGPTCrossAttention", "GPTCrossAttention", "NGPTCrossBlock", "GPTCrossBlock"]
 
@@ -112,30 +113,23 @@ class NGPTCrossBlock(nn.Module):
         if not isinstance(config, NGPTConfig):
             raise TypeError(f"NGPTCrossBlock takes an NGPTConfig, got {config!r}")
         c = self.config = config
-        heads = dict(n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
-        self.attn = NGPTAttention(
-            c.d_model,
-            c.n_heads,
-            **heads,
-            rope=rope,
-            rope_base=c.rope_base,
-            causal=c.causal,
-            qk_norm=c.qk_norm,
-            s_qk=c.s_qk,
-        )
-        self.residual_attn = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_attn, c.d_model)})
+        # the order of NGPTBlock's modules with the cross-attention between: parameter order is
+        # what optimizer states of saved runs are matched by
+        self.attn = self_attention(c, rope)
+        self.residual_attn = residual_alpha(c, c.alpha_attn)
         self.cross_attn = NGPTCrossAttention(
             c.d_model,
             c.n_heads,
-            **heads,
+            n_kv_heads=c.n_kv_heads,
+            head_dim=c.head_dim,
             rope=self.attn.rope,
             cross_positions=cross_positions,
             qk_norm=c.qk_norm,
             s_qk=c.s_qk,
         )
-        self.residual_cross = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, alpha_cross, c.d_model)})
+        self.residual_cross = residual_alpha(c, alpha_cross)
         self.mlp = ngpt_mlp(c)
-        self.residual_mlp = nn.ModuleDict({"alpha": Scale.from_spec(c.d_model, c.alpha_mlp, c.d_model)})
+        self.residual_mlp = residual_alpha(c, c.alpha_mlp)
 
     def forward(
         self,
@@ -172,10 +166,10 @@ class GPTCrossBlock(nn.Module):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"GPTCrossBlock takes an GPTConfig, got {config!r}")
         c = self.config = config
-        heads = dict(n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
         self.norm_attn = RMSNorm(c.d_model, c.norm_eps)
-        self.attn = GPTAttention(c.d_model, c.n_heads, **heads, rope=rope, rope_base=c.rope_base, causal=c.causal)
+        self.attn = self_attention(c, rope)
         self.norm_cross = RMSNorm(c.d_model, c.norm_eps)
+        heads = dict(n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
         self.cross_attn = GPTCrossAttention(
             c.d_model, c.n_heads, **heads, rope=self.attn.rope, cross_positions=cross_positions
         )
