@@ -9,7 +9,10 @@ overrides); each gets its paper recipe from ``spherenet.optim.build_optimizer`` 
 forward uses the fused autograd functions of ``spherenet.kernels`` (``kernels.use("torch")``) (the default);
 ``--variants [plain] [checkpointed]`` adds the contenders "eager, plain autograd" (nGPT with ``kernels.use("reference")``,
 compared with GPT's eager time) and "eager, activation checkpointing" (both models,
-``set_activation_checkpointing(True)``).
+``set_activation_checkpointing(True)``); ``--variants slerp riemannian tangent`` add nGPT with the
+SLERP update (eq. 6), the Riemannian update (eq. 24-26) or RiemannianAdam's moments on the
+tangent-projected gradient (``optim.gradient=riemannian``), eager, each compared with GPT's eager
+step (the budget study's arms ``ngpt-slerp``, ``ngpt-riemannian``, ``ngpt-tangent``).
 
 The contenders (nGPT/GPT x eager/compiled) run interleaved: in every round each runs ``--steps``
 steps in a fresh random order, and the table gives the median over rounds of the time per
@@ -62,9 +65,15 @@ MODE_LABEL = {
     "triton": "eager, Triton kernels",
     "compiled": "torch.compile",
     "compiled-triton": "torch.compile, Triton kernels",
+    "slerp": "eager, SLERP update",
+    "riemannian": "eager, Riemannian update",
+    "tangent": "eager, tangent-projected optimizer",
 }
-VARIANTS = ("plain", "checkpointed", "triton")
-NGPT_ONLY = ("plain", "triton", "compiled-triton")  # modes that change only nGPT's element-wise ops
+VARIANTS = ("plain", "checkpointed", "triton", "slerp", "riemannian", "tangent")
+NGPT_UPDATE = {"slerp": "slerp", "riemannian": "riemannian"}  # modes that change nGPT's model.update
+NGPT_GRADIENT = {"tangent": "riemannian"}  # modes that change nGPT's optim.gradient
+# modes that change only nGPT (its element-wise ops, its update or its optimizer)
+NGPT_ONLY = ("plain", "triton", "compiled-triton", *NGPT_UPDATE, *NGPT_GRADIENT)
 IMPLEMENTATION = {"plain": "reference", "triton": "triton", "compiled-triton": "triton"}  # else "torch"
 
 
@@ -108,21 +117,26 @@ def baseline_of(mode: str) -> tuple[str, str]:
     return ("GPT", "compiled" if mode.startswith("compiled") else "eager" if mode in NGPT_ONLY else mode)
 
 
-def config_for(family: str, args):
-    """The model config of ``family`` at the shape that ``args`` asks for."""
+def config_for(family: str, args, mode: str = "eager"):
+    """The model config of ``family`` at the shape that ``args`` asks for (nGPT's update of
+    ``mode``)."""
     size, overrides = shape_overrides(args)
+    if family == "nGPT" and mode in NGPT_UPDATE:
+        overrides["update"] = NGPT_UPDATE[mode]
     return preset_config(f"{RECIPE[family][0]}-{size}", **overrides)
 
 
 def build(family: str, args, device: torch.device, mode: str = "eager"):
     """The model of ``family`` at the shape of ``args``, built on ``device``, and its recipe;
-    with activation checkpointing in ``mode`` "checkpointed"."""
+    with activation checkpointing in ``mode`` "checkpointed", nGPT's update or optimizer
+    gradient of the modes that change them."""
     torch.manual_seed(0)
     with device:  # parameters are created on the device (no CPU copy of a large model)
-        model = model_from_config(config_for(family, args))
+        model = model_from_config(config_for(family, args, mode))
     model.set_activation_checkpointing(mode == "checkpointed")
     method = RECIPE[family][1]
-    optimizer, scheduler = build_optimizer(model, method, lr=1e-3, total_steps=10**6)
+    gradient = {"gradient": NGPT_GRADIENT[mode]} if family == "nGPT" and mode in NGPT_GRADIENT else {}
+    optimizer, scheduler = build_optimizer(model, method, lr=1e-3, total_steps=10**6, **gradient)
     return model, optimizer, scheduler
 
 
@@ -164,7 +178,9 @@ def add_step_args(p: argparse.ArgumentParser) -> None:
         metavar="VARIANT",
         help="also these contenders (alone: all): plain = nGPT with plain autograd, "
         "checkpointed = both models with activation checkpointing, triton = nGPT with the Triton "
-        "kernels of its element-wise operations (eager, and compiled unless --no-compile)",
+        "kernels of its element-wise operations (eager, and compiled unless --no-compile), "
+        "slerp / riemannian = nGPT with that update, tangent = nGPT's optimizer on the "
+        "tangent-projected gradient",
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument(

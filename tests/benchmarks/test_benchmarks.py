@@ -3,6 +3,7 @@ and benchmarks/gpu.sh stops at once, with a clear message, where there is no CUD
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -68,18 +69,55 @@ def test_bench_step_quick_markdown(tmp_path):
         "eager, plain autograd",
         "eager, activation checkpointing",
         "eager, Triton kernels",  # under Triton's interpreter (tests/conftest.py): a path check, not a time
+        "eager, SLERP update",
+        "eager, Riemannian update",
+        "eager, tangent-projected optimizer",
     ]
     for mode, n, g, ratio, paired in rows:
         assert re.fullmatch(TIMING, n) and re.fullmatch(TIMING, g), (n, g)
         assert re.fullmatch(NUMBER, ratio) and re.fullmatch(NUMBER, paired)
     header = (
         "| model | eager tokens/s | eager, plain autograd tokens/s | eager, activation checkpointing tokens/s "
-        "| eager, Triton kernels tokens/s |"
+        "| eager, Triton kernels tokens/s | eager, SLERP update tokens/s | eager, Riemannian update tokens/s "
+        "| eager, tangent-projected optimizer tokens/s |"
     )
     rows = table(text, header)
-    assert [r[0] for r in rows] == ["nGPT", "GPT"] and rows[1][2] == rows[1][4] == "-"  # nGPT-only variants
+    assert [r[0] for r in rows] == ["nGPT", "GPT"]
+    assert rows[1][2] == "-" and rows[1][4:] == ["-"] * 4  # nGPT-only variants
     assert "Triton's interpreter on CPU" in text
     assert all(re.fullmatch(NUMBER, c) for r in rows for c in r[1:] if c != "-")
+
+
+def test_bench_step_update_and_optimizer_variants_change_only_ngpt():
+    """``--variants slerp riemannian tangent`` train the budget study's arms: nGPT with that
+    update, or its optimizer on the tangent-projected gradient; GPT and eager nGPT unchanged."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import bench_step
+
+    args = bench_step.parse_args(["--quick"])
+    cpu = torch.device("cpu")
+
+    def built(family, mode):
+        model, optimizer, _ = bench_step.build(family, args, cpu, mode)
+        gradients = {g["gradient"] for g in optimizer.param_groups if "gradient" in g}
+        return model.config, gradients
+
+    eager_config, eager_gradients = built("nGPT", "eager")
+    assert eager_config.update == "lerp" and eager_gradients == {"euclidean"}
+    for mode, update, gradients in (
+        ("slerp", "slerp", {"euclidean"}),
+        ("riemannian", "riemannian", {"euclidean"}),
+        ("tangent", "lerp", {"riemannian"}),
+    ):
+        config, got = built("nGPT", mode)
+        assert (config.update, got) == (update, gradients), mode
+        assert dataclasses.replace(config, update="lerp") == eager_config  # nothing else changed
+    assert [m for m in bench_step.NGPT_ONLY if m in ("slerp", "riemannian", "tangent")] == [
+        "slerp",
+        "riemannian",
+        "tangent",
+    ]
+    assert bench_step.baseline_of("slerp") == bench_step.baseline_of("tangent") == ("GPT", "eager")
 
 
 @pytest.mark.slow
