@@ -44,6 +44,7 @@ from spherenet.layers import NGPTConfig
 from spherenet.models import NGPT, preset_config
 from spherenet.optim import build_optimizer
 from spherenet.optim.groups import SPHERE
+from spherenet.train.loop import autocast_dtype
 from spherenet.train.memory import estimate_training_memory
 
 GIB = 1024**3
@@ -101,6 +102,7 @@ def plan(config: NGPTConfig, *, gpus: int, second_moment: str, gpu_bytes: int, b
         (f"left of {gpu_bytes / GIB:.0f} GiB for activations, activation checkpointing on", "", left_ckpt),
         (f"left of {gpu_bytes / GIB:.0f} GiB for activations, activation checkpointing off", "", left_plain),
     ]
+    activation_bytes = autocast_dtype("auto", torch.device("cuda")).itemsize  # as recipes.train on CUDA
     for checkpointing in (True, False):
         estimate = estimate_training_memory(
             config,
@@ -108,7 +110,7 @@ def plan(config: NGPTConfig, *, gpus: int, second_moment: str, gpu_bytes: int, b
             block_size=block_size,
             shards=gpus,
             activation_checkpointing=checkpointing,
-            activation_bytes_per_value=2,  # bf16 autocast, recipes.train's default on CUDA
+            activation_bytes_per_value=activation_bytes,
         )
         fits = "fits" if estimate.total_bytes <= gpu_bytes else "refused"
         rows.append(

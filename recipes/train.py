@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     check_training_memory(  # a size that cannot run: refused before the model is built or anything written
         model_config(cfg, data.vocab_size), device=info.device, micro_batch=micro, block_size=t.block_size,
         shards=info.world_size if t.parallel == "fsdp" else 1, activation_checkpointing=t.activation_checkpointing,
-        activation_bytes_per_value=2 if autocast_dtype(t.autocast, info.device) is not None else 4,
+        activation_bytes_per_value=(autocast_dtype(t.autocast, info.device) or torch.float32).itemsize,
     )  # fmt: skip  # one call, its sizes together
     torch.manual_seed(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, data.vocab_size, info.device)

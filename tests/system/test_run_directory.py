@@ -5,7 +5,6 @@ cannot run are refused before anything is written."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -132,8 +131,9 @@ def test_memory_estimate_counts_states_and_activations():
 
 def _saved_for_backward_bytes(model, tokens: torch.Tensor, autocast: bool) -> int:
     """Bytes of the distinct storages autograd keeps for the backward pass of the training loss
-    (parameters and their casts excluded), plus the logits' gradient the backward pass creates."""
-    from spherenet.train.loop import lm_loss
+    (parameters excluded; their bf16 casts under autocast count), plus the logits' gradient the
+    backward pass creates. Autocast as recipes.train applies it (``autocast_context``)."""
+    from spherenet.train.loop import autocast_context, lm_loss
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages = {}
@@ -144,7 +144,7 @@ def _saved_for_backward_bytes(model, tokens: torch.Tensor, autocast: bool) -> in
             storages[storage.data_ptr()] = storage.nbytes()
         return t
 
-    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    context = autocast_context("bf16" if autocast else "off", torch.device("cpu"))
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), context:
         logits = model(tokens[:, :-1])
         lm_loss(logits, tokens[:, 1:])
