@@ -127,12 +127,38 @@ def _tokenizer(ckpt: VerifiedCheckpoint, values: dict[str, Any]) -> Tokenizer:
         ) from None
 
 
+#: How often :func:`load_trained` moves on to the newest remaining checkpoint when the one it
+#: read was deleted under it (a live run prunes to ``train.keep_last``).
+READ_TRIES = 5
+
+
 def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Trained:
     """The model of the newest sound checkpoint at ``path`` (weights verified and loaded in
     place), its tokenizer and run config. A damaged newest checkpoint is skipped with a warning
     (see :func:`find_checkpoint`); when none is sound, ``CheckpointCorruptError`` names the
-    directory and what is wrong with each."""
-    ckpt = find_checkpoint(path)
+    directory and what is wrong with each. Read beside a live run, the checkpoint being read can
+    be pruned under it: then the newest remaining one is read (a ``step_*`` directory named
+    explicitly is never replaced: its removal is reported as a failed read)."""
+    path = Path(path)
+    for _ in range(READ_TRIES):
+        ckpt = find_checkpoint(path)
+        try:
+            return _load_trained(ckpt, device)
+        except (OSError, CheckpointError) as exc:
+            if ckpt.path.exists():
+                raise
+            if ckpt.path == path or not isinstance(exc, (FileNotFoundError, CheckpointError)):
+                raise CheckpointError(
+                    f"cannot read {ckpt.path}: it was deleted while it was read (a live run prunes its "
+                    "checkpoints to train.keep_last)"
+                ) from None
+    raise CheckpointError(
+        f"cannot read a checkpoint of {path}: {READ_TRIES} in a row were deleted while they were read (a live run "
+        "prunes its checkpoints to train.keep_last); raise train.keep_last, or read after the run ends"
+    )
+
+
+def _load_trained(ckpt: VerifiedCheckpoint, device: str | torch.device) -> Trained:
     try:
         values = ckpt.read_state()["values"]
     except Exception as exc:  # noqa: BLE001 - verified, yet not a state.pt this code can read

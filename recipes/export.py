@@ -14,8 +14,11 @@ which ``tokenizers`` / ``transformers`` load, with ``tokenizer_config.json`` nam
 token as ``eos_token``: for the byte tokenizer ``<0xFF>``, id 255, or ``<|endoftext|>``, id 256,
 of its 257-token variant), a model card, ``README.md``, and
 ``sha256sums.json``, the size and sha256 of every other file, checked when the model is loaded.
-OUT must be empty or absent; ``--overwrite`` replaces what is there (as one rename: a failed export
-leaves the old one in place). Needs ``pip install "spherenet[hub]"``.
+OUT must be empty or absent; ``--overwrite`` replaces an earlier export there (as one rename: a
+failed export leaves the old one in place) and nothing else: a directory that holds a training
+run or is inside one, that a live trainer holds, that contains the source, or that holds a file
+the earlier export's manifest does not list is refused (:func:`check_destination`). Needs
+``pip install "spherenet[hub]"``.
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import sys
 import uuid
 from pathlib import Path
 
 from recipes.checkpoints import TOKENIZER_DIR, Trained, is_exported, load_trained
 from recipes.cli import prog
-from spherenet.checkpoint import CheckpointError, CheckpointManager, describe_os_error
+from recipes.resume import LOCK_FILE
+from spherenet.checkpoint import MANIFEST, CheckpointError, CheckpointManager, describe_os_error
 from spherenet.data import DataError
 from spherenet.data.tokenizer import TOKENIZER_JSON
 from spherenet.models import PretrainedFileError
@@ -157,12 +162,132 @@ The full training configuration:
 """
 
 
+RUN_FILES = ("checkpoints", "metrics.jsonl", LOCK_FILE)  # what shows a training run's directory
+TMP_PREFIX, OLD_PREFIX = ".tmp-export-", ".old-export-"
+
+
+def holds_run(directory: Path) -> str | None:
+    """What shows that ``directory`` is (part of) a training run: a run's own files, a
+    ``checkpoints/`` directory of ``step_*`` checkpoints, or one checkpoint; None otherwise."""
+    if directory.name.startswith("step_") and (directory / MANIFEST).is_file():
+        return f"a checkpoint ({MANIFEST})"
+    for name in RUN_FILES:
+        if (directory / name).exists():
+            return name
+    if directory.is_dir() and any(p.name.startswith("step_") and (p / MANIFEST).is_file() for p in directory.iterdir()):
+        return "step_* checkpoints"
+    return None
+
+
+def _live_trainer(directory: Path) -> str | None:
+    """The trainer holding ``directory``'s lock (its pid and host), or None when none does."""
+    import fcntl
+
+    try:
+        with (directory / LOCK_FILE).open("r") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return lock.read().strip() or "a process that wrote no name"
+    except OSError:
+        pass
+    return None
+
+
+def check_destination(out: str | Path, source: str | Path, overwrite: bool) -> None:
+    """The rule of every command that replaces a directory: it replaces only what it wrote.
+    Without ``overwrite`` OUT must be empty or absent (:func:`refuse_non_empty`). With it, OUT
+    (when it holds anything) must be an earlier export, all of whose files its manifest lists;
+    refused, in one line, are a directory held by a live trainer, one that holds a run or is
+    inside one, and one that contains the source being exported."""
+    out, source = Path(out), Path(source)
+    if not overwrite:
+        refuse_non_empty(out)
+        return
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out} exists and is not a directory; export into a new directory")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    real_out, real_source = out.resolve(), source.resolve()
+    if real_out == real_source or real_out in real_source.parents:
+        raise CheckpointError(
+            f"--overwrite would replace {out}, which contains the source {source}; export into a directory outside it"
+        )
+    for directory in (real_out, *real_out.parents):
+        holder = _live_trainer(directory)
+        if holder is not None:
+            raise CheckpointError(
+                f"--overwrite refused: {out} is in use by a live trainer ({holder}); export elsewhere"
+            )
+        found = holds_run(directory)
+        if found is not None:
+            where = "holds a training run" if directory == real_out else f"is inside the training run {directory}"
+            raise CheckpointError(
+                f"--overwrite refused: {out} {where} ({found}); export replaces only an earlier export: "
+                "export elsewhere"
+            )
+    listed = _manifest_files(out)
+    if listed is None:
+        raise CheckpointError(
+            f"--overwrite refused: {out} is not an earlier export (no {MANIFEST_NAME}); export replaces only an "
+            "earlier export: export elsewhere, or empty it yourself"
+        )
+    foreign = sorted(
+        str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and str(p.relative_to(out)) not in listed
+    )
+    if foreign:
+        raise CheckpointError(
+            f"--overwrite refused: {out} holds {foreign[0]}"
+            + (f" and {len(foreign) - 1} more file(s)" if len(foreign) > 1 else "")
+            + f", which no export wrote ({MANIFEST_NAME} does not list it); move it, or export elsewhere"
+        )
+
+
+def _manifest_files(directory: Path) -> set[str] | None:
+    """The files an export's manifest lists, with the manifest itself; None without one."""
+    try:
+        files = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {*files, MANIFEST_NAME} if isinstance(files, dict) else None
+
+
+def _owner_tag() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_stale_leftovers(out: Path) -> None:
+    """Remove the ``.tmp-export-*`` / ``.old-export-*`` directories beside ``out`` that an export
+    killed half-way left (written by a process of this host that is gone); those of live
+    processes or other hosts are left alone."""
+    host = socket.gethostname()
+    for prefix in (TMP_PREFIX, OLD_PREFIX):
+        for d in out.parent.glob(f"{prefix}{out.name}-*"):
+            owner = d.name[len(prefix) + len(out.name) + 1 :].rsplit("-", 2)  # host, pid, random
+            if len(owner) != 3 or owner[0] != host or not owner[1].isdigit() or not d.is_dir():
+                continue
+            if not _process_alive(int(owner[1])):
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def refuse_non_empty(out: str | Path) -> None:
     """CheckpointError when ``out`` exists and is not an empty directory (export never mixes its
     files with others, nor replaces an earlier export unasked)."""
     out = Path(out)
     if out.is_dir() and any(out.iterdir()):
-        raise CheckpointError(f"{out} is not empty; pass --overwrite to replace what it holds, or export elsewhere")
+        raise CheckpointError(
+            f"{out} is not empty; pass --overwrite to replace the earlier export there, or export elsewhere"
+        )
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out} exists and is not a directory; export into a new directory")
 
@@ -174,8 +299,7 @@ def export(trained: Trained, out: str | Path, overwrite: bool = False) -> list[P
     Everything is written into a temporary directory beside ``out`` first and moved in only when
     complete: a failed export (disk full, read-only) leaves no half-written files in ``out``."""
     out = Path(out)
-    if not overwrite:
-        refuse_non_empty(out)
+    check_destination(out, trained.path, overwrite)
     train = trained.config.get("train", {})
     if train.get("lora_rank") and not train.get("lora_sphere_aware", True) and type(trained.model).__name__ == "NGPT":
         raise CheckpointError(
@@ -183,8 +307,10 @@ def export(trained: Trained, out: str | Path, overwrite: bool = False) -> list[P
             "matrices are off the sphere, and an nGPT export holds unit rows only; fine-tune with the sphere-aware "
             "LoRA (train.lora_sphere_aware=true) to export"
         )
-    tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_leftovers(out)
+    tmp = out.parent / f"{TMP_PREFIX}{out.name}-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
     try:
         trained.model.save_pretrained(tmp)
         stored = trained.path / TOKENIZER_DIR
@@ -200,7 +326,7 @@ def export(trained: Trained, out: str | Path, overwrite: bool = False) -> list[P
         (tmp / CARD).write_text(model_card(trained), encoding="utf-8")
         write_manifest(tmp, sorted(p.name for p in tmp.iterdir() if p.name != MANIFEST_NAME))
         names = sorted(p.name for p in tmp.iterdir())
-        old = out.parent / f".old-export-{out.name}-{uuid.uuid4().hex[:8]}"
+        old = out.parent / f"{OLD_PREFIX}{out.name}-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
         if out.exists():
             os.replace(out, old)  # a directory cannot be renamed over a non-empty one: move it aside
         try:
@@ -223,13 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--step", type=int, default=None, help="export this step's checkpoint (default: the newest sound one)"
     )
-    p.add_argument("--overwrite", action="store_true", help="replace what OUT holds (by default it must be empty)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier export in OUT (by default OUT must be empty)"
+    )
     args = p.parse_args(argv)
+    action = "cannot read"
     try:
-        if not args.overwrite:
-            refuse_non_empty(args.out)
         if not Path(args.run).exists():
             raise CheckpointError(f"no run directory or checkpoint at {args.run}")
+        check_destination(args.out, args.run, args.overwrite)  # before the (long) read
         if is_exported(args.run):
             raise CheckpointError(
                 f"{args.run} is an exported model already (config.json + model.safetensors): it is what export "
@@ -237,12 +365,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         source = step_checkpoint(args.run, args.step) if args.step is not None else args.run
         trained = load_trained(source)
+        action = "cannot write"
         written = export(trained, args.out, overwrite=args.overwrite)
     except (CheckpointError, DataError, PretrainedFileError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # the destination: read-only, full, not permitted; errno named
-        print(f"error: {describe_os_error(exc)}", file=sys.stderr)
+    except OSError as exc:  # the source unreadable, or the destination read-only, full, not permitted; errno named
+        print(f"error: {describe_os_error(exc, action)}", file=sys.stderr)
         return 2
     print(f"exported {type(trained.model).__name__} from {trained.path} (step {trained.step}):")
     for path in written:

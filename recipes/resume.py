@@ -286,7 +286,11 @@ def run_in_directory(out_dir: Path) -> str | None:
     )
     if checkpoints:
         return f"checkpoints up to {checkpoints[-1]}"
-    return "metrics.jsonl" if (out_dir / "metrics.jsonl").is_file() else None
+    metrics = out_dir / "metrics.jsonl"
+    try:  # an empty one holds no record: what a start that failed at its first write left behind
+        return "metrics.jsonl" if metrics.stat().st_size > 0 else None
+    except FileNotFoundError:
+        return None
 
 
 def move_run_aside(out_dir: Path) -> Path:
@@ -312,11 +316,13 @@ def claim_run_directory(out_dir: Path, resume: bool, overwrite: bool, is_main: b
     lock file this call created is removed again on a refusal. ``overwrite`` lets the fresh start
     through: the caller moves the old run aside (:func:`move_run_aside`) once every other input
     is checked (:meth:`RunDirectory.commit`)."""
+    import errno
     import fcntl
     import socket
 
     if not is_main:
         return None
+    made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / LOCK_FILE
     while True:
@@ -344,13 +350,20 @@ def claim_run_directory(out_dir: Path, resume: bool, overwrite: bool, is_main: b
         except FileNotFoundError:
             pass
         lock.close()
-    try:
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        lock.flush()
+    try:  # unbuffered: a failed write raises here, not again when the file is closed
+        os.ftruncate(fd, 0)
+        name = f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
+        if os.pwrite(fd, name, 0) != len(name):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
     except OSError as exc:  # a full disk: the error of a write names no file
+        if created:  # the directory as it was found: no lock file of a start that never began
+            path.unlink(missing_ok=True)
         lock.close()
+        if made:
+            try:
+                out_dir.rmdir()
+            except OSError:
+                pass
         exc.filename = exc.filename or str(path)
         raise
     existing = None if resume else run_in_directory(out_dir)

@@ -1,43 +1,130 @@
 """A clean stop of a training run on a signal: SIGTERM (preemption, a scheduler's time limit)
 or Ctrl-C (SIGINT) asks the loop to finish its step, save a checkpoint and exit; a second Ctrl-C
-aborts at once (the last saved checkpoint stays intact)."""
+aborts at once (the last saved checkpoint stays intact) and the process exits with 130.
+
+Two Ctrl-Cs that arrive while the main thread is inside one long C call (a matmul, a backward,
+a file write) reach Python as one handler call: the operating system's handler ran twice, but
+Python runs the Python-level handler once. Every delivery also writes one byte into the wakeup
+file descriptor (``signal.set_wakeup_fd``), so the handler counts those bytes instead of its own
+calls. A second Ctrl-C that comes after the loop (while the stop checkpoint is finished, the
+run's last records are written or the process shuts down) is remembered, and
+:meth:`StopOnSignal.exit_code` turns the run's exit code into 130."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 
-__all__ = ["StopOnSignal"]
+__all__ = ["StopOnSignal", "ABORT_EXIT_CODE"]
+
+#: The exit code of a run aborted by a second Ctrl-C (the shell's 128 + SIGINT).
+ABORT_EXIT_CODE = 130
 
 
 class StopOnSignal:
     """While entered, SIGTERM and SIGINT set :attr:`signal` instead of ending the process (a
-    second SIGINT raises ``KeyboardInterrupt``); on exit the previous handlers come back.
-    ``announce``: print what Ctrl-C does (rank 0)."""
+    second SIGINT raises ``KeyboardInterrupt``); on exit the previous SIGTERM handler comes back,
+    and so does SIGINT's unless a first Ctrl-C was received: then a later one is only recorded
+    (:attr:`aborted`), to be read by :meth:`exit_code`. ``announce``: print what Ctrl-C does (rank 0)."""
+
+    #: The instance entered last in this process: the recipe's entry point reads its exit code.
+    last: StopOnSignal | None = None
 
     def __init__(self, announce: bool):
         self.announce = announce
         self.signal: int | None = None
+        self.sigints = 0
+        self.aborted = False
         self._previous: dict = {}
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None
+        self._previous_wakeup_fd = -1
 
     def __enter__(self) -> StopOnSignal:
+        StopOnSignal.last = self
         self._previous = {sig: signal.signal(sig, self._request) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:  # the count of deliveries, even of those Python merged into one handler call
+            reader, writer = socket.socketpair()
+            reader.setblocking(False)
+            writer.setblocking(False)
+            self._previous_wakeup_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+            self._wakeup = (reader, writer)
+        except (OSError, ValueError):  # not the main thread, or no socket pair: count handler calls
+            self._wakeup = None
         return self
 
     def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        signal.signal(signal.SIGTERM, self._previous[signal.SIGTERM])
+        if self.sigints and not self.aborted:
+            signal.signal(signal.SIGINT, self._late)  # a second Ctrl-C from here on: exit code 130
+        else:
+            signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
+        if self._wakeup is not None:
+            self._count_deliveries()
+            if not (self.sigints and not self.aborted):  # the late handler still counts on it
+                self._close_wakeup()
+
+    def _close_wakeup(self) -> None:
+        if self._wakeup is None:
+            return
+        try:
+            signal.set_wakeup_fd(self._previous_wakeup_fd)
+        except ValueError:
+            pass
+        for end in self._wakeup:
+            end.close()
+        self._wakeup = None
+
+    def _count_deliveries(self) -> int:
+        """SIGINT deliveries since the last look, from the wakeup bytes; 1 without them."""
+        if self._wakeup is None:
+            return 1
+        count = 0
+        while True:
+            try:
+                data = self._wakeup[0].recv(4096)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                break
+            count += data.count(signal.SIGINT)
+        return count
 
     def _request(self, signum, frame) -> None:
-        if signum == signal.SIGINT and self.signal is not None:
-            raise KeyboardInterrupt
-        self.signal = signum
+        if signum == signal.SIGINT:
+            self.sigints += max(1, self._count_deliveries())
+            if self.sigints >= 2:
+                self.aborted = True
+                raise KeyboardInterrupt
+        elif self._wakeup is not None:  # a SIGTERM: count any SIGINT that came with it
+            self.sigints += self._count_deliveries()
+            if self.sigints >= 2:
+                self.aborted = True
+                raise KeyboardInterrupt
+        self.signal = self.signal or signum
         if signum == signal.SIGINT and self.announce:
             print(
                 "\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to abort without it)",
                 file=sys.stderr,
                 flush=True,
             )
+
+    def _late(self, signum, frame) -> None:
+        """A Ctrl-C after the loop: recorded, the exit code becomes 130 (see :meth:`exit_code`)."""
+        self.aborted = True
+
+    def exit_code(self, code: int) -> int:
+        """``code``, or 130 when a second Ctrl-C came, checked once more with SIGINT blocked so
+        that one arriving now is seen too; the previous SIGINT handler comes back."""
+        if self.sigints and hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            if signal.SIGINT in signal.sigpending():
+                self.aborted = True
+        if self._wakeup is not None:
+            if self._count_deliveries() and self.sigints:
+                self.aborted = True
+            self._close_wakeup()
+        return ABORT_EXIT_CODE if self.aborted else code
 
     @property
     def requested(self) -> bool:

@@ -361,7 +361,14 @@ def generate_sample(model, tokenizer, val_windows, n_tokens: int, device: torch.
 def cli(argv: list[str] | None = None) -> int:
     """Entry point: user errors (config, data, checkpoints) print one clear line, exit code 2;
     non-finite values (a NaN loss under train.nonfinite=stop, NaN weights that a checkpoint
-    refused) exit code 3."""
+    refused) exit code 3; a second Ctrl-C, whenever it comes after the first, 130."""
+    StopOnSignal.last = None
+    code = _run(argv)
+    stop = StopOnSignal.last  # the run's signal handling, entered around its training loop
+    return stop.exit_code(code) if stop is not None else code
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         return main(argv)
     except NonFiniteStateError as exc:  # NaN/inf in the weights: refused to checkpoint them
@@ -386,6 +393,7 @@ def cli(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        release_claims(refused=True)  # a start that failed leaves no lock behind (a run's files stay)
         return 2
     finally:
         release_claims(refused=False)

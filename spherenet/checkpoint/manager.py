@@ -291,6 +291,8 @@ class CheckpointManager:
             try:
                 return self.verify(p)
             except CheckpointCorruptError as e:
+                if not p.exists():  # pruned since listed (a reader beside a live run): not damaged
+                    continue
                 skipped.append(str(e))
                 if g.rank == 0:
                     warnings.warn(f"skipping damaged checkpoint: {e}", CheckpointWarning, stacklevel=2)

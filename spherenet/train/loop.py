@@ -213,7 +213,10 @@ class MetricsLog:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         line = (json.dumps(clean) + "\n").encode("utf-8")
         # One write of the whole line; a failed one (disk full) is cut back, never left half written.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fd, created = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            fd, created = os.open(self.path, os.O_WRONLY | os.O_APPEND), False
         try:
             size = os.fstat(fd).st_size
             try:
@@ -222,6 +225,8 @@ class MetricsLog:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
             except OSError as exc:
                 os.ftruncate(fd, size)
+                if created:  # a first record that could not be written leaves no empty file
+                    self.path.unlink(missing_ok=True)
                 if exc.filename is None:
                     exc.filename = str(self.path)
                 raise

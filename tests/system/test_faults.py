@@ -709,15 +709,66 @@ def test_a_disk_that_fills_mid_save_keeps_the_previous_checkpoint_and_says_no_sp
     assert all(isinstance(r, dict) for r in read_log(run))  # every line whole
 
 
+def _start_on_a_full_disk_then_retry(tmp_path, cache, text_file, fill: str, free: str):
+    """On a private 4 KiB tmpfs: ``fill`` (shell), a run that fails to start, a listing of what it
+    left in the mount, ``free`` (shell), the same run again. Returns (first exit code, its stderr,
+    the listing, the retry's exit code, the retry's metrics records)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    out = mnt / "run"
+    cmd = " ".join([sys.executable, "-m", "recipes.train", *args(out, cache, text_file, "train.steps=2")])
+    script = (
+        f"mount -t tmpfs -o size=4k tmpfs {mnt} && {fill} && {{ {cmd} 2>{tmp_path}/err.txt; echo $? >{tmp_path}/rc1; }}"
+        f" ; (cd {mnt} && find . | sort) >{tmp_path}/left.txt ; {free} && {cmd} >{tmp_path}/retry.txt 2>&1 ;"
+        f" echo $? >{tmp_path}/rc2 ; cp {out}/metrics.jsonl {tmp_path}/retry_metrics.jsonl"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=env, timeout=240)
+    retry_log = tmp_path / "retry_metrics.jsonl"
+    return (
+        int((tmp_path / "rc1").read_text()),
+        (tmp_path / "err.txt").read_text(),
+        (tmp_path / "left.txt").read_text().split(),
+        int((tmp_path / "rc2").read_text()),
+        [json.loads(x) for x in retry_log.read_text().splitlines()] if retry_log.is_file() else [],
+    )
+
+
 @pytest.mark.slow
 @needs_tmpfs
 def test_a_disk_full_at_start_is_one_error_line(tmp_path, cache, text_file):
-    """One 4 KiB page: the lock file takes it, the first metrics record does not fit."""
-    rc, err, run = _train_on_tmpfs(tmp_path, cache, text_file, "size=4k", "train.steps=2")
+    """One 4 KiB page: the lock file takes it, the first metrics record does not fit. The start
+    fails naming the file, leaves the mount as it found it (no lock, no empty metrics.jsonl, no
+    directory), and a retry with the space freed starts as a new run."""
+    rc, err, left, rc2, records = _start_on_a_full_disk_then_retry(
+        tmp_path, cache, text_file, fill="true", free=f"mount -o remount,size=16m {tmp_path / 'mnt'}"
+    )
     assert rc == 2 and err.strip().splitlines() == [
         f"error: cannot write {tmp_path / 'mnt' / 'run' / 'metrics.jsonl'}: no space left on device (ENOSPC)"
     ], err
-    assert (run / "metrics.jsonl").read_bytes() == b""  # nothing half-written
+    assert left == ["."], left
+    assert rc2 == 0 and [r["event"] for r in records if "event" in r] == ["start", "done"]
+
+
+@pytest.mark.slow
+@needs_tmpfs
+def test_a_disk_too_full_for_the_lock_names_it_and_leaves_nothing(tmp_path, cache, text_file):
+    """The disk is full before the run starts: the lock file's write fails. One line naming
+    train.lock (not a second error from closing the file), no 0-byte lock left behind; a retry
+    after space is freed starts normally."""
+    mnt = tmp_path / "mnt"
+    rc, err, left, rc2, records = _start_on_a_full_disk_then_retry(
+        tmp_path,
+        cache,
+        text_file,
+        fill=f"dd if=/dev/zero of={mnt}/filler bs=4k count=1 2>/dev/null; true",
+        free=f"rm {mnt}/filler && mount -o remount,size=16m {mnt}",
+    )
+    assert rc == 2 and err.strip().splitlines() == [
+        f"error: cannot write {mnt / 'run' / 'train.lock'}: no space left on device (ENOSPC)"
+    ], err
+    assert left == [".", "./filler"], left  # no run directory, no lock
+    assert rc2 == 0 and [r["event"] for r in records if "event" in r] == ["start", "done"]
 
 
 @pytest.mark.slow
@@ -782,3 +833,63 @@ def test_data_edited_in_place_is_refused_unless_the_change_is_named(tmp_path, ca
     assert f"resume: the data changed: {corpus}" in out
     changes = [r for r in read_log(tmp_path / "run") if r.get("event") == "resume_changes"]
     assert len(changes) == 1 and any(c.startswith(f"the data changed: {corpus}") for c in changes[0]["changes"])
+
+
+@contextlib.contextmanager
+def cpu_load(processes: int = 2):
+    """Busy-looping processes beside the test, as on a loaded machine; killed on the way out."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+@needs_proc
+def test_two_ctrl_cs_50_ms_apart_always_exit_130_under_load(tmp_path, cache, text_file):
+    """Two SIGINTs 50 ms apart into a running tiny model, 4 times, while two busy processes load
+    the machine: wherever they land (one step, the stop checkpoint, the last records, both inside
+    one C call), the exit code is 130 and the newest checkpoint verifies."""
+    codes = []
+    with cpu_load():
+        for attempt in range(4):
+            out, log = tmp_path / f"run{attempt}", tmp_path / f"train{attempt}.log"
+            cmd = [sys.executable, "-m", "recipes.train", *args(out, cache, text_file, "train.steps=100000")]
+            with launched(cmd, log) as proc:
+                wait_until(lambda: max_step(out) >= 3, proc, log, "step 3")
+                proc.send_signal(signal.SIGINT)
+                time.sleep(0.05)
+                assert proc.poll() is None, "the run ended within 50 ms of the first Ctrl-C"
+                proc.send_signal(signal.SIGINT)
+                text = finish(proc, log)
+            codes.append(proc.returncode)
+            assert "Traceback" not in text, text[-3000:]
+            newest = CheckpointManager(out / "checkpoints").latest_verified()
+            assert newest is None or newest.step >= 1
+    assert codes == [130] * 4, codes
+
+
+@pytest.mark.slow
+@needs_proc
+def test_export_of_a_live_run_that_prunes_to_one_checkpoint(tmp_path, cache, text_file):
+    """``train.keep_last=1`` with a checkpoint every step: each checkpoint is deleted as soon as
+    the next is in place, while the export reads it. Three exports of the live run all succeed."""
+    from recipes import export
+
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "recipes.train",
+        *args(out, cache, text_file, "train.steps=100000", "train.checkpoint_every=1", "train.keep_last=1"),
+    ]
+    with launched(cmd, log) as proc:
+        wait_until(lambda: checkpoint_steps(out) and max_step(out) >= 2, proc, log, "checkpoint 1")
+        codes = [export.main([str(out), str(tmp_path / f"export{i}")]) for i in range(3)]
+        assert proc.poll() is None, "the run ended before the exports"
+    assert codes == [0, 0, 0]
+    for i in range(3):
+        assert (tmp_path / f"export{i}" / "model.safetensors").is_file()
