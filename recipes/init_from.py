@@ -58,14 +58,14 @@ def init_from_weights(model: torch.nn.Module, tokenizer, source: str, is_main: b
         try:
             read_normalized_nemotron_into(model, source)
         except ValueError as exc:  # PretrainedFileError included: one line naming the file or tensor
-            raise ConfigError(f"train.init_from={source}: {exc}") from None
+            raise _refused(source, exc) from None
         if is_main:
             print(f"init_from: weights of {source} (Normalized-Nemotron layout; a fresh optimizer)", flush=True)
         return
     try:
         given = load_weights(source)
     except (CheckpointError, DataError) as exc:
-        raise ConfigError(f"train.init_from={source}: {exc}") from None
+        raise _refused(source, exc) from None
     if given.tokenizer.fingerprint != tokenizer.fingerprint:
         raise ConfigError(
             f"train.init_from={source} was trained with the {given.tokenizer.name} tokenizer (vocab "
@@ -90,6 +90,15 @@ def init_from_weights(model: torch.nn.Module, tokenizer, source: str, is_main: b
     model.load_state_dict(given.model.state_dict())  # same class and config: the same tensors
     if is_main:
         print(f"init_from: weights of {given.describe()} (a fresh optimizer)", flush=True)
+
+
+def _refused(source: str, exc: Exception) -> ConfigError:
+    """The load's own message under ``train.init_from``, naming the path once: the message
+    usually names it already."""
+    message = str(exc)
+    return ConfigError(
+        f"train.init_from: {message}" if str(source) in message else f"train.init_from={source}: {message}"
+    )
 
 
 def _differences(saved: dict, built: dict, prefix: str = "") -> list[tuple[str, object, object]]:

@@ -109,6 +109,18 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     return load_config(resolve_config(args.config), [*args.overrides, *(o for o, on in shortcuts.items() if on)])
 
 
+def seed_everything(seed: int) -> None:
+    """Seed torch, Python's ``random`` and numpy's global generator: checkpoints save all three
+    and ``--resume`` restores them, so two runs of one config save the same states."""
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
 def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.nn.Module:
     model = model_from_config(model_config(cfg, vocab_size))  # the data's vocabulary unless [model] sets one
     model.set_activation_checkpointing(cfg.train.activation_checkpointing)
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         shards=info.world_size if t.parallel == "fsdp" else 1, activation_checkpointing=t.activation_checkpointing,
         activation_bytes_per_value=(autocast_dtype(t.autocast, info.device) or torch.float32).itemsize,
     )  # fmt: skip  # one call, its sizes together
-    torch.manual_seed(t.seed)  # identical initial weights on every rank
+    seed_everything(t.seed)  # identical initial weights on every rank; the saved RNG states repeat
     model = build_model(cfg, data.vocab_size, info.device)
     if plan is None and t.init_from:  # before sharding: the weights are whole tensors
         init_from_weights(model, tokenizer, t.init_from, info.is_main)

@@ -421,7 +421,8 @@ def test_init_from_non_finite_weights_is_refused_at_load(safetensors_torch, bpe_
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2, err
-    assert len(err) == 1 and err[0].startswith(f"error: train.init_from={source}: "), err
+    assert len(err) == 1 and err[0].startswith("error: train.init_from: "), err
+    assert err[0].count(str(source)) == 1, err  # the path named once
     assert "non-finite weights (NaN/inf) in 'blocks.0.attn.s_qk.param'" in err[0], err
     assert not (out / "checkpoints").exists()
 
