@@ -34,7 +34,7 @@ from pathlib import Path
 
 from recipes.checkpoints import TOKENIZER_DIR, Trained, is_exported, load_trained
 from recipes.cli import prog
-from recipes.resume import LOCK_FILE
+from recipes.run_directory import LOCK_FILE
 from spherenet.checkpoint import MANIFEST, CheckpointError, CheckpointManager, describe_os_error
 from spherenet.data import DataError
 from spherenet.data.tokenizer import TOKENIZER_JSON
