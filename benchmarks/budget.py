@@ -5,13 +5,18 @@ tokens per parameter.
     python benchmarks/budget.py --estimate-only       # time every arm, write the estimate, train nothing
     python benchmarks/budget.py --report-only         # rewrite budget.md and the plots from the ledgers
     python benchmarks/budget.py --gpu-plan            # the GPU version's command and its cost (6 N D), no training
+    python benchmarks/budget.py --pending             # the seed runs the rate rule still needs, no training
     python benchmarks/budget.py --quick               # a smoke run of the pipeline (minutes)
+    python benchmarks/budget.py --points cpu@256 --budgets 677 2707 --results benchmarks/results/budget/default_corpus_cpu
+    python benchmarks/budget.py --size-axis benchmarks/results/budget/default_corpus benchmarks/results/budget/default_corpus_cpu
 
 At each point ``SIZE@CONTEXT`` (default ``tiny@256`` and ``tiny@1024``) every arm trains at each
 budget (default 100, 400 and 1600 steps of ``--tokens-per-step`` tokens). Every budget is its
 own cosine run (GPT arms: warmup 5% of the budget) at its own learning rate, chosen as
 ``benchmarks/scaling.py`` chooses it: a grid of three rates a factor 3 apart, grown until the best
-is bracketed, then the chosen rate for every seed. A budget's grid is centred on the arm's rate
+is bracketed, then the best rate for every seed, and a runner-up within ``--tie-margin`` nats of
+it on the sweep seed too, the lower mean over the seeds picked (recorded in each ledger's
+``picks.jsonl``). A budget's grid is centred on the arm's rate
 chosen at the budget before it, since the best rate moves with the budget. Validation runs
 ``--evals`` times per run, the last at its final step.
 
@@ -22,6 +27,17 @@ measured it lies on the line through the two nearest and is marked as an extrapo
 seed, against GPT's curve of the same seed; mean ± std over the seeds. Beside it: the final-loss
 gap to GPT at equal tokens.
 
+Sizes: a point's tokens per parameter is its budget x ``--tokens-per-step`` / its nGPT parameter
+count. ``--scale-budgets`` takes ``--budgets`` as the first point's and gives every other point
+the budgets of equal tokens per parameter (``round(budget x its params / the first point's)``:
+``tiny@256 cpu@256 --budgets 100 400 1600`` gives cpu 677, 2707 and 10828 steps); a size may as
+well run as its own study in its own results directory with its budgets named. ``--size-axis
+DIR...`` reads several studies' results directories (each with the command in its
+``study.json``) and writes ``size_axis.md`` and ``size_axis.png`` (into ``--results``, default
+their common parent): the multiplier against tokens per parameter, one line per point and arm,
+and the update rules' final losses paired by seed with LERP's; what a study plans and has not run
+is marked "not run".
+
 No warmup-stable-decay shortcut is taken: every budget is a separate cosine run, so there is no
 decay branch to check against one.
 
@@ -30,7 +46,9 @@ Resumable: each budget keeps its own ledger ``RESULTS/stepsNNNN/runs.jsonl`` (wi
 trained again. ``RESULTS/budget.md`` is rewritten after every run, ``multiplier.png`` and
 ``loss_budget.png`` after every budget. ``RESULTS/estimate.json`` holds the time per step measured before the first
 run, from which ``budget.md`` states the study's cost. ``RESULTS`` defaults to
-``benchmarks/results/budget/<corpus>/``; run directories are scratch in ``--out``.
+``benchmarks/results/budget/<corpus>/``; run directories are scratch in ``--out``, where a
+restart continues a half-done run from its checkpoints (runs of 1000 steps or more checkpoint
+every 5% of their steps).
 """
 
 from __future__ import annotations

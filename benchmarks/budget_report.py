@@ -133,6 +133,7 @@ def summary(args: argparse.Namespace) -> list[dict]:
                         "lr": lr,
                         "bracketed": bracketed,
                         "tried": tried,
+                        "tie": tie_note(books[b], point, arm),
                         "seeds": seeds,
                         "finals": finals,
                         "gaps": gaps,
@@ -140,6 +141,16 @@ def summary(args: argparse.Namespace) -> list[dict]:
                     }
                 )
     return rows
+
+
+def tie_note(ledger: Ledger, point: str, arm: str) -> str:
+    """How a tie was decided (``scaling_ledger.decide``), e.g. "; tie: mean 0.03 2.1000, 0.01 2.0900
+    over 3 seeds"; "" when the sweep's best stood alone or nothing is decided yet."""
+    pick = ledger.picks.get((point, arm))
+    if pick is None or len(pick["candidates"]) < 2:
+        return ""
+    means = ", ".join(f"{c['lr']:g} {c['mean']:.4f}" for c in pick["candidates"])
+    return f"; tie: mean {means} over {len(pick['seeds'])} seeds"
 
 
 def spent_core_hours(args: argparse.Namespace) -> tuple[float, int]:
@@ -199,7 +210,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         mean = fmt_values(finite) + mark if finite else "-"
         lines.append(
             f"| {r['point']} | {r['budget']} | {tokens_per_param(args, r['point'], r['budget']):.1f} | {r['arm']} | "
-            f"**{r['lr']:g}** ({', '.join(f'{x:g}' for x in r['tried'])}) | {'yes' if r['bracketed'] else 'no'} | "
+            f"**{r['lr']:g}** ({', '.join(f'{x:g}' for x in r['tried'])}{r['tie']}) | {'yes' if r['bracketed'] else 'no'} | "
             f"{len(r['seeds'])} | {fmt_values(r['finals'], 4)} | "
             f"{fmt_values(r['gaps'], 4)} | {mean} ({per_seed}) |"
         )
@@ -210,6 +221,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
     )
     overrides = f" Overrides for every run: `{' '.join(args.overrides)}`." if args.overrides else ""
     budgets = ", ".join(map(str, args.budgets))
+    margin = getattr(args, "tie_margin", TIE_MARGIN)
     if getattr(args, "point_budgets", None):  # --scale-budgets: each point its own, at equal tokens per parameter
         budgets = "; ".join(f"{pt}: {', '.join(map(str, budgets_of(args, pt)))}" for pt in args.points)
     (args.results / "budget.md").write_text(
@@ -232,7 +244,15 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         "bracketed: a tried rate on both sides of it. The Hyperball arms' rate is `optim.matrix_lr` (the "
         "angle a step turns a hidden matrix by), their AdamW part at GPT's bold rate at that budget. "
         "Tokens / param: the nGPT model's parameter count. "
-        "This file is rewritten after every run.\n\n" + "\n".join(lines) + "\n"
+        + (
+            f"Tie: the runner-up's final loss on seed {args.sweep_seed} was within {margin:g} nats of the best's "
+            "(`--tie-margin`), so both rates ran on every seed and the lower mean (shown) was picked. "
+            if any(r["tie"] for r in rows)
+            else ""
+        )
+        + "This file is rewritten after every run.\n\n"
+        + "\n".join(lines)
+        + "\n"
     )
     if plots:
         plot(args, rows)

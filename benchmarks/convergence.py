@@ -23,7 +23,9 @@ Runs ``--jobs`` trainings at a time, each with ``OMP_NUM_THREADS=--threads`` und
 Run directories and checkpoints stay in ``--out`` (default ``/tmp/convergence``); only the
 small artifacts are written to ``--results`` (default ``benchmarks/results``; ``--quick``:
 ``OUT/results``): ``convergence.md``, ``convergence_sweep.md`` and ``convergence.png``.
-``--reuse`` (default on) skips runs that already finished, so an interrupted study resumes.
+``--reuse`` (default on) skips runs that already finished, so an interrupted study resumes; a run
+interrupted half way continues from its last checkpoint when its settings are the same
+(``recipes.train --resume``; runs of 1000+ steps checkpoint every 5%), else starts afresh.
 
 ``--data`` is a text file, ``stdlib`` or a Hub dataset, as ``data.source`` of ``recipes.train``
 (default: tinyshakespeare when ``../shared/data`` has it, else the trainer's default corpus).

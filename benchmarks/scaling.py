@@ -17,7 +17,13 @@ For each arm at each point:
    arm's start (``--gpt-lr`` for the GPT arms, ``--ngpt-lr`` for nGPT's); while the lowest final
    validation loss sits at an edge of the grid, the grid grows by a factor 3 past that edge (at
    most ``--max-extend`` times), so that the chosen rate is bracketed;
-2. the chosen rate for every ``--seeds``.
+2. the best rate for every ``--seeds``; when the runner-up's final loss on the sweep seed is
+   within ``--tie-margin`` nats of the best's (default 0.02, the small end of the seed spreads the
+   tiny studies saw, std 0.004-0.12 over seeds: one seed cannot order two such rates), the
+   runner-up runs on every seed too and the lower mean final loss over the seeds is the chosen
+   rate. The decision is recorded in ``RESULTS/picks.jsonl`` (the candidates, their means, the
+   pick), so that the report and a resumed study read the same rate; a ledger written before the
+   rule gets its tied runner-ups' seeds on its next start.
 
 The metrics are ``benchmarks/convergence.py``'s: per seed, the common target (the lowest
 validation loss both GPT and the arm reach), and the ratio GPT's steps to it / the arm's steps
@@ -39,7 +45,9 @@ Resumable: every finished run is appended as one JSON line (its validation curve
 repository resumes on a fresh machine. ``RESULTS`` defaults to
 ``benchmarks/results/scaling/<corpus>/`` (``--quick``: ``OUT/results``); the tables
 (``scaling.md``) and the plots (``speedup_context.png``, ``speedup_params.png``) are rewritten
-after every run, so they always show what is done. Run directories are scratch in ``--out``.
+after every run, so they always show what is done. Run directories are scratch in ``--out``; a
+run found there half done (its checkpoints, the same spec) continues from its last checkpoint
+(``convergence.train_one``).
 """
 
 from __future__ import annotations

@@ -121,3 +121,15 @@ def test_pending_lists_the_seed_runs_the_rate_rule_still_needs(budget, tmp_path,
     assert "  tiny@32 40 steps gpt lr 0.003 seed 1\n1 run(s) pending" in text
     assert budget.main([*argv, "--pending", "--tie-margin", "0.005"]) == 0
     assert "0 run(s) pending" in capsys.readouterr().out
+
+    # once the runner-up has run on seed 1 the study decides; the report shows the tie and how it went
+    ledger = budget.scaling.Ledger(tmp_path / "r" / "steps0040" / "runs.jsonl")
+    ledger.add({**ledger.rows[("tiny@32", "gpt", 0.003, 0)], "seed": 1, "val_loss": [3.0]})
+    pick, missing = budget.scaling.decide(ledger, "tiny@32", "gpt", [0, 1], 0)
+    assert missing == [] and pick["picked"] == 0.003  # mean 3.005 against 3.05
+    ledger.add_pick(pick)
+    assert budget.main([*argv, "--report-only"]) == 0
+    table = (tmp_path / "r" / "budget.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| tiny@32 | 40 |"))
+    assert "| **0.003** (0.003, 0.01, 0.03; tie: mean 0.01 3.0500, 0.003 3.0050 over 2 seeds) |" in row
+    assert "within 0.02 nats of the best's" in table
