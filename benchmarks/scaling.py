@@ -209,6 +209,15 @@ class Study:
             if (p, a, s) == (str(point), arm, self.args.sweep_seed)
         }
 
+    def drop_stale(self, point: Point, arms: list[str]) -> None:
+        """Forget (in memory: the ledger file keeps them, a rerun's line comes later and wins) the
+        runs of matrix-rate arms whose AdamW part ran at another rate than the one GPT has picked
+        now (a tie decided after them), and their pick, so that they run again."""
+        for key, row in list(self.ledger.rows.items()):
+            if key[0] == str(point) and key[1] in arms and row.get("adamw_lr") != self.base_lr(point, key[1]):
+                del self.ledger.rows[key]
+                self.ledger.picks.pop((key[0], key[1]), None)
+
     def run_point(self, point: Point, arms: list[str]) -> None:
         """Stage 1 (sweeps, grown until bracketed) and stage 2 (seeds) for every arm at the
         point, ``--jobs`` runs at a time across the arms."""
@@ -278,6 +287,7 @@ class Study:
             # a matrix-rate arm's AdamW part takes GPT's pick, so GPT's seeds (and a tie) come first
             sweep([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
             seeds([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
+            self.drop_stale(point, [arm for arm in arms if arm in MATRIX_RATE_ARMS])
             sweep([arm for arm in arms if arm in MATRIX_RATE_ARMS])
             seeds([arm for arm in arms if arm in MATRIX_RATE_ARMS])
         write_results(self.args, self.ledger)

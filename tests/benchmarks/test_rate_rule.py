@@ -126,3 +126,41 @@ def test_the_study_runs_a_tied_runner_up_on_every_seed_records_the_pick_and_resu
     assert scaling.main([*argv, "--tie-margin", "0.001"]) == 0
     assert calls == []
     assert len((results / "picks.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_hyperball_arm_reruns_when_a_tie_moves_gpts_rate_under_its_adamw_part(scaling, tmp_path, monkeypatch):
+    calls: list = []
+    train = fake_train_one(calls)
+
+    def train_one(pargs, spec, seed, say):  # gpt-adamh: its matrix rate decides, 0.1 best on every seed
+        if spec.startswith("gpt-adamh"):
+            spec = spec.replace("optim.lr=", "optim.adamw_lr=").replace("optim.matrix_lr=", "optim.lr=")
+        return train(pargs, spec, seed, say)
+
+    monkeypatch.setattr(scaling.convergence, "train_one", train_one)
+    monkeypatch.setitem(FINALS, ("gpt-adamh", 0.03), [2.9] * 3)
+    monkeypatch.setitem(FINALS, ("gpt-adamh", 0.1), [2.7] * 3)
+    monkeypatch.setitem(FINALS, ("gpt-adamh", 0.3), [2.95] * 3)
+    results = tmp_path / "results"
+    results.mkdir(parents=True)
+    ledger = scaling.Ledger(results / "runs.jsonl")
+    for (arm, lr), finals in FINALS.items():
+        if arm == "gpt" and lr != 1e-3:
+            ledger.add(row("tiny@32", arm, lr, 0, finals[0]))
+    for seed in (1, 2):
+        ledger.add(row("tiny@32", "gpt", 1e-2, seed, FINALS["gpt", 1e-2][seed]))
+    # the Hyperball arm's runs, done with GPT's seed-0 rate 0.01 for its AdamW part
+    for lr, seeds in ((0.03, [0]), (0.1, [0, 1, 2]), (0.3, [0])):
+        for seed in seeds:
+            ledger.add({**row("tiny@32", "gpt-adamh", lr, seed, 2.0), "adamw_lr": 1e-2})
+    argv = ["--points", "tiny@32", "--arms", "gpt", "gpt-adamh", "--update-point", "", "--seeds", "0", "1", "2",
+            "--data", "stdlib", "--out", str(tmp_path / "out"), "--results", str(results), "--no-progress",
+            "--jobs", "1"]  # fmt: skip  # a command line
+    assert scaling.main(argv) == 0
+    # GPT's tie is decided first (0.003), then every Hyperball run again with it
+    assert calls[:2] == [("gpt", 3e-3, 1), ("gpt", 3e-3, 2)]
+    assert sorted(calls[2:]) == [("gpt-adamh", lr, s) for lr, s in [(0.03, 0), (0.1, 0), (0.1, 1), (0.1, 2), (0.3, 0)]]
+    again = scaling.Ledger(results / "runs.jsonl")
+    adamh = [r for key, r in again.rows.items() if key[1] == "gpt-adamh"]
+    assert len(adamh) == 5 and all(r["adamw_lr"] == 3e-3 and r["val_loss"][-1] > 2.5 for r in adamh)
+    assert again.picks[("tiny@32", "gpt-adamh")]["picked"] == 0.1
