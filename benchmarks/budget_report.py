@@ -392,7 +392,7 @@ def write_size_axis(studies: list[argparse.Namespace], out: Path) -> None:
         "rule is ahead); mean ± std over the seeds both ran. Not run: planned by the study's command, not in its "
         "ledger yet.\n\n" + "\n".join(lines) + "\n"
     )
-    plot_size_axis(entries, out / "size_axis.png")
+    plot_size_axis(entries, out / "size_axis.png", [a.results.name for a in studies])
 
 
 def _shown(path: Path) -> str:
@@ -400,7 +400,8 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
-def plot_size_axis(entries: list[dict], path: Path) -> None:
+def plot_size_axis(entries: list[dict], path: Path, names: list[str]) -> None:
+    """One line per study, point and arm (colour: arm; style: point); ``names``: the studies' labels."""
     try:
         import matplotlib
 
@@ -408,21 +409,26 @@ def plot_size_axis(entries: list[dict], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    lines: dict[tuple[str, str], list] = {}
+    lines: dict[tuple[int, str, str], list] = {}  # (study, point, arm): a point two studies hold, twice
     for e in entries:
         r = e["row"]
         finite = [m for m, _ in r["multipliers"] if math.isfinite(m)] if r is not None else []
         if e["arm"] != BASELINE and finite:
             m, s = mean_std(finite)
-            lines.setdefault((str(e["point"]), e["arm"]), []).append((e["tokens_per_param"], m, s))
-    sizes = sorted({p for p, _ in lines}, key=lambda p: [e["params"] for e in entries if str(e["point"]) == p][0])
-    arms = sorted({a for _, a in lines})
+            lines.setdefault((e["study"], str(e["point"]), e["arm"]), []).append((e["tokens_per_param"], m, s))
+    curves = [
+        (study, point) for _, study, point in sorted({(e["params"], e["study"], str(e["point"])) for e in entries})
+    ]
+    shared = {p for _, p in curves if sum(q == p for _, q in curves) > 1}
+    arms = sorted({a for *_, a in lines})
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
-    for (point, arm), pts in sorted(lines.items()):
+    for (study, point, arm), pts in sorted(lines.items()):
         pts.sort()
+        where = f"{point} ({names[study]})" if point in shared else point
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
-                    color=f"C{arms.index(arm)}", ls=styles[sizes.index(point) % len(styles)], label=f"{arm} @ {point}")  # fmt: skip  # one call, its style beside it
+                    color=f"C{arms.index(arm) % 10}", ls=styles[curves.index((study, point)) % len(styles)],
+                    label=f"{arm} @ {where}")  # fmt: skip  # one call, its style beside it
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xscale("log")
     ax.set_xlabel("tokens per parameter")
