@@ -312,6 +312,25 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def with_ledgers_on_disk(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` (a study's first command) with the points, budgets and arms its ledgers hold
+    beyond it (later starts of the study with other ``--budgets`` or ``--arms``)."""
+    held: dict[str, set[int]] = {}
+    for path in sorted(args.results.glob("steps*/runs.jsonl")):
+        budget = int(path.parent.name.removeprefix("steps"))
+        for point, arm, _, _ in scaling.Ledger(path).rows:
+            held.setdefault(point, set()).add(budget)
+            if arm not in args.arms:
+                args.arms.append(arm)
+    for point in held:
+        if point not in args.params:
+            args.points.append(scaling.Point.parse(point))
+            args.params[point] = scaling.parameters(args.points[-1])
+    args.point_budgets = {str(pt): sorted({*budgets_of(args, pt), *held.get(str(pt), ())}) for pt in args.points}
+    args.budgets = sorted({b for budgets in args.point_budgets.values() for b in budgets})
+    return args
+
+
 def size_axis(dirs: list[Path], out: Path | None) -> Path:
     """The size-axis report of the studies in ``dirs``, each read with its first command
     (``study.json``), written into ``out`` (default: the directories' common parent)."""
@@ -321,7 +340,7 @@ def size_axis(dirs: list[Path], out: Path | None) -> Path:
         if not meta.is_file():
             raise SystemExit(f"error: {meta} not found: --size-axis takes budget studies' results directories")
         command = shlex.split(json.loads(meta.read_text())["command"])[2:]  # past "python benchmarks/budget.py"
-        studies.append(parse([*command, "--results", str(d.resolve())]))
+        studies.append(with_ledgers_on_disk(parse([*command, "--results", str(d.resolve())])))
     out = (out or Path(os.path.commonpath([d.resolve() for d in dirs]))).resolve()
     write_size_axis(studies, out)
     return out

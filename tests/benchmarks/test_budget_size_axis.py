@@ -79,6 +79,10 @@ def test_size_axis_reads_several_studies_and_marks_what_has_not_run(budget, tmp_
     cpu = {("cpu@32", b1, "gpt", 0.01, s): 2.9 for s in seeds} | {("cpu@32", b1, "ngpt", 0.03, s): 2.8 for s in seeds}
     write_study(tmp_path / "cpu", f"python benchmarks/budget.py --points cpu@32 --budgets {b1} {b2} {arms} "
                 "--results /elsewhere", cpu)  # fmt: skip  # one call
+    # a later start of the study added a third budget for GPT and LERP: read from its ledger
+    b3 = round(640 * ratio)
+    write_study(tmp_path / "later", "", {("cpu@32", b3, arm, 0.01, 0): 2.0 for arm in ("gpt", "ngpt")})
+    (tmp_path / "later" / f"steps{b3:04d}").rename(tmp_path / "cpu" / f"steps{b3:04d}")
     out = tmp_path / "axis"
     assert budget.main(["--size-axis", str(tmp_path / "tiny"), str(tmp_path / "cpu"), "--results", str(out)]) == 0
 
@@ -100,6 +104,7 @@ def test_size_axis_reads_several_studies_and_marks_what_has_not_run(budget, tmp_
         *(("cpu@32", str(b2), arm) for arm in ("gpt", "ngpt", "ngpt-slerp")),
     ]:
         assert "| not run |" in rows[key]
+    assert "| 2.0000 |" in rows["cpu@32", str(b3), "ngpt"] and "| not run |" in rows["cpu@32", str(b3), "ngpt-slerp"]
     assert (out / "size_axis.png").stat().st_size > 0
     # the directories' common parent by default
     assert budget.main(["--size-axis", str(tmp_path / "tiny"), str(tmp_path / "cpu")]) == 0
