@@ -5,13 +5,18 @@ tokens per parameter.
     python benchmarks/budget.py --estimate-only       # time every arm, write the estimate, train nothing
     python benchmarks/budget.py --report-only         # rewrite budget.md and the plots from the ledgers
     python benchmarks/budget.py --gpu-plan            # the GPU version's command and its cost (6 N D), no training
+    python benchmarks/budget.py --pending             # the seed runs the rate rule still needs, no training
     python benchmarks/budget.py --quick               # a smoke run of the pipeline (minutes)
+    python benchmarks/budget.py --points cpu@256 --budgets 677 2707 --results benchmarks/results/budget/default_corpus_cpu
+    python benchmarks/budget.py --size-axis benchmarks/results/budget/default_corpus benchmarks/results/budget/default_corpus_cpu
 
 At each point ``SIZE@CONTEXT`` (default ``tiny@256`` and ``tiny@1024``) every arm trains at each
 budget (default 100, 400 and 1600 steps of ``--tokens-per-step`` tokens). Every budget is its
 own cosine run (GPT arms: warmup 5% of the budget) at its own learning rate, chosen as
 ``benchmarks/scaling.py`` chooses it: a grid of three rates a factor 3 apart, grown until the best
-is bracketed, then the chosen rate for every seed. A budget's grid is centred on the arm's rate
+is bracketed, then the best rate for every seed, and a runner-up within ``--tie-margin`` nats of
+it on the sweep seed too, the lower mean over the seeds picked (recorded in each ledger's
+``picks.jsonl``). A budget's grid is centred on the arm's rate
 chosen at the budget before it, since the best rate moves with the budget. Validation runs
 ``--evals`` times per run, the last at its final step.
 
@@ -22,6 +27,17 @@ measured it lies on the line through the two nearest and is marked as an extrapo
 seed, against GPT's curve of the same seed; mean ± std over the seeds. Beside it: the final-loss
 gap to GPT at equal tokens.
 
+Sizes: a point's tokens per parameter is its budget x ``--tokens-per-step`` / its nGPT parameter
+count. ``--scale-budgets`` takes ``--budgets`` as the first point's and gives every other point
+the budgets of equal tokens per parameter (``round(budget x its params / the first point's)``:
+``tiny@256 cpu@256 --budgets 100 400 1600`` gives cpu 677, 2707 and 10828 steps); a size may as
+well run as its own study in its own results directory with its budgets named. ``--size-axis
+DIR...`` reads several studies' results directories (each with the command in its
+``study.json``) and writes ``size_axis.md`` and ``size_axis.png`` (into ``--results``, default
+their common parent): the multiplier against tokens per parameter, one line per point and arm,
+and the update rules' final losses paired by seed with LERP's; what a study plans and has not run
+is marked "not run".
+
 No warmup-stable-decay shortcut is taken: every budget is a separate cosine run, so there is no
 decay branch to check against one.
 
@@ -30,7 +46,9 @@ Resumable: each budget keeps its own ledger ``RESULTS/stepsNNNN/runs.jsonl`` (wi
 trained again. ``RESULTS/budget.md`` is rewritten after every run, ``multiplier.png`` and
 ``loss_budget.png`` after every budget. ``RESULTS/estimate.json`` holds the time per step measured before the first
 run, from which ``budget.md`` states the study's cost. ``RESULTS`` defaults to
-``benchmarks/results/budget/<corpus>/``; run directories are scratch in ``--out``.
+``benchmarks/results/budget/<corpus>/``; run directories are scratch in ``--out``, where a
+restart continues a half-done run from its checkpoints (runs of 1000 steps or more checkpoint
+every 5% of their steps).
 """
 
 from __future__ import annotations
@@ -39,6 +57,7 @@ import argparse
 import copy
 import datetime
 import json
+import os
 import shlex
 import sys
 import time
@@ -51,7 +70,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import convergence  # noqa: E402  (benchmarks/ is on sys.path)
 import scaling  # noqa: E402
-from budget_report import BASELINE, RUNS_PER_SWEEP, budget_dir, ledgers, write_results  # noqa: E402
+from budget_report import (  # noqa: E402
+    BASELINE,
+    RUNS_PER_SWEEP,
+    budget_dir,
+    budgets_of,
+    ledgers,
+    write_results,
+    write_size_axis,
+)
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
@@ -87,6 +114,21 @@ class BudgetStudy(scaling.Study):
     def report(self) -> None:
         super().report()
         write_results(self.study_args, plots=False)  # the plots: once a budget is done
+
+
+def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
+    """The seed runs (point, budget, arm, lr, seed) the rate rule (``scaling_ledger.decide``)
+    still needs wherever an arm's sweep has run: the best rate's seeds, and a tied runner-up's.
+    Sweeps still to grow are not listed (they depend on the budget before's pick)."""
+    out = []
+    for b, book in ledgers(args).items():
+        for pt in args.points:
+            for arm in args.arms:
+                if b not in budgets_of(args, pt):
+                    continue
+                _, missing = scaling.decide(book, str(pt), arm, args.seeds, args.sweep_seed, args.tie_margin)
+                out += [(str(pt), b, arm, lr, s) for lr, s in missing]
+    return out
 
 
 # ---------------------------------------------------------------- the estimate
@@ -133,17 +175,24 @@ def measure(args: argparse.Namespace, steps: int = 40) -> None:
 
 # ---------------------------------------------------------------- the GPU plan
 
-GPU_POINTS = ["base@1024", "base@4096"]
+GPU_POINTS = ["base@1024", "base@4096", "0.5b@1024"]  # two contexts at base; a second size at 1024
 GPU_TOKENS_PER_STEP = 512 * 1024  # the paper's global batch: 512 sequences of 1k tokens (App. A.5)
 GPU_BUDGETS = [750, 3000, 12000]  # 2.4, 9.7 and 39 tokens per parameter at base: the CPU study's range
 GPU_PEAK_FLOPS = 790e12  # H200 dense bf16, per GPU
 GPU_MFU = 0.4  # the fraction of peak a training step sustains: an assumption, to be measured
 
 
+def scaled_budgets(budgets: list[int], params: int, reference: int) -> list[int]:
+    """``--scale-budgets``: a point of ``params`` parameters trains as many tokens per parameter
+    as the first point (``reference`` parameters) does at ``budgets`` (the same tokens per step)."""
+    return [round(b * params / reference) for b in budgets]
+
+
 def gpu_plan() -> str:
-    """The command of the budget study at GPT-2 small's shape on a GPU, and its cost: training
-    FLOPs by ``6 N D`` per run (N: parameters, D: tokens), with attention's ``6 L T d`` per token
-    beside it, in GPU-hours at :data:`GPU_MFU` of :data:`GPU_PEAK_FLOPS`."""
+    """The command of the budget study at GPT-2 small's shape on a GPU (two contexts) and at a
+    second size (0.5b) at the same tokens per parameter, and its cost: training FLOPs by
+    ``6 N D`` per run (N: parameters, D: tokens), with attention's ``6 L T d`` per token beside
+    it, in GPU-hours at :data:`GPU_MFU` of :data:`GPU_PEAK_FLOPS`."""
     from spherenet.models import preset_config
 
     runs = (RUNS_PER_SWEEP + 3 - 1) * len(ARMS)  # per budget: each arm's sweep and two more seeds
@@ -153,11 +202,13 @@ def gpu_plan() -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     total_hours = 0.0
-    for pt in [scaling.Point.parse(t) for t in GPU_POINTS]:
+    points = [scaling.Point.parse(t) for t in GPU_POINTS]
+    reference = scaling.parameters(points[0])
+    for pt in points:
         n = scaling.parameters(pt)
         c = preset_config(f"ngpt-{pt.size}", max_seq_len=pt.context)
         attention = 6 * c.n_layers * pt.context * c.d_model  # per token, forward and backward
-        for budget in GPU_BUDGETS:
+        for budget in scaled_budgets(GPU_BUDGETS, n, reference):
             tokens = budget * GPU_TOKENS_PER_STEP
             flops, with_attention = 6 * n * tokens, (6 * n + attention) * tokens
             hours = runs * with_attention / (GPU_PEAK_FLOPS * GPU_MFU) / 3600
@@ -168,11 +219,12 @@ def gpu_plan() -> str:
             )
     command = (
         f"python benchmarks/budget.py --points {' '.join(GPU_POINTS)} --budgets {' '.join(map(str, GPU_BUDGETS))} "
-        f"--tokens-per-step {GPU_TOKENS_PER_STEP} --evals 10 --jobs 1 --data openwebtext data.tokenizer=bpe:32000 "
-        "train.micro_batch_size=16"
+        f"--scale-budgets --tokens-per-step {GPU_TOKENS_PER_STEP} --evals 10 --jobs 1 --data openwebtext "
+        "data.tokenizer=bpe:32000 train.micro_batch_size=16"
     )
     return (
-        f"Command (one GPU, the runs one after another):\n\n    {command}\n\n"
+        f"Command (one GPU, the runs one after another; --scale-budgets: {points[-1]} at {points[0]}'s tokens per "
+        f"parameter, the size axis):\n\n    {command}\n\n"
         + "\n".join(lines)
         + f"\n\nIn all about {total_hours:,.0f} GPU-hours at {GPU_MFU:.0%} of {GPU_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
         f"(an H200's dense bf16 peak; the fraction is an assumption until measured), {RUNS_PER_SWEEP} sweep runs "
@@ -183,23 +235,46 @@ def gpu_plan() -> str:
 # ---------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The study's settings from its command line: points, budgets (per point with
+    ``--scale-budgets``), parameter counts and directories; nothing written but the results
+    directory."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 1 point, 2 arms, budgets 10 and 40, 2 seeds")
     p.add_argument("--estimate-only", action="store_true", help="time the arms, write the estimate, train nothing")
     p.add_argument(
         "--report-only", action="store_true", help="rewrite the tables and plots from the ledgers, train nothing"
     )
+    p.add_argument("--pending", action="store_true", help="list the seed runs the rate rule still needs, train nothing")
+    p.add_argument(
+        "--size-axis",
+        nargs="+",
+        type=Path,
+        metavar="RESULTS",
+        help="write size_axis.md/.png from these studies' results directories (into --results, default their "
+        "parent), train nothing",
+    )
     p.add_argument("--gpu-plan", action="store_true", help="print the GPU version's command and cost, train nothing")
     p.add_argument("--points", nargs="+", default=POINTS, help="SIZE@CONTEXT, e.g. tiny@256")
     p.add_argument("--arms", nargs="+", default=ARMS, choices=sorted(compare.BUILTIN))
     p.add_argument("--budgets", nargs="+", type=int, default=BUDGETS, help="training steps per run")
+    p.add_argument(
+        "--scale-budgets",
+        action="store_true",
+        help="--budgets are the first point's; every other point's budget keeps its tokens per parameter: "
+        "round(budget x its params / the first point's)",
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--sweep-seed", type=int, default=0)
     p.add_argument("--gpt-lr", type=float, default=1e-2, help="the GPT arms' first sweep centre")
     p.add_argument("--ngpt-lr", type=float, default=3e-2, help="the nGPT arms' first sweep centre")
     p.add_argument("--max-extend", type=int, default=3, help="how often a sweep may grow past its edge")
+    p.add_argument(
+        "--tie-margin",
+        type=float,
+        default=scaling.TIE_MARGIN,
+        help="nats: a runner-up rate this close to the best on the sweep seed runs on every seed too, the better mean wins",
+    )
     p.add_argument("--tokens-per-step", type=int, default=4096)
     p.add_argument("--evals", type=int, default=10, help="validations per run (every budget / evals steps)")
     p.add_argument("--eval-batches", type=int, default=4)
@@ -215,9 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(points=["tiny@32"], arms=["gpt", "ngpt"], budgets=[10, 40], tokens_per_step=256,
                        evals=5, eval_batches=1, seeds=[0, 1], max_extend=1)  # fmt: skip  # the smoke settings
     args = compare.parse_args_with_overrides(p, argv)
-    if args.gpu_plan:
-        print(gpu_plan(), end="")
-        return 0
+    if args.gpu_plan or args.size_axis:
+        return args
     args.command = "python benchmarks/budget.py" + ("" if not argv else " " + shlex.join(argv))
     args.points = [scaling.Point.parse(t) for t in args.points]
     args.budgets = sorted(set(args.budgets))
@@ -229,8 +303,59 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds = [args.sweep_seed, *args.seeds]
     scaling.study_paths(args, "budget")
     args.params = {str(pt): scaling.parameters(pt) for pt in args.points}
+    if args.scale_budgets:
+        ref = args.params[str(args.points[0])]
+        args.point_budgets = {str(pt): scaled_budgets(args.budgets, args.params[str(pt)], ref) for pt in args.points}
+        args.budgets = sorted({b for budgets in args.point_budgets.values() for b in budgets})
     args.context_size = args.points[0].size  # what scaling's per-budget plots read
     args.size_context = args.points[0].context
+    return args
+
+
+def with_ledgers_on_disk(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` (a study's first command) with the points, budgets and arms its ledgers hold
+    beyond it (later starts of the study with other ``--budgets`` or ``--arms``)."""
+    held: dict[str, set[int]] = {}
+    for path in sorted(args.results.glob("steps*/runs.jsonl")):
+        budget = int(path.parent.name.removeprefix("steps"))
+        for point, arm, _, _ in scaling.Ledger(path).rows:
+            held.setdefault(point, set()).add(budget)
+            if arm not in args.arms:
+                args.arms.append(arm)
+    for point in held:
+        if point not in args.params:
+            args.points.append(scaling.Point.parse(point))
+            args.params[point] = scaling.parameters(args.points[-1])
+    args.point_budgets = {str(pt): sorted({*budgets_of(args, pt), *held.get(str(pt), ())}) for pt in args.points}
+    args.budgets = sorted({b for budgets in args.point_budgets.values() for b in budgets})
+    return args
+
+
+def size_axis(dirs: list[Path], out: Path | None) -> Path:
+    """The size-axis report of the studies in ``dirs``, each read with its first command
+    (``study.json``), written into ``out`` (default: the directories' common parent)."""
+    studies = []
+    for d in dirs:
+        meta = d / "study.json"
+        if not meta.is_file():
+            raise SystemExit(f"error: {meta} not found: --size-axis takes budget studies' results directories")
+        command = shlex.split(json.loads(meta.read_text())["command"])[2:]  # past "python benchmarks/budget.py"
+        studies.append(with_ledgers_on_disk(parse([*command, "--results", str(d.resolve())])))
+    out = (out or Path(os.path.commonpath([d.resolve() for d in dirs]))).resolve()
+    write_size_axis(studies, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    if args.gpu_plan:
+        print(gpu_plan(), end="")
+        return 0
+    if args.size_axis:
+        out = size_axis(args.size_axis, args.results)
+        print(f"wrote {out / 'size_axis.md'}, {out / 'size_axis.png'}", flush=True)
+        return 0
     meta = args.results / "study.json"  # the first start's date and command stay: the header does not churn
     if meta.is_file():
         first = json.loads(meta.read_text())
@@ -248,6 +373,12 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )  # fmt: skip  # one comprehension per line
     print(f"data: {args.corpus_label}; results in {args.results}", flush=True)
+    if args.pending:
+        todo = pending(args)
+        for point, b, arm, lr, seed in todo:
+            print(f"  {point} {b} steps {arm} lr {lr:g} seed {seed}")
+        print(f"{len(todo)} run(s) pending", flush=True)
+        return 0
     if args.report_only:
         write_results(args)
         print(f"wrote {args.results / 'budget.md'}", flush=True)
@@ -259,18 +390,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.results / 'budget.md'} (estimate only)", flush=True)
             return 0
         per_budget = (RUNS_PER_SWEEP - 1 + len(args.seeds)) * len(args.arms)
-        planned = per_budget * len(args.points) * len(args.budgets)
+        planned = per_budget * sum(len(budgets_of(args, pt)) for pt in args.points)
         done = sum(len(book.rows) for book in ledgers(args).values())
         bar = compare.progress_bar(max(planned, done), "budget study", enabled=args.progress, initial=done)
         for pt in args.points:
             start: dict[str, float] = {}
-            for budget in args.budgets:
+            for budget in budgets_of(args, pt):
                 bargs = budget_args(args, budget, start)
                 bargs.results.mkdir(parents=True, exist_ok=True)
                 study = BudgetStudy(bargs, args, bar)
                 study.run_point(pt, list(args.arms))
                 for arm in args.arms:
-                    lr, _ = scaling.chosen(study.ledger, str(pt), arm, args.sweep_seed)
+                    lr, _ = scaling.chosen(study.ledger, str(pt), arm, args.sweep_seed, args.tie_margin)
                     if lr is not None:
                         start[arm] = lr
                 write_results(args)

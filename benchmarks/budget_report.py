@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from _machine import cpu_name
-from scaling_ledger import BASELINE, Ledger, Point, chosen, final_loss
+from scaling_ledger import BASELINE, TIE_MARGIN, Ledger, Point, chosen, final_loss
 from scaling_report import fmt_values, mean_std
 
 # What the estimate assumes per arm and budget: the first grid of three rates, one growth past
@@ -74,6 +74,12 @@ def budget_dir(results: Path, budget: int) -> Path:
     return results / f"steps{budget:04d}"
 
 
+def budgets_of(args: argparse.Namespace, point: Point) -> list[int]:
+    """The point's budgets: ``args.budgets``, unless ``--scale-budgets`` gave each point its own
+    (``args.point_budgets``)."""
+    return getattr(args, "point_budgets", {}).get(str(point), args.budgets)
+
+
 def ledgers(args: argparse.Namespace) -> dict[int, Ledger]:
     return {b: Ledger(budget_dir(args.results, b) / "runs.jsonl") for b in args.budgets}
 
@@ -88,21 +94,21 @@ def summary(args: argparse.Namespace) -> list[dict]:
     seed the gap to GPT and the compute multiplier."""
     books = ledgers(args)
     rates = {
-        (str(pt), b, arm): chosen(books[b], str(pt), arm, args.sweep_seed)
+        (str(pt), b, arm): chosen(books[b], str(pt), arm, args.sweep_seed, getattr(args, "tie_margin", TIE_MARGIN))
         for pt in args.points
-        for b in args.budgets
+        for b in budgets_of(args, pt)
         for arm in args.arms
     }
     rows = []
     for pt in args.points:
         point = str(pt)
         base_curve = {}  # seed -> [(budget, GPT's final loss)]
-        for b in args.budgets:
+        for b in budgets_of(args, pt):
             lr, _ = rates[point, b, BASELINE]
             for seed in args.seeds:
                 loss = final(books[b], point, BASELINE, lr, seed) if lr is not None else math.nan
                 base_curve.setdefault(seed, []).append((b, loss))
-        for b in args.budgets:
+        for b in budgets_of(args, pt):
             base_lr, _ = rates[point, b, BASELINE]
             for arm in args.arms:
                 lr, bracketed = rates[point, b, arm]
@@ -127,6 +133,7 @@ def summary(args: argparse.Namespace) -> list[dict]:
                         "lr": lr,
                         "bracketed": bracketed,
                         "tried": tried,
+                        "tie": tie_note(books[b], point, arm),
                         "seeds": seeds,
                         "finals": finals,
                         "gaps": gaps,
@@ -134,6 +141,16 @@ def summary(args: argparse.Namespace) -> list[dict]:
                     }
                 )
     return rows
+
+
+def tie_note(ledger: Ledger, point: str, arm: str) -> str:
+    """How a tie was decided (``scaling_ledger.decide``), e.g. "; tie: mean 0.03 2.1000, 0.01 2.0900
+    over 3 seeds"; "" when the sweep's best stood alone or nothing is decided yet."""
+    pick = ledger.picks.get((point, arm))
+    if pick is None or len(pick["candidates"]) < 2:
+        return ""
+    means = ", ".join(f"{c['lr']:g} {c['mean']:.4f}" for c in pick["candidates"])
+    return f"; tie: mean {means} over {len(pick['seeds'])} seeds"
 
 
 def spent_core_hours(args: argparse.Namespace) -> tuple[float, int]:
@@ -155,7 +172,7 @@ def estimate_text(args: argparse.Namespace) -> str:
             if m is None:
                 continue
             lines.append(f"| {pt} | {arm} | {m['s_per_step']:.3f} | {m['startup_s']:.1f} |")
-            total += run_seconds(args, m)
+            total += run_seconds(args, m, budgets_of(args, pt))
     core_h = total * args.threads / 3600
     spent, runs = spent_core_hours(args)
     return (
@@ -170,11 +187,11 @@ def estimate_text(args: argparse.Namespace) -> str:
     )
 
 
-def run_seconds(args: argparse.Namespace, timing: dict) -> float:
-    """The estimated wall seconds of one arm's runs at one point over every budget."""
+def run_seconds(args: argparse.Namespace, timing: dict, budgets: list[int]) -> float:
+    """The estimated wall seconds of one arm's runs at one point over its budgets."""
     per_budget = [
         timing["startup_s"] + (b + args.evals * args.eval_batches * EVAL_BATCH_COST) * timing["s_per_step"]
-        for b in args.budgets
+        for b in budgets
     ]
     return (RUNS_PER_SWEEP + len(args.seeds) - 1) * sum(per_budget)
 
@@ -193,7 +210,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         mean = fmt_values(finite) + mark if finite else "-"
         lines.append(
             f"| {r['point']} | {r['budget']} | {tokens_per_param(args, r['point'], r['budget']):.1f} | {r['arm']} | "
-            f"**{r['lr']:g}** ({', '.join(f'{x:g}' for x in r['tried'])}) | {'yes' if r['bracketed'] else 'no'} | "
+            f"**{r['lr']:g}** ({', '.join(f'{x:g}' for x in r['tried'])}{r['tie']}) | {'yes' if r['bracketed'] else 'no'} | "
             f"{len(r['seeds'])} | {fmt_values(r['finals'], 4)} | "
             f"{fmt_values(r['gaps'], 4)} | {mean} ({per_seed}) |"
         )
@@ -203,13 +220,17 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         for p in args.points
     )
     overrides = f" Overrides for every run: `{' '.join(args.overrides)}`." if args.overrides else ""
+    budgets = ", ".join(map(str, args.budgets))
+    margin = getattr(args, "tie_margin", TIE_MARGIN)
+    if getattr(args, "point_budgets", None):  # --scale-budgets: each point its own, at equal tokens per parameter
+        budgets = "; ".join(f"{pt}: {', '.join(map(str, budgets_of(args, pt)))}" for pt in args.points)
     (args.results / "budget.md").write_text(
         "# Budget study: nGPT's compute multiplier over GPT against training length\n\n"
         f"Command: `{args.command}`  \n"
         f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
         f"{args.threads} thread(s); started {args.date}.  \n"
         f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Budgets: "
-        f"{', '.join(map(str, args.budgets))} steps of {args.tokens_per_step} tokens, each its own run, cosine "
+        f"{budgets} steps of {args.tokens_per_step} tokens, each its own run, cosine "
         f"to 0 (GPT arms: warmup 5%, weight decay 0.1), validation {args.evals} times per run on "
         f"{args.eval_batches} batches. Seeds {', '.join(map(str, args.seeds))}.{overrides}\n\n"
         + estimate_text(args)
@@ -223,7 +244,15 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         "bracketed: a tried rate on both sides of it. The Hyperball arms' rate is `optim.matrix_lr` (the "
         "angle a step turns a hidden matrix by), their AdamW part at GPT's bold rate at that budget. "
         "Tokens / param: the nGPT model's parameter count. "
-        "This file is rewritten after every run.\n\n" + "\n".join(lines) + "\n"
+        + (
+            f"Tie: the runner-up's final loss on seed {args.sweep_seed} was within {margin:g} nats of the best's "
+            "(`--tie-margin`), so both rates ran on every seed and the lower mean (shown) was picked. "
+            if any(r["tie"] for r in rows)
+            else ""
+        )
+        + "This file is rewritten after every run.\n\n"
+        + "\n".join(lines)
+        + "\n"
     )
     if plots:
         plot(args, rows)
@@ -290,4 +319,123 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.results / "loss_budget.png", dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the size axis
+
+#: The update-rule arms, paired by seed with LERP (``ngpt``) in the size-axis table.
+LERP = "ngpt"
+RULE_ARMS = ("ngpt-slerp", "ngpt-riemannian", "ngpt-tangent")
+
+
+def size_axis_rows(studies: list[argparse.Namespace]) -> list[dict]:
+    """Every (point, budget, arm) the studies plan (their points, budgets and arms), ordered by
+    model size, context and budget: its :func:`summary` row with the paired differences to LERP
+    (``vs_lerp``: per seed, the arm's final loss minus LERP's), or ``None`` ("not run")."""
+    out = []
+    for order, args in enumerate(studies):
+        found = {(str(r["point"]), r["budget"], r["arm"]): r for r in summary(args)}
+        for pt in args.points:
+            for b in budgets_of(args, pt):
+                for arm in args.arms:
+                    r = found.get((str(pt), b, arm))
+                    if r is not None and arm in RULE_ARMS and (str(pt), b, LERP) in found:
+                        lerp = dict(zip(found[str(pt), b, LERP]["seeds"], found[str(pt), b, LERP]["finals"]))
+                        r = {**r, "vs_lerp": [f - lerp[s] for s, f in zip(r["seeds"], r["finals"]) if s in lerp]}
+                    out.append(
+                        {"point": pt, "params": args.params[str(pt)], "budget": b, "arm": arm, "row": r,
+                         "tokens_per_param": tokens_per_param(args, pt, b), "study": order}
+                    )  # fmt: skip  # one row's fields
+    out.sort(key=lambda e: (e["params"], e["point"].context, e["study"], e["budget"]))
+    return out
+
+
+def write_size_axis(studies: list[argparse.Namespace], out: Path) -> None:
+    """``size_axis.md`` and ``size_axis.png`` in ``out``: the compute multiplier against tokens
+    per parameter at every size the studies (results directories) hold, side by side."""
+    entries = size_axis_rows(studies)
+    lines = [
+        "| point | params | budget (steps) | tokens / param | arm | lr | seeds | final val loss | gap to GPT | "
+        "compute multiplier (per seed) | minus LERP (per seed) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        r = e["row"]
+        head = f"| {e['point']} | {e['params'] / 1e6:.2f}M | {e['budget']} | {e['tokens_per_param']:.1f} | {e['arm']} |"
+        if r is None or not r["seeds"]:
+            lines.append(head + " not run | 0 | - | - | - | - |")
+            continue
+        finite = [m for m, _ in r["multipliers"] if math.isfinite(m)]
+        mark = "*" if any(x for _, x in r["multipliers"]) else ""
+        per_seed = ", ".join(fmt_multiplier(m, x) for m, x in r["multipliers"])
+        vs = r.get("vs_lerp")
+        vs_text = f"{fmt_values(vs, 4)} ({', '.join(f'{v:+.4f}' for v in vs)})" if vs else "-"
+        lines.append(
+            head + f" {r['lr']:g} | {len(r['seeds'])} | {fmt_values(r['finals'], 4)} | {fmt_values(r['gaps'], 4)} | "
+            f"{(fmt_values(finite) + mark) if finite else '-'} ({per_seed}) | {vs_text} |"
+        )
+    sources = "; ".join(
+        f"`{_shown(a.results)}` ("
+        + ", ".join(f"{p} at {'/'.join(map(str, budgets_of(a, p)))} steps" for p in a.points)
+        + ")"
+        for a in studies
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "size_axis.md").write_text(
+        "# Budget study: the compute multiplier against tokens per parameter at two sizes\n\n"
+        f"From the budget studies' ledgers: {sources}. Each point at its own budgets, the same tokens per step "
+        f"({', '.join(sorted({str(a.tokens_per_step) for a in studies}))}), so that the sizes meet at equal "
+        "tokens per parameter (the nGPT model's count). Compute multiplier, gap to GPT and the rate: as in each "
+        "study's `budget.md` (the arm's picked rate; *: extrapolated beyond GPT's budgets at that point). Minus "
+        "LERP: the update rule's final loss minus LERP's (`ngpt`) at the same point, budget and seed (< 0: the "
+        "rule is ahead); mean ± std over the seeds both ran. Not run: planned by the study's command, not in its "
+        "ledger yet.\n\n" + "\n".join(lines) + "\n"
+    )
+    plot_size_axis(entries, out / "size_axis.png", [a.results.name for a in studies])
+
+
+def _shown(path: Path) -> str:
+    root = Path(__file__).resolve().parents[1]
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def plot_size_axis(entries: list[dict], path: Path, names: list[str]) -> None:
+    """One line per study, point and arm (colour: arm; style: point); ``names``: the studies' labels."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    lines: dict[tuple[int, str, str], list] = {}  # (study, point, arm): a point two studies hold, twice
+    for e in entries:
+        r = e["row"]
+        finite = [m for m, _ in r["multipliers"] if math.isfinite(m)] if r is not None else []
+        if e["arm"] != BASELINE and finite:
+            m, s = mean_std(finite)
+            lines.setdefault((e["study"], str(e["point"]), e["arm"]), []).append((e["tokens_per_param"], m, s))
+    curves = [
+        (study, point) for _, study, point in sorted({(e["params"], e["study"], str(e["point"])) for e in entries})
+    ]
+    shared = {p for _, p in curves if sum(q == p for _, q in curves) > 1}
+    arms = sorted({a for *_, a in lines})
+    styles = ["-", "--", ":", "-."]
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    for (study, point, arm), pts in sorted(lines.items()):
+        pts.sort()
+        where = f"{point} ({names[study]})" if point in shared else point
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                    color=f"C{arms.index(arm) % 10}", ls=styles[curves.index((study, point)) % len(styles)],
+                    label=f"{arm} @ {where}")  # fmt: skip  # one call, its style beside it
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens per parameter")
+    ax.set_ylabel("compute multiplier over GPT")
+    ax.set_title("colour: arm; line style: point (size@context)", fontsize=9)
+    if lines:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -23,7 +23,9 @@ Runs ``--jobs`` trainings at a time, each with ``OMP_NUM_THREADS=--threads`` und
 Run directories and checkpoints stay in ``--out`` (default ``/tmp/convergence``); only the
 small artifacts are written to ``--results`` (default ``benchmarks/results``; ``--quick``:
 ``OUT/results``): ``convergence.md``, ``convergence_sweep.md`` and ``convergence.png``.
-``--reuse`` (default on) skips runs that already finished, so an interrupted study resumes.
+``--reuse`` (default on) skips runs that already finished, so an interrupted study resumes; a run
+interrupted half way continues from its last checkpoint when its settings are the same
+(``recipes.train --resume``; runs of 1000+ steps checkpoint every 5%), else starts afresh.
 
 ``--data`` is a text file, ``stdlib`` or a Hub dataset, as ``data.source`` of ``recipes.train``
 (default: tinyshakespeare when ``../shared/data`` has it, else the trainer's default corpus).
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import shutil
@@ -52,7 +55,9 @@ from _machine import cpu_name  # noqa: E402  (benchmarks/ is on sys.path when a 
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
+from spherenet.checkpoint import CheckpointCorruptError, CheckpointManager  # noqa: E402
 from spherenet.train.config import load_config  # noqa: E402
+from spherenet.train.loop import MetricsLog  # noqa: E402
 
 TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 VARIANTS = ["gpt", "ngpt", "ngpt-slerp", "ngpt-riemannian", "ngpt-adam_normalize"]
@@ -110,10 +115,41 @@ def shared_overrides(args: argparse.Namespace) -> list[str]:
         f"train.steps={args.steps}",
         f"train.eval_every={args.eval_every}",
         f"train.eval_batches={args.eval_batches}",
-        f"train.checkpoint_every={args.steps}",
+        f"train.checkpoint_every={checkpoint_every(args)}",
         f"train.log_every={args.eval_every}",
         *args.overrides,
     ]
+
+
+#: Runs of this many steps or more checkpoint every :data:`CHECKPOINT_FRACTION` of their steps, so
+#: that a restart continues them (:func:`resume_step`); shorter ones (minutes) only at their end.
+LONG_RUN_STEPS = 1000
+CHECKPOINT_FRACTION = 0.05
+
+
+def checkpoint_every(args: argparse.Namespace) -> int:
+    """``train.checkpoint_every``: ``args.checkpoint_every`` when set, else every 5% of a long run."""
+    if getattr(args, "checkpoint_every", None):
+        return args.checkpoint_every
+    return max(1, round(CHECKPOINT_FRACTION * args.steps)) if args.steps >= LONG_RUN_STEPS else args.steps
+
+
+def resume_step(run_dir: Path, steps: int) -> int | None:
+    """The step of the newest sound checkpoint of an unfinished run in ``run_dir`` that was
+    started for ``steps`` steps (its metrics' start event says so: ``recipes.train`` would resume
+    another total with a recomputed schedule); None when there is none to continue. Whether the
+    other settings match is ``recipes.train --resume``'s to judge: it refuses a differing one."""
+    metrics = run_dir / "metrics.jsonl"
+    if not (run_dir / "checkpoints").is_dir() or not metrics.is_file() or compare.finished(run_dir):
+        return None
+    starts = [r for r in MetricsLog.read(metrics) if r.get("event") == "start"]
+    if not starts or (starts[0].get("config") or {}).get("train", {}).get("steps") != steps:
+        return None
+    try:
+        found = CheckpointManager(run_dir / "checkpoints", keep_last=None).latest_verified()
+    except CheckpointCorruptError:
+        return None
+    return found.step if found is not None and 0 < found.step < steps else None
 
 
 def reused(args: argparse.Namespace, spec: str, seed: int) -> bool:
@@ -130,15 +166,34 @@ def train_one(args: argparse.Namespace, spec: str, seed: int, say) -> tuple[str,
     if reused(args, spec, seed):
         return name, seed, 0
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    step = resume_step(run_dir, args.steps)
+    if step is None:
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    else:  # what was logged after the checkpoint is logged again by the resumed run
+        kept = [r for r in MetricsLog.read(run_dir / "metrics.jsonl") if r.get("step", 0) <= step]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     cmd = [
         "nice", "-n", str(args.nice), sys.executable, "-m", "recipes.train", "--config", str(DEFAULT_CONFIG),
         *shared_overrides(args), *extra, f"train.seed={seed}", f"train.out_dir={run_dir}",
-        "train.sample_tokens=0", "train.progress=false", "--overwrite",  # a rerun starts afresh (the old moves aside)
+        "train.sample_tokens=0", "train.progress=false",
     ]  # fmt: skip  # options beside their values
     env = compare.train_env(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    with (run_dir / "train.log").open("w") as log:
-        rc = subprocesses.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # a rerun starts afresh (the old run moves aside) unless it continues a half-done run of this spec
+    with (run_dir / "train.log").open("w" if step is None else "a") as log:
+        rc = subprocesses.run(
+            [*cmd, "--overwrite" if step is None else "--resume"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    if step is not None and rc == 2:  # refused (other settings than the checkpoint's): start afresh
+        say(f"  {name} seed {seed}: cannot continue from step {step} (see {run_dir / 'train.log'}); starting afresh")
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        with (run_dir / "train.log").open("a") as log:
+            rc = subprocesses.run([*cmd, "--overwrite"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    elif step is not None:
+        say(f"  {name} seed {seed}: continued from step {step}")
     status = "ok" if rc == 0 else f"FAILED (exit {rc}, see {run_dir / 'train.log'})"
     say(f"  {name} seed {seed}: {status}")
     return name, seed, rc

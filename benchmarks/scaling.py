@@ -17,7 +17,13 @@ For each arm at each point:
    arm's start (``--gpt-lr`` for the GPT arms, ``--ngpt-lr`` for nGPT's); while the lowest final
    validation loss sits at an edge of the grid, the grid grows by a factor 3 past that edge (at
    most ``--max-extend`` times), so that the chosen rate is bracketed;
-2. the chosen rate for every ``--seeds``.
+2. the best rate for every ``--seeds``; when the runner-up's final loss on the sweep seed is
+   within ``--tie-margin`` nats of the best's (default 0.02, the small end of the seed spreads the
+   tiny studies saw, std 0.004-0.12 over seeds: one seed cannot order two such rates), the
+   runner-up runs on every seed too and the lower mean final loss over the seeds is the chosen
+   rate. The decision is recorded in ``RESULTS/picks.jsonl`` (the candidates, their means, the
+   pick), so that the report and a resumed study read the same rate; a ledger written before the
+   rule gets its tied runner-ups' seeds on its next start.
 
 The metrics are ``benchmarks/convergence.py``'s: per seed, the common target (the lowest
 validation loss both GPT and the arm reach), and the ratio GPT's steps to it / the arm's steps
@@ -39,7 +45,9 @@ Resumable: every finished run is appended as one JSON line (its validation curve
 repository resumes on a fresh machine. ``RESULTS`` defaults to
 ``benchmarks/results/scaling/<corpus>/`` (``--quick``: ``OUT/results``); the tables
 (``scaling.md``) and the plots (``speedup_context.png``, ``speedup_params.png``) are rewritten
-after every run, so they always show what is done. Run directories are scratch in ``--out``.
+after every run, so they always show what is done. Run directories are scratch in ``--out``; a
+run found there half done (its checkpoints, the same spec) continues from its last checkpoint
+(``convergence.train_one``).
 """
 
 from __future__ import annotations
@@ -61,11 +69,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import convergence  # noqa: E402  (benchmarks/ is on sys.path)
 from scaling_ledger import (  # noqa: E402
     BASELINE,
+    TIE_MARGIN,
     UPDATE_ARMS,
     Ledger,
     Point,
     arms_at,
+    candidates,
     chosen,
+    decide,
     final_loss,
     lr_grid,
     next_lr,
@@ -105,6 +116,7 @@ class Study:
         if bar is None:
             bar = compare.progress_bar(max(planned, done), "scaling study", enabled=args.progress, initial=done)
         self.bar = bar
+        self.tie_margin = getattr(args, "tie_margin", TIE_MARGIN)
 
     def point_args(self, point: Point) -> argparse.Namespace:
         """The namespace ``convergence.train_one`` reads, for one point."""
@@ -130,7 +142,7 @@ class Study:
         names at this point (its sweep ran first); None for the other arms."""
         if arm not in MATRIX_RATE_ARMS:
             return None
-        lr, _ = chosen(self.ledger, str(point), MATRIX_RATE_ARMS[arm], self.args.sweep_seed)
+        lr, _ = chosen(self.ledger, str(point), MATRIX_RATE_ARMS[arm], self.args.sweep_seed, self.tie_margin)
         if lr is None:
             raise SystemExit(
                 f"error: {arm} at {point} takes {MATRIX_RATE_ARMS[arm]}'s best rate for its AdamW part, and "
@@ -197,6 +209,15 @@ class Study:
             if (p, a, s) == (str(point), arm, self.args.sweep_seed)
         }
 
+    def drop_stale(self, point: Point, arms: list[str]) -> None:
+        """Forget (in memory: the ledger file keeps them, a rerun's line comes later and wins) the
+        runs of matrix-rate arms whose AdamW part ran at another rate than the one GPT has picked
+        now (a tie decided after them), and their pick, so that they run again."""
+        for key, row in list(self.ledger.rows.items()):
+            if key[0] == str(point) and key[1] in arms and row.get("adamw_lr") != self.base_lr(point, key[1]):
+                del self.ledger.rows[key]
+                self.ledger.picks.pop((key[0], key[1]), None)
+
     def run_point(self, point: Point, arms: list[str]) -> None:
         """Stage 1 (sweeps, grown until bracketed) and stage 2 (seeds) for every arm at the
         point, ``--jobs`` runs at a time across the arms."""
@@ -233,14 +254,42 @@ class Study:
                         self.bar.total += len(more)
                     run_all(more)
 
+            def seeds(group: list[str]) -> None:
+                """Stage 2 by the rate rule (``scaling_ledger.decide``): each arm's best rate, and a
+                tied runner-up, on every seed; then the pick, recorded."""
+                margin = self.tie_margin
+                for arm in group:
+                    finals = self.sweep_finals(point, arm)
+                    cands = candidates(finals, margin)
+                    tie = (
+                        f"; tied with {cands[1]:g} within {margin:g} nats: both on every seed" if len(cands) > 1 else ""
+                    )
+                    tried = ", ".join(f"{x:g}" for x in sorted(finals))
+                    print(
+                        f"  {point} {arm}: lr {cands[0]:g} (tried {tried}){tie}"
+                        if cands
+                        else f"  {point} {arm}: no finite run"
+                    )
+                jobs = [
+                    (arm, lr, s)
+                    for arm in group
+                    for lr, s in decide(self.ledger, str(point), arm, self.args.seeds, seed0, margin)[1]
+                ]
+                if self.bar is not None:
+                    self.bar.total = max(self.bar.total, self.bar.n + len(jobs))
+                run_all(jobs)
+                for arm in group:
+                    pick, _ = decide(self.ledger, str(point), arm, self.args.seeds, seed0, margin)
+                    if pick is not None and (str(point), arm) not in self.ledger.picks:
+                        with self.lock:
+                            self.ledger.add_pick({**pick, "date": datetime.date.today().isoformat()})
+
+            # a matrix-rate arm's AdamW part takes GPT's pick, so GPT's seeds (and a tie) come first
             sweep([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
-            sweep([arm for arm in arms if arm in MATRIX_RATE_ARMS])  # their AdamW part: the rate just found
-            best = {}
-            for arm in arms:
-                finals = self.sweep_finals(point, arm)
-                best[arm] = min(finals, key=lambda lr: (finals[lr], lr))
-                print(f"  {point} {arm}: lr {best[arm]:g} (tried {', '.join(f'{x:g}' for x in sorted(finals))})")
-            run_all([(arm, best[arm], s) for arm in arms for s in self.args.seeds if s != seed0])
+            seeds([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
+            self.drop_stale(point, [arm for arm in arms if arm in MATRIX_RATE_ARMS])
+            sweep([arm for arm in arms if arm in MATRIX_RATE_ARMS])
+            seeds([arm for arm in arms if arm in MATRIX_RATE_ARMS])
         write_results(self.args, self.ledger)
 
     def report(self) -> None:
@@ -282,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ngpt-lr", type=float, default=3e-2, help="the nGPT arms' sweep centre")
     p.add_argument("--grid", nargs="+", type=float, default=None, help="a fixed starting grid for every arm")
     p.add_argument("--max-extend", type=int, default=3, help="how often a sweep may grow past its edge")
+    p.add_argument(
+        "--tie-margin",
+        type=float,
+        default=TIE_MARGIN,
+        help="nats: a runner-up rate this close to the best on the sweep seed runs on every seed too, the better mean wins",
+    )
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--tokens-per-step", type=int, default=4096)
     p.add_argument("--eval-every", type=int, default=10)

@@ -72,17 +72,37 @@ def next_lr(finals: dict[float, float], extensions: int, max_extend: int) -> flo
     return None
 
 
+#: Two sweep rates whose seed-sweep final losses differ by less than this (nats) tie: the
+#: smaller end of the seed spreads the tiny budget study saw (std over seeds of a rate's final
+#: loss: 0.004-0.12, median about 0.03), so one seed cannot order them.
+TIE_MARGIN = 0.02
+
+
 class Ledger:
-    """``runs.jsonl``: one line per finished run, the study's memory across restarts."""
+    """``runs.jsonl``: one line per finished run, the study's memory across restarts; beside it
+    ``picks.jsonl``: one line per decided rate (:func:`decide`), so that a resumed study and the
+    report read the same choice."""
 
     def __init__(self, path: Path):
         self.path = path
+        self.picks_path = path.with_name("picks.jsonl")
         self.rows: dict[tuple[str, str, float, int], dict] = {}
+        self.picks: dict[tuple[str, str], dict] = {}
         if path.is_file():
             for line in path.read_text().splitlines():
                 if line.strip():
                     r = json.loads(line)
                     self.rows[(r["point"], r["arm"], float(r["lr"]), int(r["seed"]))] = r
+        if self.picks_path.is_file():
+            for line in self.picks_path.read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    self.picks[(r["point"], r["arm"])] = r
+
+    def add_pick(self, pick: dict) -> None:
+        self.picks[(pick["point"], pick["arm"])] = pick
+        with self.picks_path.open("a") as f:
+            f.write(json.dumps(pick) + "\n")
 
     def get(self, point: Point, arm: str, lr: float, seed: int) -> dict | None:
         return self.rows.get((str(point), arm, float(lr), seed))
@@ -101,13 +121,73 @@ def final_loss(row: dict) -> float:
     return vals[-1] if vals and vals[-1] is not None and math.isfinite(vals[-1]) else math.inf
 
 
-def chosen(ledger: Ledger, point: str, arm: str, sweep_seed: int) -> tuple[float | None, bool]:
-    """The arm's best rate at the point (lowest final loss over the sweep) and whether the
-    rates tried bracket it (a tried rate on either side)."""
-    finals = {lr: final_loss(r) for (p, a, lr, s), r in ledger.rows.items() if (p, a, s) == (point, arm, sweep_seed)}
+def sweep_finals(ledger: Ledger, point: str, arm: str, sweep_seed: int) -> dict[float, float]:
+    return {lr: final_loss(r) for (p, a, lr, s), r in ledger.rows.items() if (p, a, s) == (point, arm, sweep_seed)}
+
+
+def candidates(finals: dict[float, float], margin: float) -> list[float]:
+    """The rates the pick is between: the sweep's best, and its runner-up when that one's final
+    loss is less than ``margin`` nats above the best's (a tie one seed cannot break)."""
+    ranked = sorted((lr for lr in finals if math.isfinite(finals[lr])), key=lambda lr: (finals[lr], lr))
+    if len(ranked) >= 2 and finals[ranked[1]] - finals[ranked[0]] < margin:
+        return ranked[:2]
+    return ranked[:1]
+
+
+def seed_mean(ledger: Ledger, point: str, arm: str, lr: float, seeds: list[int]) -> float:
+    losses = [final_loss(ledger.rows[(point, arm, float(lr), s)]) for s in seeds]
+    return sum(losses) / len(losses)
+
+
+def decide(ledger: Ledger, point: str, arm: str, seeds: list[int], sweep_seed: int, margin: float = TIE_MARGIN):
+    """The rate rule, after the sweep on ``sweep_seed``: the best rate runs on every seed; when
+    the runner-up ties with it (:func:`candidates`), the runner-up runs on every seed too and the
+    lower mean final loss over the seeds wins (equal means: the sweep's best). Returns (the
+    decision to record in ``picks.jsonl``, or None while runs are missing; the runs (lr, seed)
+    still missing). A decision already recorded stands."""
+    recorded = ledger.picks.get((point, arm))
+    if recorded is not None:
+        return recorded, []
+    finals = sweep_finals(ledger, point, arm, sweep_seed)
+    cands = candidates(finals, margin)
+    if not cands:
+        return None, []
+    missing = [(lr, s) for lr in cands for s in seeds if (point, arm, float(lr), s) not in ledger.rows]
+    if missing:
+        return None, missing
+    means = {lr: seed_mean(ledger, point, arm, lr, seeds) for lr in cands}
+    picked = min(cands, key=lambda lr: (means[lr], cands.index(lr)))
+    pick = {
+        "point": point,
+        "arm": arm,
+        "picked": picked,
+        "candidates": [{"lr": lr, "sweep_final": finals[lr], "mean": means[lr]} for lr in cands],
+        "seeds": list(seeds),
+        "sweep_seed": sweep_seed,
+        "tie_margin": margin,
+    }
+    return pick, []
+
+
+def chosen(
+    ledger: Ledger, point: str, arm: str, sweep_seed: int, margin: float = TIE_MARGIN
+) -> tuple[float | None, bool]:
+    """The arm's rate at the point and whether the rates tried bracket it (a tried rate on
+    either side): the pick recorded by :func:`decide`; before one is, the rule applied to the
+    runs so far (the sweep's best until a tied runner-up has run on the best's seeds)."""
+    finals = sweep_finals(ledger, point, arm, sweep_seed)
     if not finals or not any(math.isfinite(v) for v in finals.values()):
         return None, False
-    best = min(finals, key=lambda lr: (finals[lr], lr))
+    recorded = ledger.picks.get((point, arm))
+    if recorded is not None:
+        best = float(recorded["picked"])
+    else:
+        cands = candidates(finals, margin)
+        best = cands[0]
+        seeds = sorted(s for (p, a, lr, s) in ledger.rows if (p, a, lr) == (point, arm, best))
+        if len(cands) == 2 and len(seeds) > 1 and all((point, arm, cands[1], s) in ledger.rows for s in seeds):
+            means = {lr: seed_mean(ledger, point, arm, lr, seeds) for lr in cands}
+            best = min(cands, key=lambda lr: (means[lr], cands.index(lr)))
     return best, min(finals) < best < max(finals)
 
 

@@ -10,7 +10,7 @@ import os
 import statistics
 
 from _machine import cpu_name
-from scaling_ledger import BASELINE, Ledger, Point, arms_at, chosen, final_loss
+from scaling_ledger import BASELINE, TIE_MARGIN, Ledger, Point, arms_at, chosen, final_loss
 
 from recipes import compare
 
@@ -51,9 +51,10 @@ def summary(args: argparse.Namespace, ledger: Ledger) -> list[dict]:
     """One row per (point, arm) with a chosen rate."""
     out = []
     for point in args.points:
-        base_lr, _ = chosen(ledger, str(point), BASELINE, args.sweep_seed)
+        margin = getattr(args, "tie_margin", TIE_MARGIN)
+        base_lr, _ = chosen(ledger, str(point), BASELINE, args.sweep_seed, margin)
         for arm in arms_at(args, point):
-            lr, bracketed = chosen(ledger, str(point), arm, args.sweep_seed)
+            lr, bracketed = chosen(ledger, str(point), arm, args.sweep_seed, margin)
             if lr is None:
                 continue
             tried = sorted(lr_ for (p, a, lr_, s) in ledger.rows if (p, a, s) == (str(point), arm, args.sweep_seed))

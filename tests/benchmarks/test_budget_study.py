@@ -194,7 +194,10 @@ def test_a_single_budget_is_refused(budget, tmp_path):
 def test_gpu_plan_costs_each_run_by_6_n_d(budget, capsys):
     assert budget.main(["--gpu-plan"]) == 0
     text = capsys.readouterr().out
-    assert "--points base@1024 base@4096 --budgets 750 3000 12000 --tokens-per-step 524288" in text
+    assert (
+        "--points base@1024 base@4096 0.5b@1024 --budgets 750 3000 12000 --scale-budgets --tokens-per-step 524288"
+        in text
+    )
     n = budget.scaling.parameters(budget.scaling.Point.parse("base@1024"))
     tokens = 12000 * 524288
     row = next(line for line in text.splitlines() if line.startswith("| base@1024 | ") and "| 12000 |" in line)
@@ -204,3 +207,9 @@ def test_gpu_plan_costs_each_run_by_6_n_d(budget, capsys):
     assert f"| {runs} |" in row
     hours = runs * (6 * n * tokens + attention) / (790e12 * 0.4) / 3600
     assert row.endswith(f"| {hours:.0f} |")
+    # the size axis: 0.5b at base's tokens per parameter, budget by budget
+    big = budget.scaling.parameters(budget.scaling.Point.parse("0.5b@1024"))
+    for b in (750, 3000, 12000):
+        steps = round(b * big / n)
+        row = next(line for line in text.splitlines() if line.startswith("| 0.5b@1024 | ") and f"| {steps} |" in line)
+        assert f"| {steps * 524288 / big:.1f} |" in row and f"| {b * 524288 / n:.1f} |" in row

@@ -1,0 +1,140 @@
+"""benchmarks/budget.py across sizes: ``--scale-budgets`` (each point its own budgets at equal
+tokens per parameter), ``--size-axis`` (the multiplier of several studies' results directories
+against tokens per parameter, in one table and plot), and ``--pending`` (the seed runs the rate
+rule still needs), all on small synthetic ledgers: nothing trains."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET = ROOT / "benchmarks" / "budget.py"
+
+
+@pytest.fixture(scope="module")
+def budget():
+    sys.path.insert(0, str(BUDGET.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("budget_size_axis", BUDGET)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("budget_size_axis", None)
+        sys.path.remove(str(BUDGET.parent))
+
+
+def params(budget, point: str) -> int:
+    return budget.scaling.parameters(budget.scaling.Point.parse(point))
+
+
+def write_study(results: Path, command: str, finals: dict[tuple[str, int, str, float, int], float]) -> None:
+    """A results directory as the study leaves it: its first command and one ledger per budget
+    ((point, budget, arm, lr, seed) -> final validation loss)."""
+    results.mkdir(parents=True)
+    (results / "study.json").write_text(json.dumps({"started": "2026-01-01", "command": command}))
+    for (point, b, arm, lr, seed), final in finals.items():
+        ledger = results / f"steps{b:04d}" / "runs.jsonl"
+        ledger.parent.mkdir(exist_ok=True)
+        row = {"point": point, "arm": arm, "lr": lr, "seed": seed, "finished": True, "exit": 0, "steps": [b],
+               "val_loss": [final], "tokens": [b * 256], "wall_s": 1.0, "date": "2026-01-01"}  # fmt: skip  # one ledger line
+        with ledger.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def test_scale_budgets_gives_each_point_the_first_points_tokens_per_parameter(budget, tmp_path):
+    args = budget.parse(["--points", "tiny@32", "tiny@64", "cpu@32", "--budgets", "40", "160", "--scale-budgets",
+                         "--results", str(tmp_path), "--out", str(tmp_path / "out")])  # fmt: skip  # a command line
+    ratio = params(budget, "cpu@32") / params(budget, "tiny@32")
+    cpu = [round(40 * ratio), round(160 * ratio)]
+    assert args.point_budgets == {"tiny@32": [40, 160], "tiny@64": [40, 160], "cpu@32": cpu}
+    assert args.budgets == sorted({40, 160, *cpu})  # every ledger the study keeps
+    # without the flag every point trains every budget, as before
+    args = budget.parse(["--points", "tiny@32", "cpu@32", "--budgets", "40", "160", "--results", str(tmp_path),
+                         "--out", str(tmp_path / "out")])  # fmt: skip  # a command line
+    assert not hasattr(args, "point_budgets") and budget.budgets_of(args, args.points[1]) == [40, 160]
+
+
+def test_size_axis_reads_several_studies_and_marks_what_has_not_run(budget, tmp_path):
+    seeds = (0, 1)
+    # the small size: GPT's final loss 3.0 at 40 steps, 2.5 at 160 (both seeds); LERP at 40 steps reaches
+    # GPT's loss at 80 steps (2.75): multiplier 2; SLERP 0.05 below LERP with seed 0, 0.05 above with seed 1
+    tiny = {("tiny@32", b, "gpt", 0.01, s): v for b, v in ((40, 3.0), (160, 2.5)) for s in seeds}
+    tiny |= {("tiny@32", 40, "ngpt", 0.03, s): 2.75 for s in seeds} | {
+        ("tiny@32", 160, "ngpt", 0.03, s): 2.5 for s in seeds
+    }
+    tiny |= {("tiny@32", 40, "ngpt-slerp", 0.03, 0): 2.70, ("tiny@32", 40, "ngpt-slerp", 0.03, 1): 2.80}
+    tiny |= {("tiny@32", 160, "ngpt-slerp", 0.03, s): 2.5 for s in seeds}
+    arms = "--arms gpt ngpt ngpt-slerp --seeds 0 1 --tokens-per-step 256 --evals 4"
+    write_study(tmp_path / "tiny", f"python benchmarks/budget.py --points tiny@32 --budgets 40 160 {arms}", tiny)
+    # the larger size: its own budgets; only the first has run, and SLERP not at all
+    ratio = params(budget, "cpu@32") / params(budget, "tiny@32")
+    b1, b2 = round(40 * ratio), round(160 * ratio)
+    cpu = {("cpu@32", b1, "gpt", 0.01, s): 2.9 for s in seeds} | {("cpu@32", b1, "ngpt", 0.03, s): 2.8 for s in seeds}
+    write_study(tmp_path / "cpu", f"python benchmarks/budget.py --points cpu@32 --budgets {b1} {b2} {arms} "
+                "--results /elsewhere", cpu)  # fmt: skip  # one call
+    # a later start of the study added a third budget for GPT and LERP: read from its ledger
+    b3 = round(640 * ratio)
+    write_study(tmp_path / "later", "", {("cpu@32", b3, arm, 0.01, 0): 2.0 for arm in ("gpt", "ngpt")})
+    (tmp_path / "later" / f"steps{b3:04d}").rename(tmp_path / "cpu" / f"steps{b3:04d}")
+    out = tmp_path / "axis"
+    assert budget.main(["--size-axis", str(tmp_path / "tiny"), str(tmp_path / "cpu"), "--results", str(out)]) == 0
+
+    table = (out / "size_axis.md").read_text().splitlines()
+    rows = {tuple(c.strip() for c in line.split("|")[1:6:2]): line for line in table if line.startswith("| ")}
+    lerp = rows["tiny@32", "40", "ngpt"]
+    assert f"| {40 * 256 / params(budget, 'tiny@32'):.1f} |" in lerp
+    assert "| 2.00 ± 0.00 (2.00, 2.00) |" in lerp and "| -0.2500 ± 0.0000 |" in lerp and "| 0.03 | 2 |" in lerp
+    slerp = rows["tiny@32", "40", "ngpt-slerp"]
+    assert slerp.endswith("| 0.0000 ± 0.0707 (-0.0500, +0.0500) |")  # paired by seed with LERP
+    assert rows["tiny@32", "40", "gpt"].endswith("| - |")  # GPT has no LERP difference
+    # the larger size at its own budgets, after the small one; what has not run says so
+    order = [key for key in rows if key[0] != "point"]
+    assert order.index(("cpu@32", str(b1), "gpt")) > order.index(("tiny@32", "160", "ngpt-slerp"))
+    assert f"| {b1 * 256 / params(budget, 'cpu@32'):.1f} |" in rows["cpu@32", str(b1), "ngpt"]
+    assert "| 2.9000 ± 0.0000 |" in rows["cpu@32", str(b1), "gpt"]
+    for key in [
+        ("cpu@32", str(b1), "ngpt-slerp"),
+        *(("cpu@32", str(b2), arm) for arm in ("gpt", "ngpt", "ngpt-slerp")),
+    ]:
+        assert "| not run |" in rows[key]
+    assert "| 2.0000 |" in rows["cpu@32", str(b3), "ngpt"] and "| not run |" in rows["cpu@32", str(b3), "ngpt-slerp"]
+    assert (out / "size_axis.png").stat().st_size > 0
+    # the directories' common parent by default
+    assert budget.main(["--size-axis", str(tmp_path / "tiny"), str(tmp_path / "cpu")]) == 0
+    assert (tmp_path / "size_axis.md").read_text() != ""
+
+    with pytest.raises(SystemExit, match="study.json not found"):
+        budget.main(["--size-axis", str(tmp_path / "axis")])
+
+
+def test_pending_lists_the_seed_runs_the_rate_rule_still_needs(budget, tmp_path, capsys):
+    # gpt: 0.01 and 0.003 within 0.02 nats on seed 0, only 0.01 has run on seed 1
+    finals = {("tiny@32", 40, "gpt", 0.01, 0): 3.00, ("tiny@32", 40, "gpt", 0.003, 0): 3.01,
+              ("tiny@32", 40, "gpt", 0.03, 0): 3.5, ("tiny@32", 40, "gpt", 0.01, 1): 3.1}  # fmt: skip  # one ledger
+    write_study(tmp_path / "r", "python benchmarks/budget.py", finals)
+    argv = ["--points", "tiny@32", "--arms", "gpt", "--budgets", "40", "160", "--seeds", "0", "1",
+            "--results", str(tmp_path / "r"), "--out", str(tmp_path / "out")]  # fmt: skip  # a command line
+    assert budget.main([*argv, "--pending"]) == 0
+    text = capsys.readouterr().out
+    assert "  tiny@32 40 steps gpt lr 0.003 seed 1\n1 run(s) pending" in text
+    assert budget.main([*argv, "--pending", "--tie-margin", "0.005"]) == 0
+    assert "0 run(s) pending" in capsys.readouterr().out
+
+    # once the runner-up has run on seed 1 the study decides; the report shows the tie and how it went
+    ledger = budget.scaling.Ledger(tmp_path / "r" / "steps0040" / "runs.jsonl")
+    ledger.add({**ledger.rows[("tiny@32", "gpt", 0.003, 0)], "seed": 1, "val_loss": [3.0]})
+    pick, missing = budget.scaling.decide(ledger, "tiny@32", "gpt", [0, 1], 0)
+    assert missing == [] and pick["picked"] == 0.003  # mean 3.005 against 3.05
+    ledger.add_pick(pick)
+    assert budget.main([*argv, "--report-only"]) == 0
+    table = (tmp_path / "r" / "budget.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| tiny@32 | 40 |"))
+    assert "| **0.003** (0.003, 0.01, 0.03; tie: mean 0.01 3.0500, 0.003 3.0050 over 2 seeds) |" in row
+    assert "within 0.02 nats of the best's" in table
