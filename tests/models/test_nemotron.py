@@ -615,6 +615,10 @@ def test_the_layout_holds_the_models_tokenizer_with_its_end_of_text_token(tmp_pa
     assert ours.eos_id == eos_id and ours.encode("héllo ☃") == byte.encode("héllo ☃")
     assert ours.decode(byte.encode("ab") + [eos_id]) == "ab"
     assert theirs("héllo ☃")["input_ids"] == byte.encode("héllo ☃")
+    alone = tmp_path / "alone"  # tokenizer.json copied by hand, without tokenizer_config.json: recognised
+    alone.mkdir()
+    (alone / "tokenizer.json").write_bytes((tmp_path / "tokenizer.json").read_bytes())
+    assert load_tokenizer(alone).eos_id == eos_id
     flip_byte(tmp_path / "tokenizer.json", offset=-10)
     with pytest.raises(PretrainedFileError, match=r"tokenizer\.json has sha256"):
         from_normalized_nemotron(tmp_path)
