@@ -17,6 +17,10 @@ layout scaling                ScaleSpec of NGPTConfig
 ``sz.weight``                 ``s_z``: ``init=sz_init_value, scale=initializer_range``
 ============================  ==========================================
 
+:func:`to_normalized_nemotron` also writes the model's tokenizer when given one (tokenizer.json and
+tokenizer_config.json naming its end-of-text token) and sha256sums.json, the manifest of
+spherenet's exports, which loading checks when it is there (NVIDIA's directories have none).
+
 :func:`from_normalized_nemotron` builds the model on the meta device and reads each tensor from
 the files straight into its parameter (:mod:`spherenet.models.tensorfile`): peak memory is one
 copy of the model. Config fields, tensors and values it cannot map are refused with a
@@ -196,7 +200,7 @@ def _read_config(directory: Path) -> NGPTConfig:
 
 def _verify_manifest(directory: Path) -> None:
     """Check the model's files (config.json, the weights, the index and its shards) and the
-    tokenizer's files the manifest lists against the sha256sums.json that
+    tokenizer's files the manifest lists (those still there) against the sha256sums.json that
     :func:`to_normalized_nemotron` writes: a damaged file is refused naming it. A directory
     without one (as NVIDIA publishes the layout) is not checked."""
     manifest = directory / MANIFEST_NAME
@@ -215,7 +219,7 @@ def _verify_manifest(directory: Path) -> None:
             pass
     try:
         listed = json.loads(manifest.read_text(encoding="utf-8"))["files"]
-        names += [name for name in TOKENIZER_FILES if name in listed]
+        names += [name for name in TOKENIZER_FILES if name in listed and (directory / name).is_file()]
     except (OSError, ValueError, KeyError, TypeError):
         pass  # verify_files_manifest says what is wrong with it
     try:

@@ -73,6 +73,19 @@ def test_load_adapter_gives_the_saved_adapters_logits(export, tmp_path, sphere_a
     torch.testing.assert_close(model(input_ids=IDS).logits, expected, rtol=0, atol=0)
 
 
+def test_an_adapter_that_does_not_record_its_layer_loads_as_sphere_aware(export, tmp_path):
+    """An adapter saved before ``spherenet_lora`` was recorded: sphere_lora_config's default layer."""
+    expected = save_adapter(export, tmp_path / "adapter", sphere_aware=True)
+    config_file = tmp_path / "adapter" / "adapter_config.json"
+    values = json.loads(config_file.read_text())
+    del values["spherenet_lora"]
+    config_file.write_text(json.dumps(values))
+    model = SpherenetNGPTForCausalLM.from_pretrained(export)
+    model.load_adapter(tmp_path / "adapter")
+    assert lora_layers(model) == {SphereLoraLinear}
+    torch.testing.assert_close(model(input_ids=IDS).logits, expected, rtol=0, atol=0)
+
+
 def test_auto_peft_model_loads_the_recorded_base_with_the_adapters_config(export, tmp_path):
     expected = save_adapter(export, tmp_path / "adapter")
     adapter = tmp_path / "adapter"
