@@ -136,7 +136,9 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
         ``dtype`` / ``torch_dtype``, ``device`` / ``device_map`` and the Hub's download
         arguments are as in :meth:`spherenet.models.NGPT.from_pretrained`. A directory that is
         not a spherenet export of this model raises :class:`spherenet.models.PretrainedFileError`
-        saying what it holds."""
+        saying what it holds. A directory in NVIDIA's Normalized-Nemotron layout loads through
+        :func:`spherenet.hf.from_normalized_nemotron` (nGPT's class; GPT's refuses it). The path
+        is kept as ``name_or_path``, which peft records as an adapter's base."""
         if model_args:
             raise TypeError(f"{cls.__name__}.from_pretrained takes no positional arguments after the path")
         # an option left at None (lm-eval passes quantization_config=None, ...) asks for nothing
