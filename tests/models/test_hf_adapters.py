@@ -86,18 +86,35 @@ def test_an_adapter_that_does_not_record_its_layer_loads_as_sphere_aware(export,
     torch.testing.assert_close(model(input_ids=IDS).logits, expected, rtol=0, atol=0)
 
 
-def test_auto_peft_model_loads_the_recorded_base_with_the_adapters_config(export, tmp_path):
-    expected = save_adapter(export, tmp_path / "adapter")
+@pytest.mark.parametrize(
+    "task_type, how",
+    [(None, {"import_allowlist": ["spherenet"]}), ("CAUSAL_LM", {"trust_remote_code": True})],
+    ids=["class-recorded-by-peft", "causal-lm"],
+)
+def test_auto_peft_model_loads_the_recorded_base_with_the_adapters_config(export, tmp_path, task_type, how):
+    """AutoPeftModelForCausalLM loads the base from the recorded path: with the class peft
+    recorded (task_type None: peft asks for import_allowlist) or through AutoModelForCausalLM
+    (task_type CAUSAL_LM); the adapter's layers come from ``config=adapter_config(dir)``."""
+    base = SpherenetNGPTForCausalLM.from_pretrained(export)
+    adapted = peft.get_peft_model(base, sphere_lora_config(base, r=4, lora_alpha=8, task_type=task_type))
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(3))
+    adapted.eval()
+    expected = adapted(input_ids=IDS).logits.detach()
     adapter = tmp_path / "adapter"
-    loaded = peft.AutoPeftModelForCausalLM.from_pretrained(
-        adapter, config=adapter_config(adapter), import_allowlist=["spherenet"]
-    )
+    adapted.save_pretrained(adapter)
+    loaded = peft.AutoPeftModelForCausalLM.from_pretrained(adapter, config=adapter_config(adapter), **how)
     assert lora_layers(loaded) == {SphereLoraLinear}
     torch.testing.assert_close(loaded(input_ids=IDS).logits, expected, rtol=0, atol=0)
     again = peft.PeftModel.from_pretrained(
         SpherenetNGPTForCausalLM.from_pretrained(export), adapter, config=adapter_config(adapter)
     )
     torch.testing.assert_close(again(input_ids=IDS).logits, expected, rtol=0, atol=0)
+    # without config= peft cannot know spherenet's layer: it refuses the SphereLinear by name
+    with pytest.raises(ValueError, match="SphereLinear"):
+        peft.AutoPeftModelForCausalLM.from_pretrained(adapter, **how)
 
 
 def test_auto_model_from_pretrained_refuses_an_adapter_directory_in_one_line(export, tmp_path):
