@@ -40,35 +40,13 @@ from spherenet.data import DataError
 from spherenet.data.tokenizer import TOKENIZER_JSON
 from spherenet.models import PretrainedFileError
 from spherenet.models.hub import MANIFEST_NAME, write_manifest
+from spherenet.models.nemotron import (  # noqa: F401 - TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP: recipes.export's names
+    SPECIAL_TOKENS_MAP,
+    TOKENIZER_CONFIG,
+    write_transformers_tokenizer_config,
+)
 
 CARD = "README.md"
-TOKENIZER_CONFIG = "tokenizer_config.json"
-SPECIAL_TOKENS_MAP = "special_tokens_map.json"
-
-
-def write_transformers_tokenizer_config(directory: Path, eos_id: int, max_length: int) -> None:
-    """Write ``tokenizer_config.json`` and ``special_tokens_map.json`` beside ``directory``'s
-    ``tokenizer.json`` unless it has them: transformers' ``AutoTokenizer`` then has the
-    tokenizer's end-of-text token as ``eos_token`` (lm-evaluation-harness's ``hf`` model needs
-    one), splits special-token strings inside text as text (as spherenet's tokenizers do) and
-    adds no BOS (spherenet's models are trained without one)."""
-    from tokenizers import Tokenizer as _Tokenizers
-
-    if (directory / TOKENIZER_CONFIG).exists():
-        return
-    eos_token = _Tokenizers.from_file(str(directory / TOKENIZER_JSON)).id_to_token(eos_id)
-    if eos_token is None:
-        raise CheckpointError(f"{directory / TOKENIZER_JSON} has no token of the end-of-text id {eos_id}")
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": eos_token,
-        "model_max_length": max_length,
-        "split_special_tokens": True,
-        "clean_up_tokenization_spaces": False,
-    }
-    (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
-    if not (directory / SPECIAL_TOKENS_MAP).exists():
-        (directory / SPECIAL_TOKENS_MAP).write_text(json.dumps({"eos_token": eos_token}) + "\n", encoding="utf-8")
 
 
 def step_checkpoint(run: str | Path, step: int) -> Path:

@@ -36,6 +36,7 @@ from .errors import DataFileNotFoundError, TokenizerError
 from .tokenizer_classes import (
     BPE_EOS,
     SPEC_FILE,
+    TOKENIZER_CONFIG,
     TOKENIZER_JSON,
     ByteTokenizer,
     HFTokenizer,
@@ -167,6 +168,8 @@ def load_pretrained(
             tok = _Tok.from_file(str(f))
         except Exception as exc:
             raise TokenizerError(f"{f} is not a valid tokenizer.json: {_short(exc)}") from None
+        if eos_token is None:
+            eos_token = _configured_eos(f.parent / TOKENIZER_CONFIG)
         return HFTokenizer(tok, kind=kind, origin={"path": str(f)}, eos_token=eos_token)
 
     if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", text):
@@ -179,6 +182,18 @@ def load_pretrained(
     except Exception as exc:
         raise TokenizerError(f"tokenizer.json of Hub repo {text} could not be parsed: {_short(exc)}") from None
     return HFTokenizer(tok, kind=kind, origin={"name": text, "revision": revision}, eos_token=eos_token)
+
+
+def _configured_eos(config_file: Path) -> str | None:
+    """The ``eos_token`` a transformers ``tokenizer_config.json`` beside a tokenizer.json names
+    (a string, or an added-token object with ``content``); None when there is none to read."""
+    try:
+        eos = json.loads(config_file.read_text(encoding="utf-8")).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return None  # no such file, or not a JSON object: the tokenizer's own tokens decide
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) and eos else None
 
 
 def _hub_tokenizer_file(repo: str, *, revision: str | None, token: str | None, cache_dir: Any, timeout: float) -> str:

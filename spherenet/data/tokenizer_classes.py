@@ -22,9 +22,13 @@ __all__ = ["SPEC_FILE", "TOKENIZER_JSON", "BPE_EOS", "ByteTokenizer", "HFTokeniz
 
 SPEC_FILE = "tokenizer_spec.json"
 TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"  # transformers' tokenizer settings, eos_token among them
 BPE_EOS = "<|endoftext|>"
 # Special tokens that mark the end of a document in common tokenizer.json files, in order of preference.
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
+# the vocabulary of the byte tokenizer's tokenizer.json (ByteTokenizer.tokenizer_json) and its end-of-text token
+_BYTE_VOCAB = {f"<0x{i:02X}>": i for i in range(256)}
+_BYTE_EOS = "<0xFF>"
 
 
 class Tokenizer(abc.ABC):
@@ -249,7 +253,8 @@ class HFTokenizer(Tokenizer):
             raise TokenizerError(
                 f"token id {bad[0]} is out of range for tokenizer {self.name} (vocab {self.vocab_size})"
             )
-        return self._tok.decode(ids, skip_special_tokens=True)
+        # the end-of-text id is dropped even when not a special token (the byte tokenizer's <0xFF>)
+        return self._tok.decode([i for i in ids if i != self._eos_id], skip_special_tokens=True)
 
     @property
     def fingerprint(self) -> str:
@@ -300,6 +305,8 @@ def _find_eos(tokenizer: Any, label: str) -> str:
     for cand in _EOS_CANDIDATES:
         if cand in added or tokenizer.token_to_id(cand) is not None:
             return cand
+    if tokenizer.get_vocab(with_added_tokens=True) == _BYTE_VOCAB:
+        return _BYTE_EOS  # ByteTokenizer().tokenizer_json(): its end-of-text id is the byte 0xFF
     raise TokenizerError(
         f"tokenizer {label} has no end-of-text token (looked for {', '.join(_EOS_CANDIDATES)}); "
         "pass eos_token='<its EOS string>'"

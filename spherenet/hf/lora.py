@@ -20,6 +20,12 @@ needs peft (``pip install "spherenet[hf]"``).
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import warnings
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig
@@ -31,6 +37,8 @@ from .. import kernels
 from ..layers import SphereLinear
 
 __all__ = [
+    "SphereLoraConfig",
+    "adapter_config",
     "SphereLoraLinear",
     "PlainSphereLoraLinear",
     "sphere_lora_config",
@@ -41,6 +49,10 @@ __all__ = [
 
 #: ``target_modules`` value meaning every attention and MLP projection (all linear maps but the output layer)
 ALL_LINEAR = "all-linear"
+#: peft's name of an adapter's config file
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+#: :attr:`SphereLoraConfig.spherenet_lora` values: the LoRA layer of a SphereLinear
+SPHERE_AWARE, PLAIN = "sphere-aware", "plain"
 
 
 class SphereLoraLinear(LoraLinear):
@@ -150,9 +162,55 @@ def sphere_lora_config(
         target_modules = all_linear_names(model)
     if has_sphere:
         lora_kwargs.setdefault("lora_dropout", 0.0)
-    config = LoraConfig(target_modules=list(target_modules), **lora_kwargs)
-    config._register_custom_module({SphereLinear: SphereLoraLinear if sphere_aware else PlainSphereLoraLinear})
-    return config
+    return SphereLoraConfig(
+        target_modules=list(target_modules), spherenet_lora=SPHERE_AWARE if sphere_aware else PLAIN, **lora_kwargs
+    )
+
+
+@dataclasses.dataclass
+class SphereLoraConfig(LoraConfig):
+    """A :class:`peft.LoraConfig` with spherenet's LoRA layer registered for :class:`SphereLinear`
+    (:class:`SphereLoraLinear` for ``spherenet_lora="sphere-aware"``, :class:`PlainSphereLoraLinear`
+    for ``"plain"``). peft saves ``spherenet_lora`` in adapter_config.json (with the other fields)
+    but not the registration; :func:`adapter_config` reads both back."""
+
+    spherenet_lora: str = dataclasses.field(
+        default=SPHERE_AWARE, metadata={"help": f"the LoRA layer of a SphereLinear: {SPHERE_AWARE!r} or {PLAIN!r}"}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.spherenet_lora not in (SPHERE_AWARE, PLAIN):
+            raise ValueError(f"spherenet_lora must be {SPHERE_AWARE!r} or {PLAIN!r}, got {self.spherenet_lora!r}")
+        layer = SphereLoraLinear if self.spherenet_lora == SPHERE_AWARE else PlainSphereLoraLinear
+        self._register_custom_module({SphereLinear: layer})
+
+
+def adapter_config(adapter: str | os.PathLike) -> SphereLoraConfig | None:
+    """The :class:`SphereLoraConfig` of a LoRA adapter directory (its adapter_config.json, as
+    ``save_pretrained`` wrote it), with spherenet's LoRA layer registered: what
+    ``PeftModel.from_pretrained(base, adapter, config=...)`` and
+    ``AutoPeftModelForCausalLM.from_pretrained(adapter, config=...)`` need for nGPT.
+    ``spherenet_lora`` absent (an adapter saved before it was recorded, or by peft's own
+    ``LoraConfig``): the sphere-aware layer, :func:`sphere_lora_config`'s default. None for a path
+    that is not a local directory with an adapter_config.json, or for another PEFT method than LoRA."""
+    config_file = Path(adapter).expanduser() / ADAPTER_CONFIG_NAME
+    if not config_file.is_file():
+        return None
+    try:
+        values = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {config_file}: {exc}") from None
+    if not isinstance(values, dict) or values.get("peft_type") != "LORA":
+        return None
+    fields = {f.name for f in dataclasses.fields(SphereLoraConfig) if f.init}
+    unknown = sorted(set(values) - fields)
+    if unknown:  # a newer peft's fields, as peft itself treats them
+        warnings.warn(f"{config_file}: field(s) {unknown} are not LoraConfig's in this peft; ignored", stacklevel=2)
+    try:
+        return SphereLoraConfig(**{k: v for k, v in values.items() if k in fields})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{config_file}: {exc}") from None
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

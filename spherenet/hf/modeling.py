@@ -136,7 +136,9 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
         ``dtype`` / ``torch_dtype``, ``device`` / ``device_map`` and the Hub's download
         arguments are as in :meth:`spherenet.models.NGPT.from_pretrained`. A directory that is
         not a spherenet export of this model raises :class:`spherenet.models.PretrainedFileError`
-        saying what it holds."""
+        saying what it holds. A directory in NVIDIA's Normalized-Nemotron layout loads through
+        :func:`spherenet.hf.from_normalized_nemotron` (nGPT's class; GPT's refuses it). The path
+        is kept as ``name_or_path``, which peft records as an adapter's base."""
         if model_args:
             raise TypeError(f"{cls.__name__}.from_pretrained takes no positional arguments after the path")
         # an option left at None (lm-eval passes quantization_config=None, ...) asks for nothing
@@ -152,12 +154,35 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
                 f"{pretrained_model_name_or_path} holds a PEFT adapter: load its base export, then "
                 "peft.PeftModel.from_pretrained(model, adapter)"
             )
-        _check_is_export(pretrained_model_name_or_path, exported_model_type(cls.spherenet_class.model_type))
+        from ..models.published import is_published_directory, load_saved
+
         loader_args = {k: v for k, v in kwargs.items() if k in _LOADER_ARGS}
         if isinstance(loader_args.get("device_map"), dict) and set(loader_args["device_map"]) == {""}:
             loader_args["device_map"] = loader_args["device_map"][""]  # the whole model on one device
-        model = cls.spherenet_class.from_pretrained(pretrained_model_name_or_path, **loader_args)
-        return cls.from_spherenet(model).eval()
+        if is_published_directory(pretrained_model_name_or_path):  # NVIDIA's Normalized-Nemotron layout: an nGPT
+            if cls.spherenet_class is not NGPT:
+                raise PretrainedFileError(
+                    f"{pretrained_model_name_or_path} holds an nGPT in the Normalized-Nemotron layout, not a "
+                    f"{cls.spherenet_class.__name__}: load it with spherenet.hf.from_normalized_nemotron"
+                )
+            model = load_saved(pretrained_model_name_or_path, **loader_args)
+        else:
+            _check_is_export(pretrained_model_name_or_path, exported_model_type(cls.spherenet_class.model_type))
+            model = cls.spherenet_class.from_pretrained(pretrained_model_name_or_path, **loader_args)
+        hf_model = cls.from_spherenet(model).eval()
+        # what transformers records: peft saves it as an adapter's base_model_name_or_path
+        hf_model.name_or_path = hf_model.config.name_or_path = os.fspath(pretrained_model_name_or_path)
+        return hf_model
+
+    def load_adapter(self, peft_model_id=None, adapter_name=None, peft_config=None, *args, **kwargs):
+        """transformers' ``load_adapter``; an adapter directory saved from spherenet's LoRA gets its
+        LoRA layers from its adapter_config.json (:func:`spherenet.hf.lora.adapter_config`): peft
+        saves the config but not the layer registration it needs for a SphereLinear."""
+        if peft_config is None and peft_model_id is not None and kwargs.get("adapter_state_dict") is None:
+            from .lora import adapter_config
+
+            peft_config = adapter_config(peft_model_id)
+        return super().load_adapter(peft_model_id, adapter_name, peft_config, *args, **kwargs)
 
     def save_pretrained(self, save_directory, **kwargs) -> None:
         """spherenet's export layout (config.json with ``auto_map``, model.safetensors, the

@@ -17,6 +17,10 @@ layout scaling                ScaleSpec of NGPTConfig
 ``sz.weight``                 ``s_z``: ``init=sz_init_value, scale=initializer_range``
 ============================  ==========================================
 
+:func:`to_normalized_nemotron` also writes the model's tokenizer when given one (tokenizer.json and
+tokenizer_config.json naming its end-of-text token) and sha256sums.json, the manifest of
+spherenet's exports, which loading checks when it is there (NVIDIA's directories have none).
+
 :func:`from_normalized_nemotron` builds the model on the meta device and reads each tensor from
 the files straight into its parameter (:mod:`spherenet.models.tensorfile`): peak memory is one
 copy of the model. Config fields, tensors and values it cannot map are refused with a
@@ -34,8 +38,9 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import CheckpointCorruptError, CheckpointError, verify_files_manifest
 from ..layers import NGPTConfig
-from .hub import CONFIG_NAME, WEIGHTS_NAME, PretrainedFileError, _pick_dtype, _require
+from .hub import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError, _pick_dtype, _require, write_manifest
 from .nemotron_config import LAYOUT_ARCHITECTURE, LAYOUT_MODEL_TYPE, layout_config, layout_refusals, nemotron_config
 from .ngpt import NGPT
 from .tensorfile import TensorFileError, read_header, read_into
@@ -51,9 +56,16 @@ __all__ = [
     "nemotron_config",
     "layout_tensors",
     "UNIT_TOLERANCE",
+    "TOKENIZER_FILES",
+    "write_transformers_tokenizer_config",
 ]
 
 INDEX_NAME = "model.safetensors.index.json"
+TOKENIZER_JSON = "tokenizer.json"  # spherenet.data's name of it (models/ may not import data/)
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+#: the tokenizer's files a directory of the layout holds for transformers' AutoTokenizer
+TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)
 #: the largest |norm - 1| of a sphere weight's unit vectors that loads (bfloat16 rounding fits)
 UNIT_TOLERANCE = 1e-2
 
@@ -186,6 +198,36 @@ def _read_config(directory: Path) -> NGPTConfig:
         raise PretrainedFileError(f"{config_file}: {exc}") from None
 
 
+def _verify_manifest(directory: Path) -> None:
+    """Check the model's files (config.json, the weights, the index and its shards) and the
+    tokenizer's files the manifest lists (those still there) against the sha256sums.json that
+    :func:`to_normalized_nemotron` writes: a damaged file is refused naming it. A directory
+    without one (as NVIDIA publishes the layout) is not checked."""
+    manifest = directory / MANIFEST_NAME
+    if not manifest.is_file():
+        return
+    names = [CONFIG_NAME]
+    if (directory / WEIGHTS_NAME).is_file() or not (directory / INDEX_NAME).is_file():
+        names.append(WEIGHTS_NAME)
+    else:
+        names.append(INDEX_NAME)
+        try:  # the shards it lists; an unreadable index is refused by _stored_tensors, after its own check here
+            names += sorted(
+                set(json.loads((directory / INDEX_NAME).read_text(encoding="utf-8"))["weight_map"].values())
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    try:
+        listed = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        names += [name for name in TOKENIZER_FILES if name in listed and (directory / name).is_file()]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # verify_files_manifest says what is wrong with it
+    try:
+        verify_files_manifest(directory, names, MANIFEST_NAME)
+    except CheckpointCorruptError as exc:
+        raise PretrainedFileError(str(exc)) from None
+
+
 def _read_tensors(model: NGPT, table, stored: dict) -> None:
     """Read every tensor of ``table`` from the files straight into ``model``'s parameters
     (converting dtype and device on the way), checking values as they pass."""
@@ -208,6 +250,7 @@ def read_normalized_nemotron_into(model: NGPT, path: str | os.PathLike) -> None:
     the model is made (a fine-tuning run builds its model first). The model's config must be the
     directory's (:func:`nemotron_config_of`); the same checks as :func:`from_normalized_nemotron`."""
     directory = Path(path).expanduser()
+    _verify_manifest(directory)
     config = _read_config(directory)
     if dataclasses.asdict(config) != dataclasses.asdict(model.config):
         raise ValueError(f"{directory}: the model's config is not the directory's ({config})")
@@ -235,9 +278,11 @@ def from_normalized_nemotron(
     the tensor: no config.json, a config field it cannot map, a missing, unexpected, misshapen
     or non-float tensor, a non-finite value, or a sphere weight whose unit vectors (rows of
     embed_tokens, q/k/v_proj, up_proj, lm_head; columns of o_proj, down_proj) are not unit
-    within :data:`UNIT_TOLERANCE`.
+    within :data:`UNIT_TOLERANCE`; and, when the directory has the sha256sums.json that
+    :func:`to_normalized_nemotron` writes, a file whose size or sha256 differs from it.
     """
     directory = Path(path).expanduser()
+    _verify_manifest(directory)
     config = _read_config(directory)
     stored = _stored_tensors(directory)
     table = layout_tensors(config)
@@ -271,15 +316,49 @@ def _shard_bytes(size: int | str) -> int:
     return int(float(match[1]) * factor)
 
 
-def to_normalized_nemotron(model: NGPT, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
+def write_transformers_tokenizer_config(directory: Path, eos_id: int, max_length: int) -> None:
+    """Write ``tokenizer_config.json`` and ``special_tokens_map.json`` beside ``directory``'s
+    ``tokenizer.json`` unless it has them: transformers' ``AutoTokenizer`` then has the
+    tokenizer's end-of-text token as ``eos_token`` (lm-evaluation-harness's ``hf`` model needs
+    one), splits special-token strings inside text as text (as spherenet's tokenizers do) and
+    adds no BOS (spherenet's models are trained without one)."""
+    from tokenizers import Tokenizer as _Tokenizers
+
+    if (directory / TOKENIZER_CONFIG).exists():
+        return
+    eos_token = _Tokenizers.from_file(str(directory / TOKENIZER_JSON)).id_to_token(eos_id)
+    if eos_token is None:
+        raise CheckpointError(f"{directory / TOKENIZER_JSON} has no token of the end-of-text id {eos_id}")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos_token,
+        "model_max_length": max_length,
+        "split_special_tokens": True,
+        "clean_up_tokenization_spaces": False,
+    }
+    (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    if not (directory / SPECIAL_TOKENS_MAP).exists():
+        (directory / SPECIAL_TOKENS_MAP).write_text(json.dumps({"eos_token": eos_token}) + "\n", encoding="utf-8")
+
+
+def to_normalized_nemotron(
+    model: NGPT, path: str | os.PathLike, max_shard_size: int | str = "5GB", tokenizer=None
+) -> None:
     """Write ``model`` into the directory ``path`` in the Normalized-Nemotron layout:
     config.json and model.safetensors, or shards of at most ``max_shard_size`` with
-    model.safetensors.index.json when it is larger. Tensors keep their dtype and values (the
-    scalings verbatim, see the module's table); earlier weight files of the layout in ``path``
-    are removed, nothing else is written. Raises ``ValueError`` naming every config field the
-    layout cannot express (a SwiGLU MLP, another residual update, qk_norm off, scalar or fixed
-    or differently scaled scalings)."""
+    model.safetensors.index.json when it is larger; with ``tokenizer`` (a spherenet
+    :class:`~spherenet.data.tokenizer.Tokenizer`, e.g. the byte tokenizer), its tokenizer.json,
+    and tokenizer_config.json / special_tokens_map.json naming its end-of-text token as
+    ``eos_token`` (what transformers' AutoTokenizer and spherenet's recipes read); and
+    sha256sums.json, the size and sha256 of each file written, checked when the directory is
+    loaded. Tensors keep their dtype and values (the scalings verbatim, see the module's table);
+    earlier weight files of the layout in ``path`` (and its tokenizer files, when ``tokenizer``
+    is given) are removed, nothing else is written. Raises ``ValueError`` naming every config
+    field the layout cannot express (a SwiGLU MLP, another residual update, qk_norm off, scalar
+    or fixed or differently scaled scalings), or a tokenizer with more ids than the model."""
     problems = layout_refusals(model)
+    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+        problems.append(f"the tokenizer has {tokenizer.vocab_size} ids, more than vocab_size={model.config.vocab_size}")
     if problems:
         raise ValueError(f"the Normalized-Nemotron layout cannot express this model: {'; '.join(problems)}")
     safetensors_torch = _require("safetensors.torch")
@@ -297,7 +376,9 @@ def to_normalized_nemotron(model: NGPT, path: str | os.PathLike, max_shard_size:
         used += nbytes
     directory = Path(path).expanduser()
     directory.mkdir(parents=True, exist_ok=True)
-    for old in [directory / WEIGHTS_NAME, directory / INDEX_NAME, *directory.glob("model-*-of-*.safetensors")]:
+    stale = [directory / WEIGHTS_NAME, directory / INDEX_NAME, directory / MANIFEST_NAME]
+    stale += [directory / name for name in TOKENIZER_FILES] if tokenizer is not None else []
+    for old in [*stale, *directory.glob("model-*-of-*.safetensors")]:
         old.unlink(missing_ok=True)
     files = [WEIGHTS_NAME]
     if len(shards) > 1:  # transformers' shard names
@@ -315,3 +396,9 @@ def to_normalized_nemotron(model: NGPT, path: str | os.PathLike, max_shard_size:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (directory / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     (directory / CONFIG_NAME).write_text(json.dumps(layout_config(model), indent=2) + "\n", encoding="utf-8")
+    written = [CONFIG_NAME, *files] + ([INDEX_NAME] if len(files) > 1 else [])
+    if tokenizer is not None:
+        (directory / TOKENIZER_JSON).write_text(tokenizer.tokenizer_json(), encoding="utf-8")
+        write_transformers_tokenizer_config(directory, tokenizer.eos_id, model.config.max_seq_len)
+        written += list(TOKENIZER_FILES)
+    write_manifest(directory, written)

@@ -299,7 +299,7 @@ def test_round_trip_writes_back_the_same_names_and_values(tmp_path, shards):
         for name, file in index["weight_map"].items():
             assert name in read_header(out / file)
     else:
-        assert files == ["config.json", "model.safetensors"]
+        assert files == ["config.json", "model.safetensors", "sha256sums.json"]
     config = json.loads((out / "config.json").read_text())
     for field, value in CONFIG.items():
         if field not in ("bos_token_id", "eos_token_id", "pad_token_id"):  # not part of the model
@@ -317,7 +317,7 @@ def test_rewriting_a_directory_removes_its_old_weight_files(tmp_path, checkpoint
     to_normalized_nemotron(model, directory, max_shard_size=4000)
     assert not (directory / "model.safetensors").exists() and (directory / INDEX_NAME).exists()
     to_normalized_nemotron(model, directory)
-    assert sorted(p.name for p in directory.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in directory.iterdir()) == ["config.json", "model.safetensors", "sha256sums.json"]
 
 
 def layout_ngpt(**changes) -> NGPT:
@@ -552,3 +552,99 @@ def test_the_load_benchmark_reports_the_peak_against_the_file(tmp_path):
     assert (
         file_mib == model_mib > 10 and 0 < peak_mib and per_file == pytest.approx(peak_mib / file_mib, abs=0.1)
     )  # MiB rounded
+
+
+# ---------------------------------------------------------------------------------------------
+# The layout whole: its tokenizer, its manifest, transformers' classes
+
+
+def flip_byte(file: Path, offset: int = -3) -> None:
+    data = bytearray(file.read_bytes())
+    data[offset] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_the_written_layout_carries_a_manifest_and_a_flipped_byte_is_refused_naming_the_file(tmp_path, shards):
+    from spherenet.models.nemotron import read_normalized_nemotron_into
+
+    model = layout_ngpt().eval()
+    to_normalized_nemotron(model, tmp_path, max_shard_size=3000 if shards > 1 else "5GB")
+    listed = set(json.loads((tmp_path / "sha256sums.json").read_text())["files"])
+    assert listed == {p.name for p in tmp_path.iterdir()} - {"sha256sums.json"}
+    weights = sorted(tmp_path.glob("*.safetensors"))
+    assert (len(weights) == 1) == (shards == 1)
+    from_normalized_nemotron(tmp_path)  # sound: loads
+    flip_byte(weights[-1])  # in the last tensor's data: no tensor check would see it
+    for load in (lambda: from_normalized_nemotron(tmp_path), lambda: read_normalized_nemotron_into(model, tmp_path)):
+        with pytest.raises(PretrainedFileError, match=rf"{re.escape(weights[-1].name)} has sha256 .*contents altered"):
+            load()
+    flip_byte(weights[-1])  # back: loads again
+    from_normalized_nemotron(tmp_path)
+    flip_byte(tmp_path / "config.json", offset=-2)
+    with pytest.raises(PretrainedFileError, match=r"config\.json has sha256"):
+        from_normalized_nemotron(tmp_path)
+
+
+def test_a_directory_without_a_manifest_loads_as_nvidia_publishes_it(checkpoint):
+    directory, _ = checkpoint
+    assert not (directory / "sha256sums.json").exists()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not even a warning: NVIDIA's directories carry none
+        from_normalized_nemotron(directory)
+
+
+@pytest.mark.parametrize("extra_eos, eos_token, eos_id", [(False, "<0xFF>", 255), (True, "<|endoftext|>", 256)])
+def test_the_layout_holds_the_models_tokenizer_with_its_end_of_text_token(tmp_path, extra_eos, eos_token, eos_id):
+    from transformers import AutoTokenizer
+
+    from spherenet.data.tokenizer import ByteTokenizer, load_tokenizer
+
+    byte = ByteTokenizer(extra_eos=extra_eos)
+    model = layout_ngpt(vocab_size=byte.vocab_size)
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')  # an old one: replaced
+    to_normalized_nemotron(model, tmp_path, tokenizer=byte)
+    names = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+    assert set(json.loads((tmp_path / "sha256sums.json").read_text())["files"]) == names
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == eos_token
+    theirs = AutoTokenizer.from_pretrained(tmp_path)
+    assert (theirs.eos_token, theirs.eos_token_id) == (eos_token, eos_id)
+    ours = load_tokenizer(tmp_path)  # a tokenizer.json alone, as the recipes read it
+    assert ours.eos_id == eos_id and ours.encode("héllo ☃") == byte.encode("héllo ☃")
+    assert ours.decode(byte.encode("ab") + [eos_id]) == "ab"
+    assert theirs("héllo ☃")["input_ids"] == byte.encode("héllo ☃")
+    alone = tmp_path / "alone"  # tokenizer.json copied by hand, without tokenizer_config.json: recognised
+    alone.mkdir()
+    (alone / "tokenizer.json").write_bytes((tmp_path / "tokenizer.json").read_bytes())
+    assert load_tokenizer(alone).eos_id == eos_id
+    flip_byte(tmp_path / "tokenizer.json", offset=-10)
+    with pytest.raises(PretrainedFileError, match=r"tokenizer\.json has sha256"):
+        from_normalized_nemotron(tmp_path)
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path):
+    from spherenet.data.tokenizer import ByteTokenizer
+
+    with pytest.raises(ValueError, match=r"the tokenizer has 257 ids, more than vocab_size=40"):
+        to_normalized_nemotron(layout_ngpt(), tmp_path, tokenizer=ByteTokenizer(extra_eos=True))
+    assert not any(tmp_path.iterdir())
+
+
+def test_transformers_classes_load_a_layout_directory_or_name_the_converter(tmp_path, checkpoint):
+    hf = pytest.importorskip("spherenet.hf")
+    directory, _ = checkpoint
+    model = hf.SpherenetNGPTForCausalLM.from_pretrained(directory, dtype="float64")
+    assert model.name_or_path == str(directory)
+    ids = token_ids(CONFIG)
+    with torch.no_grad():
+        expected = from_normalized_nemotron(directory, dtype=torch.float64)(ids)
+        assert torch.equal(model(input_ids=ids).logits, expected)
+    with pytest.raises(PretrainedFileError, match=r"load it with spherenet\.hf\.from_normalized_nemotron$") as info:
+        hf.SpherenetGPTForCausalLM.from_pretrained(directory)
+    assert "\n" not in str(info.value)
+    to_normalized_nemotron(from_normalized_nemotron(directory), tmp_path / "written")
+    flip_byte(tmp_path / "written" / "model.safetensors")
+    with pytest.raises(PretrainedFileError, match=r"model\.safetensors has sha256"):
+        hf.SpherenetNGPTForCausalLM.from_pretrained(tmp_path / "written")

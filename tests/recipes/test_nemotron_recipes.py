@@ -288,3 +288,32 @@ def test_init_from_streams_the_directory_into_the_runs_model(published, monkeypa
     assert got.keys() == expected.keys()
     for name, tensor in expected.items():
         assert torch.equal(got[name], tensor), name
+
+
+@pytest.fixture(scope="module")
+def written_with_byte_tokenizer(tmp_path_factory) -> Path:
+    """A directory that spherenet wrote in the layout (to_normalized_nemotron) with its byte
+    tokenizer: tokenizer.json, whose end-of-text token <0xFF> is no special token, and
+    tokenizer_config.json naming it."""
+    from spherenet.data.tokenizer import ByteTokenizer
+    from spherenet.models.nemotron import to_normalized_nemotron
+
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("written") / "model"
+    to_normalized_nemotron(test_nemotron.layout_ngpt(vocab_size=256), directory, tokenizer=ByteTokenizer())
+    return directory
+
+
+def test_the_recipes_take_spherenets_byte_tokenizer_in_a_layout_directory(
+    written_with_byte_tokenizer, corpus, tmp_path, capsys
+):
+    directory = written_with_byte_tokenizer
+    args = [str(directory), "--prompt", "the sphere", "--tokens", "4", "--temperature", "0", "--device", "cpu"]
+    assert sample.main(args) == 0
+    assert capsys.readouterr().out.startswith("the sphere")
+    out = tmp_path / "run"
+    extra = ["train.steps=2", "train.eval_every=2", "train.checkpoint_every=2"]
+    assert train.cli(train_args(directory, corpus, out, *extra)) == 0
+    run = load_trained(out)
+    assert (run.tokenizer.eos_id, run.tokenizer.vocab_size) == (255, 256)
+    assert run.tokenizer.encode("héllo") == list("héllo".encode())
