@@ -12,7 +12,7 @@ by itself. ``--help`` starts with how to name the spherenet model, then lm_eval'
 are fetched by ``lm_eval`` from the Hugging Face Hub (or read from its cache); a task whose
 dataset cannot be reached is one ``error:`` line saying so (exit 2): a task of your own with a
 local copy of its data (a YAML in a folder given to ``--include_path``) runs offline. Needs
-``pip install "spherenet[eval]"``.
+``pip install "spherenet-torch[eval]"``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ OUT must be empty or absent; ``--overwrite`` replaces an earlier export there (a
 failed export leaves the old one in place) and nothing else: a directory that holds a training
 run or is inside one, that a live trainer holds, that contains the source, or that holds a file
 the earlier export's manifest does not list is refused (:func:`check_destination`). Needs
-``pip install "spherenet[hub]"``.
+``pip install "spherenet-torch[hub]"``.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ ids = torch.tensor([tokenizer.encode("Hello")])
 print(tokenizer.decode(model.generate(ids, 50)[0].tolist()))
 ```
 
-With transformers (`pip install "spherenet[hf]"`; `trust_remote_code=True` runs this directory's
+With transformers (`pip install "spherenet-torch[hf]"`; `trust_remote_code=True` runs this directory's
 `modeling_spherenet.py`, which imports spherenet's own classes):
 
 ```python

@@ -16,7 +16,7 @@ model, and then runs ``lm_eval``'s command line with the same arguments. From Py
 checkpoint: the newest sound checkpoint is used, as in ``recipes.sample``) or a directory
 written by ``recipes.export`` (``config.json``, ``model.safetensors`` and the tokenizer's files).
 The adapter lives in ``recipes`` because it reads run directories (``recipes.checkpoints``);
-the library ``spherenet`` does not depend on lm_eval. Needs ``pip install "spherenet[eval]"``.
+the library ``spherenet`` does not depend on lm_eval. Needs ``pip install "spherenet-torch[eval]"``.
 
 Scoring follows the harness's conventions: the end-of-text id of the run's tokenizer is the
 context of an empty context and of a document's first token; a context longer than the model's
@@ -37,13 +37,14 @@ from torch import nn
 from tqdm import tqdm
 
 from recipes.checkpoints import load_weights
+from spherenet import install_hint
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError, Tokenizer
 from spherenet.layers import KVCache
 from spherenet.models import sample_next_token
 from spherenet.models.hub import CONFIG_NAME, WEIGHTS_NAME
 
-INSTALL_HINT = 'pip install "spherenet[eval]"'
+INSTALL_HINT = install_hint("eval")
 
 try:
     from lm_eval.api.model import TemplateLM

@@ -7,7 +7,7 @@ The model's weights are frozen and rank-R adapters of ``train.lora_targets`` are
 Validation runs the adapted model. Each checkpoint holds the merged model as its ``model`` (what
 ``recipes.export``, ``spherenet-eval`` and ``recipes.sample`` read: an export is the merged model,
 an ordinary nGPT or GPT) and the adapted model, base weights and adapters, as ``lora`` (what
-``--resume`` continues). Needs peft (``pip install "spherenet[hf]"``).
+``--resume`` continues). Needs peft (``pip install "spherenet-torch[hf]"``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import copy
 import torch
 from torch import nn
 
+from spherenet import install_hint
 from spherenet.train.config import ConfigError
 
 __all__ = ["LoraTraining"]
@@ -36,9 +37,7 @@ class LoraTraining:
 
             from spherenet.hf.lora import sphere_lora_config
         except ImportError as exc:
-            raise ConfigError(
-                f'train.lora_rank needs peft and transformers: pip install "spherenet[hf]" ({exc})'
-            ) from None
+            raise ConfigError(f"train.lora_rank needs peft and transformers: {install_hint('hf')} ({exc})") from None
         targets = train.lora_targets[0] if train.lora_targets == ["all-linear"] else list(train.lora_targets)
         try:
             config = sphere_lora_config(

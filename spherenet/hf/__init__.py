@@ -4,7 +4,7 @@ with ``AutoConfig`` and ``AutoModelForCausalLM`` (model_type ``spherenet-ngpt`` 
 
 An export (``save_pretrained``, ``spherenet-export``) carries a modeling file importing this
 package, so ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it
-wherever spherenet is installed. Needs ``pip install "spherenet[hf]"``.
+wherever spherenet is installed. Needs ``pip install "spherenet-torch[hf]"``.
 
 :func:`from_normalized_nemotron` and :func:`to_normalized_nemotron` read and write NGPT in the
 published Normalized-Nemotron layout (:mod:`spherenet.models.nemotron`, which needs no
@@ -14,6 +14,8 @@ transformers).
 from importlib import metadata
 
 from packaging.version import Version
+
+from .. import install_hint
 
 #: package -> (lowest supported version, first unsupported one)
 SUPPORTED_VERSIONS = {"transformers": ("5.24", "6"), "peft": ("0.21", "1")}
@@ -38,7 +40,7 @@ def check_versions(installed: dict[str, str | None] | None = None) -> None:
     if installed.get("transformers") is None or outside:
         supported = ", ".join(f"{p}>={low},<{high}" for p, (low, high) in SUPPORTED_VERSIONS.items())
         found = ", ".join(f"{p} {installed.get(p) or 'not installed'}" for p in SUPPORTED_VERSIONS)
-        raise ImportError(f'spherenet.hf needs {supported}; installed: {found} (pip install "spherenet[hf]")')
+        raise ImportError(f"spherenet.hf needs {supported}; installed: {found} ({install_hint('hf')})")
 
 
 check_versions()

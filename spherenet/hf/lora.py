@@ -15,7 +15,7 @@ not nGPT's SphereLinear); :func:`sphere_lora_config` resolves ``"all-linear"`` f
 
     model = get_peft_model(model, sphere_lora_config(model, r=8))  # every attention and MLP projection
 
-needs peft (``pip install "spherenet[hf]"``).
+needs peft (``pip install "spherenet-torch[hf]"``).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import warnings
 
 import torch
 
+from .. import install_hint
 from .resolve import Op, resolve
 
 __all__ = ["implementation_status", "run"]
@@ -35,7 +36,7 @@ def implementation_status(name: str) -> tuple[bool, str | None]:
 
         return native.native_status()
     if name == "triton" and importlib.util.find_spec("triton") is None:
-        return False, "triton is not installed (pip install 'spherenet[triton]')"
+        return False, f"triton is not installed ({install_hint('triton')})"
     return True, None
 
 

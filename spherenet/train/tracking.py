@@ -24,6 +24,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from .. import install_hint
 from .config import LOGGERS, ConfigError
 
 __all__ = [
@@ -101,7 +102,7 @@ def check_available(loggers: Iterable[str]) -> None:
             except ImportError as exc:
                 raise ConfigError(
                     f"train.loggers includes {name!r}, but {module} cannot be imported ({exc}); install it with "
-                    f'pip install -e ".[{extra}]" (or pip install "spherenet[{extra}]"), or drop {name!r} from '
+                    f'pip install -e ".[{extra}]" (or {install_hint(extra)}), or drop {name!r} from '
                     "train.loggers"
                 ) from None
 

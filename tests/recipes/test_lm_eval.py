@@ -249,7 +249,7 @@ def test_missing_lm_eval_names_the_extra(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)  # "not installed" to the import system
     path = Path(evaluate.__file__).with_name("lm_eval_model.py")
     spec = importlib.util.spec_from_file_location("lm_eval_model_without_lm_eval", path)
-    with pytest.raises(ImportError, match=r'pip install "spherenet\[eval\]"'):
+    with pytest.raises(ImportError, match=r'pip install "spherenet-torch\[eval\]"'):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
