@@ -143,14 +143,14 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         saying what it holds."""
         if model_args:
             raise TypeError(f"{cls.__name__}.from_pretrained takes no positional arguments after the path")
+        check_attn_implementation(kwargs.pop("attn_implementation", None), f"{cls.__name__}.from_pretrained")
+        check_attn_implementation(getattr(kwargs.get("config"), "_attn_implementation_internal", None), cls.__name__)
         # an option left at None (lm-eval passes quantization_config=None, ...) asks for nothing
         unknown = sorted(k for k, v in kwargs.items() if k not in _LOADER_ARGS + _IGNORED_ARGS and v is not None)
         if unknown:
             raise TypeError(
                 f"{cls.__name__}.from_pretrained does not take {', '.join(unknown)}; it takes {', '.join(_LOADER_ARGS)}"
             )
-        check_attn_implementation(kwargs.pop("attn_implementation", None), f"{cls.__name__}.from_pretrained")
-        check_attn_implementation(getattr(kwargs.get("config"), "_attn_implementation_internal", None), cls.__name__)
         if kwargs.get("subfolder"):
             raise ValueError(f"{cls.__name__}.from_pretrained: an export is a directory of its own, not a subfolder")
         if "_adapter_model_path" in (kwargs.get("adapter_kwargs") or {}):
