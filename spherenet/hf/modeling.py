@@ -221,7 +221,7 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
             raise ValueError("output_attentions is not supported: attention runs in fused SDPA, which keeps no weights")
         self._watch_sphere()
         if use_cache is None:  # a checkpointed training forward keeps no cache: it would hold every layer's keys
-            use_cache = self.config.use_cache and not self._checkpoints_blocks()
+            use_cache = self.config.use_cache and not self._checkpointed_blocks()
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         past = 0 if cache is None else cache.get_seq_length()
@@ -259,9 +259,9 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
             )
 
         hidden_states = [h] if output_hidden_states else None
-        checkpointed = cache is None and self._checkpoints_blocks()
+        every = self._checkpointed_blocks() if cache is None else 0
         for layer, block in enumerate(self.blocks):
-            if checkpointed:  # spherenet's activation checkpointing (LanguageModel.forward)
+            if every and layer % every == 0:  # spherenet's activation checkpointing (LanguageModel.forward)
                 h = kernels.checkpoint(functools.partial(block, attn_mask=mask, positions=position_ids), h)
                 continue
             layer_cache = None if cache is None else _LayerCache(cache, layer, past)

@@ -40,33 +40,52 @@ class SpherenetModelSurface:
     #: a training forward checks the sphere weights every so many calls (see :meth:`_watch_sphere`)
     sphere_check_every = 10
 
-    # ---- gradient checkpointing: spherenet's activation checkpointing
+    # ---- activation (gradient) checkpointing: spherenet's
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        """Turn on spherenet's activation checkpointing per block
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
+    ) -> None:
+        """Turn on spherenet's activation checkpointing
         (:meth:`spherenet.models.common.LanguageModel.set_activation_checkpointing`: non-reentrant
-        ``torch.utils.checkpoint``; same loss and gradients, less activation memory). Training
-        forwards then keep no KV cache. ``gradient_checkpointing_kwargs``: only
-        ``{"use_reentrant": False}`` (what it is) is taken."""
-        given = dict(gradient_checkpointing_kwargs or {})
+        ``torch.utils.checkpoint``; same loss and gradients, less activation memory) on every
+        ``every_n_layers``-th block. What ``TrainingArguments(gradient_checkpointing=True)``
+        calls. Training forwards then keep no KV cache. ``activation_checkpointing_kwargs``: only
+        ``{"use_reentrant": False}`` (what it is); ``offload`` is not supported."""
+        given = dict(activation_checkpointing_kwargs or {})
         if given.pop("use_reentrant", False) or given:
             raise ValueError(
-                f"gradient_checkpointing_kwargs={gradient_checkpointing_kwargs!r} is not supported: spherenet's "
+                f"activation checkpointing kwargs {activation_checkpointing_kwargs!r} are not supported: spherenet's "
                 "activation checkpointing is non-reentrant (use_reentrant=False) and takes no other option"
             )
+        if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+            raise ValueError(f"every_n_layers must be an int >= 1, got {every_n_layers!r}")
+        if offload:
+            raise ValueError("offload=True is not supported: spherenet's activation checkpointing keeps its inputs on the device")  # fmt: skip  # one message a line
+        self.__dict__["_checkpoint_every"] = every_n_layers
         self._spherenet_model[0].set_activation_checkpointing(True)
 
-    def gradient_checkpointing_disable(self) -> None:
+    def activation_checkpointing_disable(self) -> None:
         """Turn spherenet's activation checkpointing off."""
         self._spherenet_model[0].set_activation_checkpointing(False)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None, **kwargs) -> None:
+        """transformers' older name of :meth:`activation_checkpointing_enable`."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        """transformers' older name of :meth:`activation_checkpointing_disable`."""
+        self.activation_checkpointing_disable()
 
     @property
     def is_gradient_checkpointing(self) -> bool:
         return bool(self._spherenet_model[0].activation_checkpointing)
 
-    def _checkpoints_blocks(self) -> bool:
-        """Whether this forward recomputes its blocks in backward (training, gradients enabled)."""
-        return self.is_gradient_checkpointing and self.training and torch.is_grad_enabled()
+    def _checkpointed_blocks(self) -> int:
+        """Every how many blocks this forward recomputes in backward (training, gradients
+        enabled); 0: none."""
+        if self.is_gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return self.__dict__.get("_checkpoint_every", 1)
+        return 0
 
     # ---- attention implementation: SDPA only
 

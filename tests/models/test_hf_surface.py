@@ -74,8 +74,16 @@ def test_gradient_checkpointing_is_spherenets_and_gives_the_same_gradients(cls, 
     assert not model.is_gradient_checkpointing
     gradients()
     assert len(calls) == 2
+    model.activation_checkpointing_enable(every_n_layers=2)  # transformers' newer name: block 0 of 2
+    for name, grad in gradients().items():
+        torch.testing.assert_close(grad, plain[name], atol=1e-6, rtol=1e-5, msg=name)
+    assert len(calls) == 3
+    model.activation_checkpointing_disable()
+    assert not model.is_gradient_checkpointing
     with pytest.raises(ValueError, match="non-reentrant"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    with pytest.raises(ValueError, match="offload=True is not supported"):
+        model.activation_checkpointing_enable(offload=True)
 
 
 @MODELS

@@ -132,6 +132,19 @@ def test_drift_warning_is_once_per_model_and_only_in_training(tmp_path):
     torch.testing.assert_close(logits, model.spherenet_model(ids), atol=1e-6, rtol=0)
 
 
+def test_trainer_gradient_checkpointing_is_spherenets(tmp_path, monkeypatch):
+    """TrainingArguments(activation_checkpointing=True) turns on spherenet's activation
+    checkpointing: each training forward recomputes its two blocks."""
+    import spherenet.kernels
+
+    calls = []
+    checkpoint = spherenet.kernels.checkpoint
+    monkeypatch.setattr(spherenet.kernels, "checkpoint", lambda *a: calls.append(1) or checkpoint(*a))
+    model = tiny_ngpt()
+    train(model, arguments(tmp_path, max_steps=3, activation_checkpointing=True), callbacks=[SphereCallback()])
+    assert model.is_gradient_checkpointing and len(calls) == 3 * 2
+
+
 def test_sphere_callback_refuses_a_model_without_sphere_weights(tmp_path):
     torch.manual_seed(0)
     gpt = SpherenetGPTForCausalLM.from_spherenet(GPT(GPTConfig(vocab_size=VOCAB, n_layers=1, d_model=32, n_heads=4, max_seq_len=CONTEXT)))  # fmt: skip  # one model a line
