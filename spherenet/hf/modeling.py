@@ -263,9 +263,9 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         for layer, block in enumerate(self.blocks):
             if every and layer % every == 0:  # spherenet's activation checkpointing (LanguageModel.forward)
                 h = kernels.checkpoint(functools.partial(block, attn_mask=mask, positions=position_ids), h)
-                continue
-            layer_cache = None if cache is None else _LayerCache(cache, layer, past)
-            h = block(h, cache=layer_cache, attn_mask=mask, positions=position_ids)
+            else:
+                layer_cache = None if cache is None else _LayerCache(cache, layer, past)
+                h = block(h, cache=layer_cache, attn_mask=mask, positions=position_ids)
             if hidden_states is not None:
                 hidden_states.append(h)
         logits = self.spherenet_class.logits(self, slice_logits_to_keep(h, logits_to_keep))

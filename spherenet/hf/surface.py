@@ -168,6 +168,7 @@ class SpherenetModelSurface:
 
     # ---- the sphere during training
 
+    @torch.compiler.disable  # a counter torch.compile would guard on, recompiling at every call
     def _watch_sphere(self) -> None:
         """Warn once per model (a ``UserWarning``) when a training forward finds sphere weights
         off the sphere: the optimizer stepped them without renormalizing (transformers'
@@ -183,7 +184,6 @@ class SpherenetModelSurface:
         if calls % self.sphere_check_every == 0:
             self._warn_if_off_sphere()
 
-    @torch.compiler.disable
     def _warn_if_off_sphere(self) -> None:
         named = self._spherenet_model[0].sphere_weights()
         found = off_sphere(named.items())

@@ -45,6 +45,8 @@ from .hub_files import (
     INSTALL_HINT,
     WEIGHTS_NAME,
     PretrainedFileError,
+    check_finite,
+    check_tensors,
     pick_device,
     pick_dtype,
     read_weights,
@@ -148,13 +150,6 @@ def _verify_manifest(path_or_repo, config_file: Path, download: dict[str, Any], 
         )
 
 
-def _check_finite(tensors: dict[str, torch.Tensor], where) -> None:
-    """Refuse NaN or inf in any floating-point tensor (a model that would only output NaN)."""
-    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise PretrainedFileError(f"{where}: non-finite values (NaN/inf) in {', '.join(map(repr, bad))}")
-
-
 def _check_unit_rows(named_tensors: dict[str, torch.Tensor], where: str) -> None:
     """Refuse sphere weights whose rows are not unit vectors (within the dtype's tolerance)."""
     bad = []
@@ -180,11 +175,12 @@ def off_sphere(named_tensors) -> tuple[int, str, float, float] | None:
     """``(how many, worst name, its |row norm - 1|, its tolerance)`` of the sphere weights in
     ``named_tensors`` (``(name, tensor)`` pairs) whose rows are not unit vectors within
     :func:`~spherenet.manifolds.point_tolerance` of their dtype; ``None`` when all are. One
-    read of each tensor and one host synchronization."""
-    named = list(named_tensors)
+    read of each tensor and one host synchronization (a DTensor: the rows this rank holds)."""
+    named = [(name, t.to_local() if hasattr(t, "to_local") else t) for name, t in named_tensors]  # FSDP2: own rows
     if not named:
         return None
-    errors = torch.stack([Sphere.norm_error(t).to(device="cpu", dtype=torch.float64) for _, t in named]).tolist()
+    errors = [Sphere.norm_error(t) for _, t in named]
+    errors = torch.stack([e.to(device=errors[0].device, dtype=torch.float64) for e in errors]).tolist()
     bad = [
         (error, name, tolerance)
         for (name, t), error in zip(named, errors)
@@ -334,8 +330,10 @@ class HubMixin:
                 f"{type(self).__name__}.save_pretrained does not take {', '.join(unknown)}; besides state_dict, "
                 f"max_shard_size, safe_serialization, is_main_process, push_to_hub and repo_id it takes {', '.join(HUB_ARGS)}"
             )
-        if hub_args and not push_to_hub:
-            raise TypeError(f"save_pretrained: {', '.join(sorted(hub_args))} apply with push_to_hub=True only")
+        given = sorted(k for k, v in hub_args.items() if v not in (None, False))  # transformers passes token=None
+        if given and not push_to_hub:
+            raise TypeError(f"save_pretrained: {', '.join(given)} apply with push_to_hub=True only")
+        shard_limit(max_shard_size)
         own = self.state_dict()
         if state_dict is None:
             state_dict = own
@@ -422,8 +420,8 @@ class HubMixin:
         _verify_manifest(pretrained_model_name_or_path, config_file, download, names)
         model = cls(cls._config_from_file(config_file))
         tensors = read_weights(weight_files)
-        _check_tensors(model, tensors, weights_file)
-        _check_finite(tensors, weights_file)
+        check_tensors(model, tensors, weights_file)
+        check_finite(tensors, weights_file)
         _check_unit_rows({name: tensors[name] for name in model.sphere_weights()}, str(weights_file))
         dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
         if len(dtypes) == 1:
@@ -453,26 +451,6 @@ class HubMixin:
             return cls.config_from_dict(fields, str(config_file))
         except ValueError as exc:
             raise PretrainedFileError(str(exc)) from None
-
-
-def _check_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], weights_file: Path) -> None:
-    """Every tensor the model expects, with its shape, and no other: one error naming all that differ."""
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    problems = [
-        f"missing tensor {name!r} (expected shape {shape})" for name, shape in expected.items() if name not in tensors
-    ]
-    problems += [
-        f"unexpected tensor {name!r} (shape {tuple(t.shape)})" for name, t in tensors.items() if name not in expected
-    ]
-    problems += [
-        f"tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]}"
-        for name, t in tensors.items()
-        if name in expected and tuple(t.shape) != expected[name]
-    ]
-    if problems:
-        raise PretrainedFileError(
-            f"{weights_file} does not match the {type(model).__name__} its config.json describes: {'; '.join(problems)}"
-        )
 
 
 def load_pretrained(pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> nn.Module:

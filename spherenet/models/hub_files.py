@@ -1,6 +1,7 @@
 """The weight files of a saved model (:mod:`spherenet.models.hub`): one ``model.safetensors``,
 or shards of at most ``max_shard_size`` bytes listed in ``model.safetensors.index.json``
-(transformers' layout and shard names), and the upload of a saved directory to the Hub.
+(transformers' layout and shard names), the checks of the tensors read from them, and the upload
+of a saved directory to the Hub.
 
 safetensors and huggingface_hub are imported only when used (``pip install "spherenet[hub]"``).
 """
@@ -16,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch import nn
 
 __all__ = [
     "WEIGHTS_NAME",
@@ -28,6 +30,8 @@ __all__ = [
     "write_weights",
     "read_weights",
     "upload_folder",
+    "check_finite",
+    "check_tensors",
     "pick_dtype",
     "pick_device",
     "resolve",
@@ -235,6 +239,33 @@ def resolve_weights(path_or_repo: str | os.PathLike, download: dict[str, Any]) -
 
 # "name" or "owner/name", the form of a Hub repository id
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def check_finite(tensors: dict[str, torch.Tensor], where) -> None:
+    """Refuse NaN or inf in any floating-point tensor (a model that would only output NaN)."""
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise PretrainedFileError(f"{where}: non-finite values (NaN/inf) in {', '.join(map(repr, bad))}")
+
+
+def check_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], weights_file: Path) -> None:
+    """Every tensor the model expects, with its shape, and no other: one error naming all that differ."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    problems = [
+        f"missing tensor {name!r} (expected shape {shape})" for name, shape in expected.items() if name not in tensors
+    ]
+    problems += [
+        f"unexpected tensor {name!r} (shape {tuple(t.shape)})" for name, t in tensors.items() if name not in expected
+    ]
+    problems += [
+        f"tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]}"
+        for name, t in tensors.items()
+        if name in expected and tuple(t.shape) != expected[name]
+    ]
+    if problems:
+        raise PretrainedFileError(
+            f"{weights_file} does not match the {type(model).__name__} its config.json describes: {'; '.join(problems)}"
+        )
 
 
 def upload_folder(folder: str | os.PathLike, repo_id: str, hub_args: dict[str, Any]) -> str:

@@ -65,19 +65,21 @@ def test_gradient_checkpointing_is_spherenets_and_gives_the_same_gradients(cls, 
     assert model.is_gradient_checkpointing and model.spherenet_model.activation_checkpointing
     checkpointed = gradients()
     assert len(calls) == 2  # one per block
+    hidden = model(ids, output_hidden_states=True).hidden_states
+    assert len(hidden) == 3 and len(calls) == 4  # the embedding and each block's output, checkpointed too
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
     with torch.no_grad():
         model(ids)  # no gradients: nothing to recompute
-    assert len(calls) == 2
+    assert len(calls) == 4
     model.gradient_checkpointing_disable()
     assert not model.is_gradient_checkpointing
     gradients()
-    assert len(calls) == 2
+    assert len(calls) == 4
     model.activation_checkpointing_enable(every_n_layers=2)  # transformers' newer name: block 0 of 2
     for name, grad in gradients().items():
         torch.testing.assert_close(grad, plain[name], atol=1e-6, rtol=1e-5, msg=name)
-    assert len(calls) == 3
+    assert len(calls) == 5
     model.activation_checkpointing_disable()
     assert not model.is_gradient_checkpointing
     with pytest.raises(ValueError, match="non-reentrant"):

@@ -269,9 +269,9 @@ class FakeHub:
 
 
 def test_push_to_hub_uploads_a_loadable_export(tmp_path, monkeypatch):
-    """transformers' push_to_hub (with max_shard_size), spherenet's own, and save_pretrained
-    with push_to_hub=True and the Hub's arguments upload folders that load; a model off the
-    sphere is refused before any repository is created."""
+    """transformers' push_to_hub (with max_shard_size), spherenet's own, save_pretrained with
+    push_to_hub=True and the Hub's arguments, and Trainer.push_to_hub upload folders that load;
+    a model off the sphere is refused before any repository is created."""
     hub = FakeHub(tmp_path, monkeypatch)
     model = tiny_ngpt().eval()
     ids = dataset()[3]["input_ids"][None]
@@ -290,9 +290,18 @@ def test_push_to_hub_uploads_a_loadable_export(tmp_path, monkeypatch):
     assert (hub.uploads[0] / INDEX_NAME).is_file() and (hub.uploads[1] / INDEX_NAME).is_file()
     for folder in hub.uploads:
         torch.testing.assert_close(SpherenetNGPTForCausalLM.from_pretrained(folder)(ids).logits, expected, atol=1e-6, rtol=0)  # fmt: skip  # one check a line
+    # Trainer's own push: its repository at init, save_model, then the output directory uploaded
+    tuned = tiny_ngpt()
+    args = arguments(tmp_path / "run", max_steps=2, push_to_hub=True, hub_model_id="someone/tuned")
+    trainer, _, _ = train(tuned, args, callbacks=[SphereCallback()])
+    trainer.push_to_hub(commit_message="tuned")
+    assert hub.calls[-2:] == [("create_repo", "someone/tuned", None), ("upload_folder", "someone/tuned", "tuned")]
+    uploaded = SpherenetNGPTForCausalLM.from_pretrained(hub.uploads[-1])
+    torch.testing.assert_close(uploaded(ids).logits, tuned.eval()(ids).logits, atol=1e-6, rtol=0)
+    calls = len(hub.calls)
     with torch.no_grad():
         model.embed_out.weight.mul_(1.5)
     for push in (lambda: model.push_to_hub("someone/tiny"), lambda: model.spherenet_model.push_to_hub("someone/tiny")):
         with pytest.raises(PretrainedFileError, match="cannot push NGPT: .*normalize_"):
             push()
-    assert len(hub.calls) == 6  # no repository created for the refused pushes
+    assert len(hub.calls) == calls  # no repository created for the refused pushes
