@@ -6,6 +6,10 @@ An export (``save_pretrained``, ``spherenet-export``) carries a modeling file im
 package, so ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it
 wherever spherenet is installed. Needs ``pip install "spherenet-torch[hf]"``.
 
+Training with ``transformers.Trainer`` keeps nGPT on the sphere with :class:`SphereCallback`
+(``callbacks=[SphereCallback()]``) or spherenet's optimizers
+(``optimizers=spherenet.optim.build_optimizer(model, ...)``); see :mod:`spherenet.hf.trainer`.
+
 :func:`from_normalized_nemotron` and :func:`to_normalized_nemotron` read and write NGPT in the
 published Normalized-Nemotron layout (:mod:`spherenet.models.nemotron`, which needs no
 transformers).
@@ -50,6 +54,7 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402 - after 
 from ..models.nemotron import from_normalized_nemotron, to_normalized_nemotron  # noqa: E402
 from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig  # noqa: E402
 from .modeling import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
+from .trainer import SphereCallback  # noqa: E402
 
 for _config, _model in ((SpherenetNGPTConfig, SpherenetNGPTForCausalLM), (SpherenetGPTConfig, SpherenetGPTForCausalLM)):
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
@@ -60,6 +65,7 @@ __all__ = [
     "SpherenetGPTConfig",
     "SpherenetNGPTForCausalLM",
     "SpherenetGPTForCausalLM",
+    "SphereCallback",
     "from_normalized_nemotron",
     "to_normalized_nemotron",
     "SUPPORTED_VERSIONS",

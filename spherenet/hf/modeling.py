@@ -13,6 +13,7 @@ token, so a left-padded row gives the logits of the row alone), a :class:`transf
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -24,10 +25,12 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 
+from .. import kernels
 from ..models import GPT, MODEL_CLASSES, NGPT, PretrainedFileError
 from ..models.common import check_input_ids
 from ..models.hub import CONFIG_NAME, exported_model_type
 from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig
+from .surface import SpherenetModelSurface, check_attn_implementation
 
 __all__ = ["SpherenetNGPTForCausalLM", "SpherenetGPTForCausalLM", "padding_mask", "positions_from_mask"]
 
@@ -89,16 +92,17 @@ class _LayerCache:
         return self.cache.update(keys, values, self.layer)
 
 
-class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
+class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMixin):
     """What both models share; a subclass names its spherenet model class and config class."""
 
     spherenet_class: ClassVar[type]
     base_model_prefix = ""
     main_input_name = "input_ids"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # spherenet's activation checkpointing (SpherenetModelSurface)
     _supports_sdpa = True
 
     def __init__(self, config, spherenet_model=None):
+        check_attn_implementation(getattr(config, "_attn_implementation_internal", None), type(self).__name__)
         super().__init__(config)
         if spherenet_model is None:
             spherenet_model = self.spherenet_class(config.spherenet_config())
@@ -141,6 +145,8 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
         is kept as ``name_or_path``, which peft records as an adapter's base."""
         if model_args:
             raise TypeError(f"{cls.__name__}.from_pretrained takes no positional arguments after the path")
+        check_attn_implementation(kwargs.pop("attn_implementation", None), f"{cls.__name__}.from_pretrained")
+        check_attn_implementation(getattr(kwargs.get("config"), "_attn_implementation_internal", None), cls.__name__)
         # an option left at None (lm-eval passes quantization_config=None, ...) asks for nothing
         unknown = sorted(k for k, v in kwargs.items() if k not in _LOADER_ARGS + _IGNORED_ARGS and v is not None)
         if unknown:
@@ -184,14 +190,21 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
             peft_config = adapter_config(peft_model_id)
         return super().load_adapter(peft_model_id, adapter_name, peft_config, *args, **kwargs)
 
-    def save_pretrained(self, save_directory, **kwargs) -> None:
-        """spherenet's export layout (config.json with ``auto_map``, model.safetensors, the
-        modeling file): what ``from_pretrained`` and spherenet's own loader read."""
-        unknown = sorted(set(kwargs) - {"safe_serialization", "is_main_process"})
-        if unknown:
-            raise TypeError(f"{type(self).__name__}.save_pretrained does not take {', '.join(unknown)}")
-        if kwargs.get("is_main_process", True):
-            self.spherenet_model.save_pretrained(save_directory)
+    def save_pretrained(self, save_directory, **kwargs) -> str | None:
+        """spherenet's export layout (config.json with ``auto_map``, model.safetensors or its
+        shards, the modeling file, the manifest): what ``from_pretrained`` and spherenet's own
+        loader read. Takes what transformers passes (``state_dict``, ``max_shard_size``,
+        ``is_main_process``, ``push_to_hub`` and the Hub's arguments, ...), as
+        :meth:`spherenet.models.hub.HubMixin.save_pretrained`; sphere weights off the sphere are
+        refused in one error saying how to put them back."""
+        return self.spherenet_model.save_pretrained(save_directory, **kwargs)
+
+    def push_to_hub(self, repo_id: str, **kwargs) -> str:
+        """transformers' ``push_to_hub`` (its model card and tags; the files of
+        :meth:`save_pretrained`), refusing sphere weights off the sphere before the Hub
+        repository is created."""
+        self.spherenet_model.check_on_sphere(action="push")
+        return super().push_to_hub(repo_id, **kwargs)
 
     def get_input_embeddings(self):
         return self.embed_in
@@ -231,7 +244,9 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if kwargs.get("output_attentions"):
             raise ValueError("output_attentions is not supported: attention runs in fused SDPA, which keeps no weights")
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        self._watch_sphere()
+        if use_cache is None:  # a checkpointed training forward keeps no cache: it would hold every layer's keys
+            use_cache = self.config.use_cache and not self._checkpointed_blocks()
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         past = 0 if cache is None else cache.get_seq_length()
@@ -269,9 +284,13 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
             )
 
         hidden_states = [h] if output_hidden_states else None
+        every = self._checkpointed_blocks() if cache is None else 0
         for layer, block in enumerate(self.blocks):
-            layer_cache = None if cache is None else _LayerCache(cache, layer, past)
-            h = block(h, cache=layer_cache, attn_mask=mask, positions=position_ids)
+            if every and layer % every == 0:  # spherenet's activation checkpointing (LanguageModel.forward)
+                h = kernels.checkpoint(functools.partial(block, attn_mask=mask, positions=position_ids), h)
+            else:
+                layer_cache = None if cache is None else _LayerCache(cache, layer, past)
+                h = block(h, cache=layer_cache, attn_mask=mask, positions=position_ids)
             if hidden_states is not None:
                 hidden_states.append(h)
         logits = self.spherenet_class.logits(self, slice_logits_to_keep(h, logits_to_keep))

@@ -5,11 +5,13 @@ A saved model is a directory (or a Hub repository) holding
     config.json          the config dataclass's fields, plus ``model_type`` ("spherenet-ngpt" /
                          "spherenet-gpt"), ``architectures`` (["NGPT"] / ["GPT"]),
                          ``spherenet_version`` and ``auto_map`` (transformers' classes)
-    model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``
+    model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``; or,
+                         saved with ``max_shard_size``, shards ``model-0000i-of-0000n.safetensors``
+                         and their index ``model.safetensors.index.json`` (transformers' layout)
     modeling_spherenet.py  a few lines importing :mod:`spherenet.hf`, so that transformers'
                          ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``
                          loads the model wherever spherenet is installed
-    sha256sums.json      the size and sha256 of the files above (the entries of a checkpoint's
+    sha256sums.json      the size and sha256 of the files above (every shard and the index too) (the entries of a checkpoint's
                          manifest): a damaged file is refused on load with an error naming it; a
                          directory without it (saved by hand, or before it existed) loads with a
                          :class:`PretrainedFileWarning`
@@ -26,23 +28,41 @@ imported only when a model is saved, loaded or pushed.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
-import re
 import tempfile
 import warnings
 from pathlib import Path
-from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..manifolds import Sphere, named_sphere_parameters, point_tolerance
+from .hub_files import (
+    HUB_ARGS,
+    INDEX_NAME,
+    INSTALL_HINT,
+    WEIGHTS_NAME,
+    PretrainedFileError,
+    check_finite,
+    check_tensors,
+    pick_device,
+    pick_dtype,
+    read_weights,
+    require,
+    resolve,
+    resolve_weights,
+    shard_limit,
+    upload_folder,
+    write_weights,
+)
+
+_pick_device, _pick_dtype, _require = pick_device, pick_dtype, require  # older names (nemotron, published)
 
 __all__ = [
     "CONFIG_NAME",
+    "INDEX_NAME",
     "INSTALL_HINT",
     "MANIFEST_NAME",
     "WEIGHTS_NAME",
@@ -52,15 +72,15 @@ __all__ = [
     "HubMixin",
     "PretrainedFileError",
     "PretrainedFileWarning",
+    "OFF_SPHERE_REMEDY",
+    "off_sphere",
     "load_pretrained",
     "model_class",
     "model_class_of",
 ]
 
-WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 MANIFEST_NAME = "sha256sums.json"
-INSTALL_HINT = 'pip install "spherenet[hub]"'
 MODELING_NAME = "modeling_spherenet.py"
 # keys config.json holds besides the config's fields
 _METADATA_KEYS = ("model_type", "architectures", "spherenet_version", "auto_map")
@@ -96,10 +116,6 @@ from spherenet.hf import (  # noqa: F401
 '''
 
 
-class PretrainedFileError(ValueError):
-    """A saved model's config.json or model.safetensors does not describe a loadable model."""
-
-
 class PretrainedFileWarning(UserWarning):
     """A saved model has no manifest: its files are loaded without a check against damage."""
 
@@ -111,15 +127,16 @@ def write_manifest(directory: str | os.PathLike, names=(CONFIG_NAME, WEIGHTS_NAM
     write_files_manifest(directory, names, MANIFEST_NAME)
 
 
-def _verify_manifest(path_or_repo, config_file: Path, download: dict[str, Any]) -> None:
-    """Check config.json and model.safetensors against the manifest beside them (fetched with them
-    from a Hub repository); warn when there is none."""
+def _verify_manifest(path_or_repo, config_file: Path, download: dict[str, Any], names: list[str]) -> None:
+    """Check config.json and the weight files ``names`` (model.safetensors, or the shards and their
+    index) against the manifest beside them (fetched with them from a Hub repository); warn when
+    there is none."""
     from ..checkpoint import CheckpointCorruptError, verify_files_manifest
 
     directory = Path(config_file).parent
     try:
-        _resolve(path_or_repo, MANIFEST_NAME, download)  # a Hub repository: into the same snapshot
-        listed = verify_files_manifest(directory, (CONFIG_NAME, WEIGHTS_NAME), MANIFEST_NAME)
+        resolve(path_or_repo, MANIFEST_NAME, download)  # a Hub repository: into the same snapshot
+        listed = verify_files_manifest(directory, (CONFIG_NAME, *names), MANIFEST_NAME)
     except FileNotFoundError:
         listed = False
     except CheckpointCorruptError as exc:
@@ -133,23 +150,6 @@ def _verify_manifest(path_or_repo, config_file: Path, download: dict[str, Any]) 
         )
 
 
-def _require(module: str) -> ModuleType:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(
-            f"saving and loading models in the Hugging Face format needs the package {module.split('.')[0]!r}; "
-            f"install it with: {INSTALL_HINT}"
-        ) from None
-
-
-def _check_finite(tensors: dict[str, torch.Tensor], where) -> None:
-    """Refuse NaN or inf in any floating-point tensor (a model that would only output NaN)."""
-    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise PretrainedFileError(f"{where}: non-finite values (NaN/inf) in {', '.join(map(repr, bad))}")
-
-
 def _check_unit_rows(named_tensors: dict[str, torch.Tensor], where: str) -> None:
     """Refuse sphere weights whose rows are not unit vectors (within the dtype's tolerance)."""
     bad = []
@@ -161,6 +161,35 @@ def _check_unit_rows(named_tensors: dict[str, torch.Tensor], where: str) -> None
         raise PretrainedFileError(
             f"{where}: sphere weights must be matrices of unit rows, but these are not: {'; '.join(bad)}"
         )
+
+
+#: How to put sphere weights that an optimizer moved off the sphere back, and keep them there.
+OFF_SPHERE_REMEDY = (
+    "put them back with spherenet.optim.normalize_(model) (the paper's normalization after each step, Section 2.6); "
+    "to keep them there, train with spherenet's optimizers (spherenet.optim.build_optimizer; with transformers.Trainer: "
+    "optimizers=build_optimizer(...)) or pass callbacks=[spherenet.hf.SphereCallback()] to transformers.Trainer"
+)
+
+
+def off_sphere(named_tensors) -> tuple[int, str, float, float] | None:
+    """``(how many, worst name, its |row norm - 1|, its tolerance)`` of the sphere weights in
+    ``named_tensors`` (``(name, tensor)`` pairs) whose rows are not unit vectors within
+    :func:`~spherenet.manifolds.point_tolerance` of their dtype; ``None`` when all are. One
+    read of each tensor and one host synchronization (a DTensor: the rows this rank holds)."""
+    named = [(name, t.to_local() if hasattr(t, "to_local") else t) for name, t in named_tensors]  # FSDP2: own rows
+    if not named:
+        return None
+    errors = [Sphere.norm_error(t) for _, t in named]
+    errors = torch.stack([e.to(device=errors[0].device, dtype=torch.float64) for e in errors]).tolist()
+    bad = [
+        (error, name, tolerance)
+        for (name, t), error in zip(named, errors)
+        if not error <= (tolerance := point_tolerance(t.dtype))  # also catches NaN
+    ]
+    if not bad:
+        return None
+    error, name, tolerance = max(bad, key=lambda b: b[0] if b[0] == b[0] else float("inf"))
+    return len(bad), name, error, tolerance
 
 
 #: The model classes by ``model_type``, in the order they were defined. A subclass of
@@ -246,50 +275,105 @@ class HubMixin:
             **dataclasses.asdict(self.config),
         }
 
+    def check_on_sphere(self, tensors: dict[str, torch.Tensor] | None = None, action: str = "save") -> None:
+        """Refuse, in one :class:`PretrainedFileError` saying how to put them back, sphere weights
+        (of ``tensors``, a state dict, or else the model's) whose rows are not unit vectors."""
+        named = self.sphere_weights()
+        if tensors is not None:
+            named = {name: tensors[name] for name in named if name in tensors}
+        found = off_sphere(named.items())
+        if found is not None:
+            count, name, error, tolerance = found
+            raise PretrainedFileError(
+                f"cannot {action} {self.architecture}: {count} of its {len(named)} sphere weights have left the unit "
+                f"sphere (|row norm - 1| up to {error:.3g} in {name!r}, tolerance {tolerance:g}): an optimizer stepped "
+                f"them without renormalizing; {OFF_SPHERE_REMEDY}"
+            )
+
     def save_pretrained(
-        self, save_directory: str | os.PathLike, *, push_to_hub: bool = False, repo_id: str | None = None, **push_kwargs
+        self,
+        save_directory: str | os.PathLike,
+        *,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        max_shard_size: int | str | None = None,
+        safe_serialization: bool | None = True,
+        is_main_process: bool = True,
+        variant: str | None = None,
+        push_to_hub: bool = False,
+        repo_id: str | None = None,
+        **hub_args,
     ) -> str | None:
-        """Write ``config.json``, ``model.safetensors`` and the modeling file into ``save_directory``; with
-        ``push_to_hub=True`` also upload them to ``repo_id`` (default: the directory's name)
-        and return the commit's URL."""
-        safetensors_torch = _require("safetensors.torch")
-        _check_unit_rows(self.sphere_weights(), f"cannot save {self.architecture}")
+        """Write ``config.json``, the weights and the modeling file into ``save_directory``, with
+        their manifest; with ``push_to_hub=True`` also upload the directory to ``repo_id``
+        (default: the directory's name) and return the commit's URL.
+
+        The arguments transformers passes (``Trainer.save_model``, its checkpoints, ``push_to_hub``):
+        ``state_dict`` (default: the model's) is what is saved, checked against the model's
+        tensor names; ``max_shard_size`` (bytes, or ``"500MB"``; default: one file) splits the
+        weights into shards with an index; ``is_main_process=False`` writes nothing (another
+        rank saves); ``hub_args``: the Hub's ``commit_message``, ``commit_description``,
+        ``private``, ``token``, ``revision``, ``create_pr``. ``safe_serialization=False`` and a
+        ``variant`` are refused: an export is safetensors under fixed names.
+
+        Sphere weights off the sphere are refused before anything is written or created on the
+        Hub (:meth:`check_on_sphere`)."""
+        if safe_serialization is False:
+            raise ValueError("save_pretrained: safe_serialization=False is not supported; spherenet saves safetensors")
+        if variant is not None:
+            raise ValueError(
+                f"save_pretrained: variant={variant!r} is not supported; an export holds {WEIGHTS_NAME} (or its shards) "
+                "under fixed names: save each variant into its own directory"
+            )
+        unknown = sorted(set(hub_args) - set(HUB_ARGS))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}.save_pretrained does not take {', '.join(unknown)}; besides state_dict, "
+                f"max_shard_size, safe_serialization, is_main_process, push_to_hub and repo_id it takes {', '.join(HUB_ARGS)}"
+            )
+        given = sorted(k for k, v in hub_args.items() if v not in (None, False))  # transformers passes token=None
+        if given and not push_to_hub:
+            raise TypeError(f"save_pretrained: {', '.join(given)} apply with push_to_hub=True only")
+        shard_limit(max_shard_size)
+        own = self.state_dict()
+        if state_dict is None:
+            state_dict = own
+        elif set(state_dict) != set(own):
+            missing, extra = sorted(set(own) - set(state_dict)), sorted(set(state_dict) - set(own))
+            raise ValueError(
+                f"save_pretrained: state_dict does not match {self.architecture}'s tensors "
+                f"(missing {missing[:5]}, unexpected {extra[:5]})"
+            )
+        self.check_on_sphere(state_dict)
+        require("safetensors.torch")
+        if not is_main_process:
+            return None
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
-        safetensors_torch.save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+        weight_files = write_weights(directory, dict(state_dict), max_shard_size)
         (directory / CONFIG_NAME).write_text(json.dumps(self.hub_config(), indent=2) + "\n", encoding="utf-8")
         (directory / MODELING_NAME).write_text(_MODELING_SOURCE, encoding="utf-8")
-        write_manifest(directory, (CONFIG_NAME, WEIGHTS_NAME, MODELING_NAME))
+        write_manifest(directory, (CONFIG_NAME, *weight_files, MODELING_NAME))
         if push_to_hub:
-            return self.push_to_hub(repo_id or directory.name, **push_kwargs)
+            return upload_folder(directory, repo_id or directory.name, hub_args)
         return None
 
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        commit_message: str = "Upload model",
-        private: bool | None = None,
-        token: str | None = None,
-        revision: str | None = None,
-        create_pr: bool = False,
-    ) -> str:
-        """Save the model into a temporary directory and upload it to the Hub repository
-        ``repo_id`` (created when missing). Returns the commit's URL."""
-        hub = _require("huggingface_hub")
-        api = hub.HfApi(token=token)
-        repo = api.create_repo(repo_id, private=private, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            self.save_pretrained(tmp)
-            commit = api.upload_folder(
-                repo_id=repo.repo_id,
-                folder_path=tmp,
-                commit_message=commit_message,
-                revision=revision,
-                create_pr=create_pr,
+    def push_to_hub(self, repo_id: str, *, max_shard_size: int | str | None = None, **hub_args) -> str:
+        """Save the model into a temporary directory (``max_shard_size`` as in
+        :meth:`save_pretrained`) and upload it to the Hub repository ``repo_id`` (created when
+        missing). ``hub_args``: ``commit_message``, ``commit_description``, ``private``,
+        ``token``, ``revision``, ``create_pr``. Returns the commit's URL. A model whose sphere
+        weights are off the sphere is refused before the repository is created."""
+        unknown = sorted(set(hub_args) - set(HUB_ARGS))
+        if unknown:
+            raise TypeError(
+                f"push_to_hub does not take {', '.join(unknown)}; it takes max_shard_size, {', '.join(HUB_ARGS)}"
             )
-        return commit.commit_url
+        self.check_on_sphere(action="push")
+        shard_limit(max_shard_size)
+        require("huggingface_hub")
+        with tempfile.TemporaryDirectory() as tmp:
+            self.save_pretrained(tmp, max_shard_size=max_shard_size)
+            return upload_folder(tmp, repo_id, hub_args)
 
     @classmethod
     def from_pretrained(
@@ -319,9 +403,9 @@ class HubMixin:
         a tensor, has an unexpected one or one of another shape, when any tensor holds NaN or
         inf, and when a sphere weight's rows are not unit vectors.
         """
-        safetensors_torch = _require("safetensors.torch")
-        target_dtype = _pick_dtype(dtype=dtype, torch_dtype=torch_dtype)
-        map_location = _pick_device(map_location=map_location, device=device, device_map=device_map)
+        require("safetensors.torch")
+        target_dtype = pick_dtype(dtype=dtype, torch_dtype=torch_dtype)
+        map_location = pick_device(map_location=map_location, device=device, device_map=device_map)
         download = {
             "revision": revision,
             "cache_dir": cache_dir,
@@ -329,16 +413,15 @@ class HubMixin:
             "token": token,
             "local_files_only": local_files_only,
         }
-        config_file = _resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
-        weights_file = _resolve(pretrained_model_name_or_path, WEIGHTS_NAME, download)
-        _verify_manifest(pretrained_model_name_or_path, config_file, download)
+        config_file = resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
+        weight_files = resolve_weights(pretrained_model_name_or_path, download)
+        weights_file = weight_files[0].parent / (WEIGHTS_NAME if len(weight_files) == 1 else INDEX_NAME)
+        names = [f.name for f in weight_files] + ([INDEX_NAME] if len(weight_files) > 1 else [])
+        _verify_manifest(pretrained_model_name_or_path, config_file, download, names)
         model = cls(cls._config_from_file(config_file))
-        try:
-            tensors = safetensors_torch.load_file(str(weights_file), device="cpu")
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type for a bad file
-            raise PretrainedFileError(f"cannot read {weights_file}: {exc}") from None
-        _check_tensors(model, tensors, weights_file)
-        _check_finite(tensors, weights_file)
+        tensors = read_weights(weight_files)
+        check_tensors(model, tensors, weights_file)
+        check_finite(tensors, weights_file)
         _check_unit_rows({name: tensors[name] for name in model.sphere_weights()}, str(weights_file))
         dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
         if len(dtypes) == 1:
@@ -370,109 +453,13 @@ class HubMixin:
             raise PretrainedFileError(str(exc)) from None
 
 
-_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "float64": torch.float64,
-    "double": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-}
-
-
-def _pick_dtype(**given) -> torch.dtype | None:
-    """The dtype asked for by ``dtype=`` or ``torch_dtype=`` (None: keep the saved one)."""
-    asked = {name: value for name, value in given.items() if value is not None}
-    if len(asked) == 2 and asked["dtype"] != asked["torch_dtype"]:
-        raise ValueError(f"from_pretrained: dtype={asked['dtype']!r} and torch_dtype={asked['torch_dtype']!r} disagree")
-    if not asked:
-        return None
-    name, value = next(iter(asked.items()))
-    if isinstance(value, torch.dtype):
-        if not value.is_floating_point:
-            raise ValueError(f"from_pretrained: {name}={value} is not a floating-point dtype")
-        return value
-    if value == "auto":
-        return None
-    if isinstance(value, str) and value.removeprefix("torch.") in _DTYPES:
-        return _DTYPES[value.removeprefix("torch.")]
-    raise ValueError(
-        f"from_pretrained: {name}={value!r} is not a dtype; use one of {sorted(_DTYPES)}, 'auto' or a torch.dtype"
-    )
-
-
-def _pick_device(**given) -> torch.device:
-    """Where the model goes: ``device=``, ``device_map=`` (one device or "auto") or ``map_location=``."""
-    location = given.pop("map_location")
-    asked = {name: value for name, value in given.items() if value is not None}
-    if isinstance(asked.get("device_map"), dict):
-        raise ValueError(
-            "from_pretrained: device_map as a dict (parts of the model on different devices) is not supported; "
-            "pass one device, e.g. device_map='cuda'"
-        )
-    if asked.get("device_map") == "auto":
-        asked["device_map"] = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        devices = {name: torch.device(value) for name, value in asked.items()}
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"from_pretrained: {asked} does not name a device: {exc}") from None
-    if len(set(devices.values())) > 1:
-        raise ValueError(f"from_pretrained: {', '.join(f'{k}={v!r}' for k, v in asked.items())} disagree")
-    return next(iter(devices.values())) if devices else torch.device(location)
-
-
-def _resolve(path_or_repo: str | os.PathLike, filename: str, download: dict[str, Any]) -> Path:
-    """The local path of ``filename`` in a directory, or downloaded from a Hub repository."""
-    local = Path(path_or_repo).expanduser()
-    if local.is_dir():
-        if not (local / filename).is_file():
-            raise FileNotFoundError(f"no {filename} in {local}: not a directory written by save_pretrained()")
-        return local / filename
-    repo_id = os.fspath(path_or_repo)
-    if local.exists() or not _REPO_ID.fullmatch(repo_id):
-        raise FileNotFoundError(f"{local} is not a directory written by save_pretrained() nor a Hub repository id")
-    hub = _require("huggingface_hub")
-    try:
-        return Path(hub.hf_hub_download(repo_id=repo_id, filename=filename, **download))
-    except Exception as exc:  # noqa: BLE001 - network, authentication, missing repo or file
-        raise FileNotFoundError(
-            f"no directory {local}, and {filename} of the Hub repository {repo_id!r} cannot be fetched: "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
-
-
-# "name" or "owner/name", the form of a Hub repository id
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
-
-
-def _check_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], weights_file: Path) -> None:
-    """Every tensor the model expects, with its shape, and no other: one error naming all that differ."""
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    problems = [
-        f"missing tensor {name!r} (expected shape {shape})" for name, shape in expected.items() if name not in tensors
-    ]
-    problems += [
-        f"unexpected tensor {name!r} (shape {tuple(t.shape)})" for name, t in tensors.items() if name not in expected
-    ]
-    problems += [
-        f"tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]}"
-        for name, t in tensors.items()
-        if name in expected and tuple(t.shape) != expected[name]
-    ]
-    if problems:
-        raise PretrainedFileError(
-            f"{weights_file} does not match the {type(model).__name__} its config.json describes: {'; '.join(problems)}"
-        )
-
-
 def load_pretrained(pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> nn.Module:
     """A model saved by ``save_pretrained``, of the class its config.json's ``model_type`` names
     in :data:`MODEL_CLASSES` (keyword arguments as in :meth:`HubMixin.from_pretrained`)."""
     download = {
         k: kwargs[k] for k in ("revision", "cache_dir", "force_download", "token", "local_files_only") if k in kwargs
     }
-    config_file = _resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
+    config_file = resolve(pretrained_model_name_or_path, CONFIG_NAME, download)
     try:
         model_type = json.loads(Path(config_file).read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError) as exc:

@@ -320,8 +320,9 @@ def write_transformers_tokenizer_config(directory: Path, eos_id: int, max_length
     """Write ``tokenizer_config.json`` and ``special_tokens_map.json`` beside ``directory``'s
     ``tokenizer.json`` unless it has them: transformers' ``AutoTokenizer`` then has the
     tokenizer's end-of-text token as ``eos_token`` (lm-evaluation-harness's ``hf`` model needs
-    one), splits special-token strings inside text as text (as spherenet's tokenizers do) and
-    adds no BOS (spherenet's models are trained without one)."""
+    one) and as ``pad_token`` (a batched ``generate`` pads its rows; the padding is masked, so
+    which token fills it does not matter), splits special-token strings inside text as text (as
+    spherenet's tokenizers do) and adds no BOS (spherenet's models are trained without one)."""
     from tokenizers import Tokenizer as _Tokenizers
 
     if (directory / TOKENIZER_CONFIG).exists():
@@ -332,13 +333,16 @@ def write_transformers_tokenizer_config(directory: Path, eos_id: int, max_length
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": eos_token,
+        "pad_token": eos_token,
         "model_max_length": max_length,
         "split_special_tokens": True,
         "clean_up_tokenization_spaces": False,
     }
     (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
     if not (directory / SPECIAL_TOKENS_MAP).exists():
-        (directory / SPECIAL_TOKENS_MAP).write_text(json.dumps({"eos_token": eos_token}) + "\n", encoding="utf-8")
+        (directory / SPECIAL_TOKENS_MAP).write_text(
+            json.dumps({"eos_token": eos_token, "pad_token": eos_token}) + "\n", encoding="utf-8"
+        )
 
 
 def to_normalized_nemotron(
