@@ -21,7 +21,7 @@ vectors along the last dimension, Section 2.6 of the paper). Loading checks ever
 and shape against the model the config builds, and that the sphere weights are unit rows, and
 refuses a file that fails either check with a :class:`PretrainedFileError` naming the tensor.
 
-safetensors and huggingface_hub are optional (``pip install "spherenet[hub]"``); they are
+safetensors and huggingface_hub are optional (``pip install "spherenet-torch[hub]"``); they are
 imported only when a model is saved, loaded or pushed.
 """
 
@@ -104,7 +104,7 @@ def _auto_map(architecture: str) -> dict[str, str]:
 # the modeling file of every export: transformers runs it under trust_remote_code=True
 _MODELING_SOURCE = '''"""transformers' classes of this spherenet export (trust_remote_code=True loads them from here).
 
-They are spherenet's own: pip install "spherenet[hf]".
+They are spherenet's own: pip install "spherenet-torch[hf]".
 """
 
 from spherenet.hf import (  # noqa: F401

@@ -3,7 +3,7 @@ or shards of at most ``max_shard_size`` bytes listed in ``model.safetensors.inde
 (transformers' layout and shard names), the checks of the tensors read from them, and the upload
 of a saved directory to the Hub.
 
-safetensors and huggingface_hub are imported only when used (``pip install "spherenet[hub]"``).
+safetensors and huggingface_hub are imported only when used (``pip install "spherenet-torch[hub]"``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from .. import install_hint
 
 __all__ = [
     "WEIGHTS_NAME",
@@ -40,7 +42,7 @@ __all__ = [
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
-INSTALL_HINT = 'pip install "spherenet[hub]"'
+INSTALL_HINT = install_hint("hub")
 #: the Hub arguments that ``save_pretrained(push_to_hub=True, ...)`` and ``push_to_hub`` take
 HUB_ARGS = ("commit_message", "commit_description", "private", "token", "revision", "create_pr")
 

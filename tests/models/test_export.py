@@ -288,7 +288,7 @@ for call in (lambda: from_preset("ngpt-tiny").save_pretrained({str(tmp_path)!r})
     try:
         call()
     except ImportError as exc:
-        assert 'pip install "spherenet[hub]"' in str(exc), exc
+        assert 'pip install "spherenet-torch[hub]"' in str(exc), exc
     else:
         raise SystemExit("no ImportError")
 print("ok")

@@ -169,3 +169,24 @@ def test_ci_runs_the_readme_test_command():
     test_command = next(cmd for cmd in readme_commands if cmd[:3] == ["python", "-m", "pytest"])
     ci_lines = [shlex.split(line) for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line]
     assert test_command in ci_lines, f"README runs {test_command}; .ci/run has {ci_lines}"
+
+
+# --- the name it installs under ----------------------------------------------------------------------
+
+WRONG_INSTALL = r"""pip install ["']?spherenet(\[|["' ]|$)"""  # the index's "spherenet" is another project
+
+
+def test_the_distribution_name_is_declared_once_and_every_install_hint_names_it():
+    import spherenet
+
+    declared = re.search(r'^name = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert declared and declared.group(1) == spherenet.DISTRIBUTION, "pyproject.toml and spherenet.DISTRIBUTION"
+    assert spherenet.install_hint("hf") == f'pip install "{spherenet.DISTRIBUTION}[hf]"'
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    done = subprocess.run(
+        ["git", "grep", "-nE", WRONG_INSTALL, "--", ".", ":!CHANGELOG.md"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode in (0, 1), done.stderr
+    hits = [line for line in done.stdout.splitlines() if not line.startswith("tests/project/test_project_truths.py")]
+    assert not hits, "install hints naming the package index's unrelated 'spherenet':\n" + "\n".join(hits)
