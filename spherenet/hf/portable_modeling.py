@@ -293,9 +293,9 @@ class MLP(nn.Module):
         if not self.gated:
             return self.w_o(_activation(u * (self.s_uv(h) * self.sqrt_d) if self.ngpt else u, None))
         v = self.w_v(h)
-        if self.ngpt:
-            u, v = u * self.s_u(h), v * (self.s_v(h) * self.sqrt_d)
-        return self.w_o(_activation(u, v))
+        if not self.ngpt:
+            return self.w_o(u * F.silu(v))  # the baseline's, in the input's dtype
+        return self.w_o(_activation(u * self.s_u(h), v * (self.s_v(h) * self.sqrt_d)))
 
 
 def _slerp(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:

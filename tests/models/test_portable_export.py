@@ -113,17 +113,29 @@ def test_portable_model_computes_spherenets_logits_cache_padding_and_greedy_toke
     assert out[1].tolist() == reference.generate(long, 6, temperature=0)[0].tolist()
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.bfloat16, 1e-2)], ids=["fp64", "bf16"])
 @pytest.mark.parametrize("case", ["ngpt-slerp", "ngpt-gqa-head-dim", "ngpt-scalings", "gpt-gqa-head-dim-relu2"])
 @torch.no_grad()
-def test_portable_model_matches_in_float64(case, tmp_path):
+def test_portable_model_matches_in_float64_and_bfloat16(case, dtype, tolerance, tmp_path):
     cls, options = CASES[case]
-    reference = spherenet_model(cls, options, dtype=torch.float64)
+    reference = spherenet_model(cls, options, dtype=dtype)
     model = portable_export(reference, tmp_path)
-    assert model.dtype == torch.float64
+    assert model.dtype == dtype
     ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(2))
     logits = model(ids).logits
-    assert logits.dtype == torch.float64
-    torch.testing.assert_close(logits, reference(ids), atol=1e-10, rtol=0)
+    assert logits.dtype == dtype
+    torch.testing.assert_close(logits, reference(ids), atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("cls", [NGPT, GPT], ids=["ngpt", "gpt"])
+@torch.no_grad()
+def test_a_bidirectional_model_matches_too(cls, tmp_path):
+    reference = spherenet_model(cls, {"causal": False, "n_kv_heads": 2})
+    model = portable_export(reference, tmp_path)
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(model(ids).logits, reference(ids), atol=1e-5, rtol=0)
+    torch.testing.assert_close(model(ids[:, :3]).logits, reference(ids[:, :3]), atol=1e-5, rtol=0)
+    assert not torch.allclose(model(ids).logits[:, :3], reference(ids[:, :3]), atol=1e-3)  # the future counts
 
 
 @torch.no_grad()
