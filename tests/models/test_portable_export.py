@@ -1,0 +1,330 @@
+"""The portable modeling file of an export (spherenet/hf/portable_modeling.py): it needs torch and
+transformers only, and computes spherenet's logits for every option an export can carry, through
+transformers' inputs (padding, positions, cache), generate and pipeline."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from recipes.checkpoints import Trained  # noqa: E402
+from recipes.export import export  # noqa: E402
+from spherenet.data.tokenizer_classes import ByteTokenizer  # noqa: E402
+from spherenet.hf import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
+from spherenet.hf import portable_modeling as portable  # noqa: E402
+from spherenet.hf.portable import PORTABLE_MODELING_FILE, write_portable_modeling  # noqa: E402
+from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig  # noqa: E402
+
+VOCAB = 64
+
+# every option an export can carry, each with spherenet's model it must match
+CASES = {
+    "ngpt-lerp": (NGPT, {}),
+    "ngpt-slerp": (NGPT, {"update": "slerp"}),
+    "ngpt-riemannian": (NGPT, {"update": "riemannian"}),
+    "ngpt-mqa": (NGPT, {"n_kv_heads": 1}),
+    "ngpt-gqa-head-dim": (NGPT, {"n_kv_heads": 2, "head_dim": 6}),
+    "ngpt-relu2": (NGPT, {"mlp": "relu2", "s_uv": {"init": 0.7, "scale": None}}),
+    "ngpt-scalings": (
+        NGPT,
+        {
+            "qk_norm": False,
+            "s_qk": {"mode": "scalar", "init": 0.9},
+            "alpha_attn": {"mode": "fixed", "init": 0.3},
+            "alpha_mlp": {"init": -0.2, "scale": 0.5},  # absolute: used as |alpha|
+            "s_u": {"init": 2.0, "scale": None},
+            "s_v": {"mode": "fixed", "init": 0.5},
+            "s_z": {"init": 3.0, "scale": 0.25, "absolute": True},
+        },
+    ),
+    "ngpt-gqa-scalar-s-qk": (NGPT, {"n_kv_heads": 2, "s_qk": {"mode": "scalar"}, "update": "slerp"}),
+    "gpt": (GPT, {}),
+    "gpt-gqa-head-dim-relu2": (GPT, {"n_kv_heads": 1, "head_dim": 6, "mlp": "relu2", "norm_eps": 1e-3}),
+}
+
+
+def spherenet_model(cls, options, seed=0, dtype=torch.float32):
+    """A small spherenet model whose learnable scalings are moved off their initial values, as
+    training would, so that a misplaced factor changes the logits."""
+    torch.manual_seed(seed)
+    config_class = NGPTConfig if cls is NGPT else GPTConfig
+    config = config_class(vocab_size=VOCAB, n_layers=2, d_model=16, n_heads=4, max_seq_len=40, **options)
+    model = cls(config).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.mul_(1 + 0.5 * torch.rand_like(p))
+        for p in model.sphere_weights().values():  # unit rows again in float64's precision
+            p.div_(p.norm(dim=-1, keepdim=True))
+    return model
+
+
+def portable_export(model, directory):
+    """The model saved by spherenet, with the portable modeling file; the portable class loaded from it."""
+    model.save_pretrained(directory)
+    write_portable_modeling(directory)
+    cls = portable.SpherenetNGPTForCausalLM if isinstance(model, NGPT) else portable.SpherenetGPTForCausalLM
+    return cls.from_pretrained(directory, dtype=next(model.parameters()).dtype).eval()
+
+
+def left_padded(short, long):
+    """``(batch, mask)``: ``short`` left-padded with 0 to ``long``'s length, then ``long``."""
+    pad = long.shape[1] - short.shape[1]
+    batch = torch.cat([torch.cat([torch.zeros(1, pad, dtype=torch.long), short], 1), long])
+    mask = torch.ones_like(batch)
+    mask[0, :pad] = 0
+    return batch, mask
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@torch.no_grad()
+def test_portable_model_computes_spherenets_logits_cache_padding_and_greedy_tokens(case, tmp_path):
+    cls, options = CASES[case]
+    reference = spherenet_model(cls, options)
+    model = portable_export(reference, tmp_path)
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(1))
+    full = reference(ids)
+    torch.testing.assert_close(model(ids).logits, full, atol=1e-5, rtol=0)
+    # the same through the cache, in pieces
+    out = model(ids[:, :6], use_cache=True)
+    pieces = [out.logits, model(ids[:, 6:10], cache=out.cache).logits, model(ids[:, 10:], cache=out.cache).logits]
+    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-5, rtol=0)
+    # KV-cached greedy generation, token for token
+    prompt = ids[:1, :5]
+    tokens = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert tokens.tolist() == reference.generate(prompt, 10, temperature=0).tolist()
+    # a left-padded batch: each row's logits and greedy tokens are its own, and the logits (pad
+    # positions included) those of spherenet's own transformers class
+    short, long = ids[:1, 3:7], ids[1:, :9]
+    batch, mask = left_padded(short, long)
+    padded = model(batch, attention_mask=mask).logits
+    torch.testing.assert_close(padded[0, 5:], reference(short)[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(padded[1], reference(long)[0], atol=1e-5, rtol=0)
+    hf_class = SpherenetNGPTForCausalLM if cls is NGPT else SpherenetGPTForCausalLM
+    torch.testing.assert_close(padded, hf_class.from_spherenet(reference)(batch, attention_mask=mask).logits)
+    out = model.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert out[0, 5:].tolist() == reference.generate(short, 6, temperature=0)[0].tolist()
+    assert out[1].tolist() == reference.generate(long, 6, temperature=0)[0].tolist()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.bfloat16, 1e-2)], ids=["fp64", "bf16"])
+@pytest.mark.parametrize("case", ["ngpt-slerp", "ngpt-gqa-head-dim", "ngpt-scalings", "gpt-gqa-head-dim-relu2"])
+@torch.no_grad()
+def test_portable_model_matches_in_float64_and_bfloat16(case, dtype, tolerance, tmp_path):
+    cls, options = CASES[case]
+    reference = spherenet_model(cls, options, dtype=dtype)
+    model = portable_export(reference, tmp_path)
+    assert model.dtype == dtype
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(2))
+    logits = model(ids).logits
+    assert logits.dtype == dtype
+    torch.testing.assert_close(logits, reference(ids), atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("cls", [NGPT, GPT], ids=["ngpt", "gpt"])
+@torch.no_grad()
+def test_a_bidirectional_model_matches_too(cls, tmp_path):
+    reference = spherenet_model(cls, {"causal": False, "n_kv_heads": 2})
+    model = portable_export(reference, tmp_path)
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(model(ids).logits, reference(ids), atol=1e-5, rtol=0)
+    torch.testing.assert_close(model(ids[:, :3]).logits, reference(ids[:, :3]), atol=1e-5, rtol=0)
+    assert not torch.allclose(model(ids).logits[:, :3], reference(ids[:, :3]), atol=1e-3)  # the future counts
+
+
+@torch.no_grad()
+def test_labels_hidden_states_logits_to_keep_embeds_sampling_and_beams_match_spherenets_class(tmp_path):
+    reference = spherenet_model(NGPT, {"n_kv_heads": 2, "mlp": "relu2"})
+    model = portable_export(reference, tmp_path)
+    wrapped = SpherenetNGPTForCausalLM.from_spherenet(reference).eval()
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
+    labels = ids.clone()
+    labels[0, :3] = -100
+    ours = model(ids, labels=labels, output_hidden_states=True)
+    theirs = wrapped(ids, labels=labels, output_hidden_states=True)
+    assert len(ours.hidden_states) == 3
+    torch.testing.assert_close(ours.logits, theirs.logits, atol=1e-5, rtol=0)
+    kept = model(ids, logits_to_keep=4).logits
+    assert kept.shape == (2, 4, VOCAB)
+    torch.testing.assert_close(kept, theirs.logits[:, -4:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.loss, theirs.loss, atol=1e-5, rtol=0)
+    for a, b in zip(ours.hidden_states, theirs.hidden_states):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    embeds = model.get_input_embeddings()(ids)
+    torch.testing.assert_close(model(inputs_embeds=embeds).logits, theirs.logits, atol=1e-5, rtol=0)
+    positions = torch.arange(3, 12)[None].expand(2, -1)
+    torch.testing.assert_close(
+        model(ids, position_ids=positions).logits, wrapped(ids, position_ids=positions).logits, atol=1e-5, rtol=0
+    )
+    assert not torch.allclose(model(ids, position_ids=positions).logits, theirs.logits)  # positions do count
+    for kwargs in ({"do_sample": True, "top_k": 20, "temperature": 0.9}, {"num_beams": 3, "do_sample": False}):
+        torch.manual_seed(5)
+        ours = model.generate(ids, max_new_tokens=6, pad_token_id=0, **kwargs)
+        torch.manual_seed(5)
+        assert ours.tolist() == wrapped.generate(ids, max_new_tokens=6, pad_token_id=0, **kwargs).tolist()
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("update", "geodesic"),
+        ("mlp", "geglu"),
+        ("qk_norm", "yes"),
+        ("s_qk", {"init": 1.0, "mode": "tensor"}),
+        ("s_z", {"init": 1.0, "shift": 0.5}),
+        ("alpha_attn", {"scale": -1.0}),
+        ("head_dim", 7),
+        ("n_kv_heads", 3),
+    ],
+)
+def test_a_config_the_file_cannot_compute_is_refused_in_one_line(key, value, tmp_path):
+    reference = spherenet_model(NGPT, {})
+    reference.save_pretrained(tmp_path)
+    write_portable_modeling(tmp_path)
+    values = json.loads((tmp_path / "config.json").read_text())
+    values[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    with pytest.raises(ValueError, match=f"spherenet-ngpt config: {key}") as error:
+        portable.SpherenetNGPTForCausalLM.from_pretrained(tmp_path)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=f"spherenet-ngpt config: {key}"):
+        portable.SpherenetNGPTConfig.from_pretrained(tmp_path)
+
+
+def test_config_classes_read_every_key_of_an_export_and_keep_transformers_defaults(tmp_path):
+    reference = spherenet_model(GPT, {"n_kv_heads": 2})
+    reference.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    config = portable.SpherenetGPTConfig.from_pretrained(tmp_path)
+    for key, value in written.items():
+        if key != "auto_map":
+            assert getattr(config, key) == value, key
+    assert config.num_key_value_heads == 2 and config.hidden_size == 16 and config.num_hidden_layers == 2
+    bare = portable.SpherenetNGPTConfig()  # what transformers builds for its defaults
+    assert bare.update == "lerp" and bare.s_qk == portable.SCALINGS["s_qk"] and bare.head_dim is None
+
+
+def test_write_portable_modeling_keeps_the_export_loadable_by_spherenet(tmp_path):
+    reference = spherenet_model(NGPT, {"update": "riemannian"})
+    reference.save_pretrained(tmp_path)
+    write_portable_modeling(tmp_path)
+    assert (tmp_path / "modeling_spherenet.py").read_text() == PORTABLE_MODELING_FILE.read_text()
+    assert json.loads((tmp_path / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "modeling_spherenet.SpherenetNGPTConfig",
+        "AutoModelForCausalLM": "modeling_spherenet.SpherenetNGPTForCausalLM",
+    }
+    loaded = NGPT.from_pretrained(tmp_path)  # the rewritten manifest still checks out
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(loaded(ids), reference(ids))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match="model_type 'llama'"):
+        write_portable_modeling(tmp_path)
+
+
+def test_portable_modeling_imports_nothing_but_torch_transformers_and_the_standard_library():
+    import ast
+
+    tree = ast.parse(PORTABLE_MODELING_FILE.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported == {"math", "typing", "torch", "transformers"}
+
+
+# Run in a fresh interpreter, isolated (-I: no PYTHONPATH, no script directory), from outside the
+# repository, with spherenet made unimportable; prints what the parent compares.
+_WITHOUT_SPHERENET = """
+import importlib.abc, json, sys
+
+class NoSpherenet(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "spherenet" or name.startswith("spherenet."):
+            raise ImportError(f"{name} is blocked")
+
+sys.meta_path.insert(0, NoSpherenet())
+try:
+    import spherenet
+    spherenet_importable = True
+except ImportError:
+    spherenet_importable = False
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+directory, bad_directory, ids, short, long = json.loads(sys.argv[1])
+try:  # an option value the file cannot compute
+    AutoModelForCausalLM.from_pretrained(bad_directory, trust_remote_code=True)
+    refused = None
+except ValueError as error:
+    refused = str(error)
+model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
+ids, short, long = torch.tensor(ids), torch.tensor(short), torch.tensor(long)
+pad = long.shape[1] - short.shape[1]
+batch = torch.cat([torch.cat([torch.zeros(1, pad, dtype=torch.long), short], 1), long])
+mask = torch.ones_like(batch)
+mask[0, :pad] = 0
+with torch.no_grad():
+    logits = model(ids).logits
+    padded = model(batch, attention_mask=mask).logits
+    generated = model.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    beams = model.generate(long, max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0)
+generator = pipeline("text-generation", model=model, tokenizer=tokenizer, device="cpu")
+text = generator("Hello", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+piped = generator("Hello", max_new_tokens=5, do_sample=False, return_tensors=True)[0]["generated_token_ids"]
+print("RESULT", json.dumps({
+    "spherenet_importable": spherenet_importable,
+    "spherenet_loaded": sorted(m for m in sys.modules if m.split(".")[0] == "spherenet"),
+    "class": type(model).__module__.split(".")[-1] + "." + type(model).__name__,
+    "logits": logits.tolist(), "padded": padded.tolist(), "generated": generated.tolist(),
+    "beams": beams.tolist(), "text": text, "piped": list(piped), "refused": refused,
+}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", [NGPT, GPT], ids=["ngpt", "gpt"])
+def test_an_export_loads_and_generates_where_spherenet_cannot_be_imported(cls, tmp_path):
+    options = {"update": "slerp", "n_kv_heads": 2, "mlp": "relu2"} if cls is NGPT else {"n_kv_heads": 1}
+    torch.manual_seed(0)
+    config_class = NGPTConfig if cls is NGPT else GPTConfig
+    reference = cls(config_class(vocab_size=256, n_layers=2, d_model=16, n_heads=4, max_seq_len=40, **options)).eval()
+    directory = tmp_path / "export"
+    export(Trained(reference, ByteTokenizer(), {}, 0, tmp_path / "step_0"), directory)  # with the tokenizer files
+    write_portable_modeling(directory)
+    bad = tmp_path / "bad"
+    shutil.copytree(directory, bad)
+    values = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**values, "mlp": "geglu"}))
+    ids, short, long = [[5, 9, 200, 31, 7, 7, 64]], [[72, 101, 108]], [[1, 2, 3, 4, 5, 6]]
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    env["HF_HOME"] = str(tmp_path / "hf_home")
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", _WITHOUT_SPHERENET, json.dumps([str(directory), str(bad), ids, short, long])],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,  # transformers asks before running remote code it was not told to trust
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.rpartition("RESULT ")[2])
+    assert out["spherenet_importable"] is False and out["spherenet_loaded"] == []
+    assert out["class"] == f"modeling_spherenet.Spherenet{cls.__name__}ForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(out["logits"]), reference(torch.tensor(ids)), atol=1e-5, rtol=0)
+        padded = torch.tensor(out["padded"])
+        torch.testing.assert_close(padded[0, 3:], reference(torch.tensor(short))[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(padded[1], reference(torch.tensor(long))[0], atol=1e-5, rtol=0)
+        assert out["generated"][0][3:] == reference.generate(torch.tensor(short), 6, temperature=0)[0].tolist()
+        assert out["generated"][1] == reference.generate(torch.tensor(long), 6, temperature=0)[0].tolist()
+        greedy = reference.generate(torch.tensor([list(b"Hello")]), 5, temperature=0)[0].tolist()
+    assert out["piped"] == greedy and out["text"].startswith("Hello")
+    assert out["refused"].startswith(f"spherenet-{cls.model_type} config: mlp must be one of")
+    assert len(out["beams"][0]) == 10 and out["beams"][0][:6] == long[0]
