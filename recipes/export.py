@@ -118,7 +118,7 @@ print(tokenizer.decode(model.generate(ids, 50)[0].tolist()))
 ```
 
 With transformers (`pip install "spherenet-torch[hf]"`; `trust_remote_code=True` runs this directory's
-`modeling_spherenet.py`, which imports spherenet's own classes):
+`modeling_spherenet.py`, which needs torch and transformers only):
 
 ```python
 from transformers import AutoModelForCausalLM, pipeline

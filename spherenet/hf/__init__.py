@@ -2,9 +2,10 @@
 with ``AutoConfig`` and ``AutoModelForCausalLM`` (model_type ``spherenet-ngpt`` /
 ``spherenet-gpt``) when this package is imported.
 
-An export (``save_pretrained``, ``spherenet-export``) carries a modeling file importing this
-package, so ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it
-wherever spherenet is installed. Needs ``pip install "spherenet-torch[hf]"``.
+An export (``save_pretrained``, ``spherenet-export``) carries the portable model code
+(:mod:`spherenet.hf.portable_modeling`, torch and transformers only) as its modeling file, so
+``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it where
+spherenet is not installed. Needs ``pip install "spherenet-torch[hf]"``.
 
 Training with ``transformers.Trainer`` keeps nGPT on the sphere with :class:`SphereCallback`
 (``callbacks=[SphereCallback()]``) or spherenet's optimizers

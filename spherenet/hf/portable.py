@@ -1,6 +1,8 @@
-"""Make an export self-contained: its modeling file becomes :mod:`spherenet.hf.portable_modeling`,
-which needs torch and transformers only, so that ``AutoModelForCausalLM.from_pretrained(export,
-trust_remote_code=True)`` loads it where spherenet is not installed."""
+"""Make an export written before exports carried the portable model code self-contained: its
+modeling file becomes :mod:`spherenet.hf.portable_modeling`, which needs torch and transformers
+only, so that ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it
+where spherenet is not installed. (``save_pretrained`` and ``recipes.export`` write that file
+themselves.)"""
 
 from __future__ import annotations
 

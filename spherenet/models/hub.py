@@ -8,9 +8,10 @@ A saved model is a directory (or a Hub repository) holding
     model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``; or,
                          saved with ``max_shard_size``, shards ``model-0000i-of-0000n.safetensors``
                          and their index ``model.safetensors.index.json`` (transformers' layout)
-    modeling_spherenet.py  a few lines importing :mod:`spherenet.hf`, so that transformers'
+    modeling_spherenet.py  the portable model code (:mod:`spherenet.hf.portable_modeling`, torch
+                         and transformers only), so that transformers'
                          ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``
-                         loads the model wherever spherenet is installed
+                         loads the model where spherenet is not installed
     sha256sums.json      the size and sha256 of the files above (every shard and the index too) (the entries of a checkpoint's
                          manifest): a damaged file is refused on load with an error naming it; a
                          directory without it (saved by hand, or before it existed) loads with a
@@ -101,19 +102,10 @@ def _auto_map(architecture: str) -> dict[str, str]:
     }
 
 
-# the modeling file of every export: transformers runs it under trust_remote_code=True
-_MODELING_SOURCE = '''"""transformers' classes of this spherenet export (trust_remote_code=True loads them from here).
-
-They are spherenet's own: pip install "spherenet-torch[hf]".
-"""
-
-from spherenet.hf import (  # noqa: F401
-    SpherenetGPTConfig,
-    SpherenetGPTForCausalLM,
-    SpherenetNGPTConfig,
-    SpherenetNGPTForCausalLM,
-)
-'''
+# the modeling file of every export, transformers runs it under trust_remote_code=True: the
+# portable model code, which needs torch and transformers only (read by path: models may not
+# import hf, and importing spherenet.hf would need transformers)
+PORTABLE_MODELING = Path(__file__).resolve().parents[1] / "hf" / "portable_modeling.py"
 
 
 class PretrainedFileWarning(UserWarning):
@@ -351,7 +343,7 @@ class HubMixin:
         directory.mkdir(parents=True, exist_ok=True)
         weight_files = write_weights(directory, dict(state_dict), max_shard_size)
         (directory / CONFIG_NAME).write_text(json.dumps(self.hub_config(), indent=2) + "\n", encoding="utf-8")
-        (directory / MODELING_NAME).write_text(_MODELING_SOURCE, encoding="utf-8")
+        (directory / MODELING_NAME).write_text(PORTABLE_MODELING.read_text(encoding="utf-8"), encoding="utf-8")
         write_manifest(directory, (CONFIG_NAME, *weight_files, MODELING_NAME))
         if push_to_hub:
             return upload_folder(directory, repo_id or directory.name, hub_args)

@@ -20,6 +20,7 @@ from recipes.export import export  # noqa: E402
 from spherenet.data.tokenizer_classes import ByteTokenizer  # noqa: E402
 from spherenet.hf import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, PretrainedFileError  # noqa: E402
+from spherenet.models.hub import PORTABLE_MODELING  # noqa: E402
 
 VOCAB = 256  # the byte tokenizer's
 
@@ -60,7 +61,8 @@ def test_export_carries_auto_map_modeling_file_and_card(exported):
             "AutoConfig": f"modeling_spherenet.Spherenet{cls.__name__}Config",
             "AutoModelForCausalLM": f"modeling_spherenet.Spherenet{cls.__name__}ForCausalLM",
         }
-        assert "from spherenet.hf import" in (directory / "modeling_spherenet.py").read_text()
+        modeling = (directory / "modeling_spherenet.py").read_text()  # the portable code: no spherenet import
+        assert modeling == PORTABLE_MODELING.read_text() and "import spherenet" not in modeling
         assert "trust_remote_code=True" in (directory / "README.md").read_text()
         hf_config = AutoConfig.from_pretrained(directory)
         assert hf_config.model_type == f"spherenet-{cls.model_type}" and hf_config.hidden_size == 32

@@ -66,9 +66,8 @@ def spherenet_model(cls, options, seed=0, dtype=torch.float32):
 
 
 def portable_export(model, directory):
-    """The model saved by spherenet, with the portable modeling file; the portable class loaded from it."""
+    """The model saved by spherenet (its modeling file is the portable code); the portable class loaded from it."""
     model.save_pretrained(directory)
-    write_portable_modeling(directory)
     cls = portable.SpherenetNGPTForCausalLM if isinstance(model, NGPT) else portable.SpherenetGPTForCausalLM
     return cls.from_pretrained(directory, dtype=next(model.parameters()).dtype).eval()
 
@@ -186,7 +185,6 @@ def test_labels_hidden_states_logits_to_keep_embeds_sampling_and_beams_match_sph
 def test_a_config_the_file_cannot_compute_is_refused_in_one_line(key, value, tmp_path):
     reference = spherenet_model(NGPT, {})
     reference.save_pretrained(tmp_path)
-    write_portable_modeling(tmp_path)
     values = json.loads((tmp_path / "config.json").read_text())
     values[key] = value
     (tmp_path / "config.json").write_text(json.dumps(values))
@@ -295,8 +293,7 @@ def test_an_export_loads_and_generates_where_spherenet_cannot_be_imported(cls, t
     config_class = NGPTConfig if cls is NGPT else GPTConfig
     reference = cls(config_class(vocab_size=256, n_layers=2, d_model=16, n_heads=4, max_seq_len=40, **options)).eval()
     directory = tmp_path / "export"
-    export(Trained(reference, ByteTokenizer(), {}, 0, tmp_path / "step_0"), directory)  # with the tokenizer files
-    write_portable_modeling(directory)
+    export(Trained(reference, ByteTokenizer(), {}, 0, tmp_path / "step_0"), directory)  # as recipes.export writes it
     bad = tmp_path / "bad"
     shutil.copytree(directory, bad)
     values = json.loads((bad / "config.json").read_text())
