@@ -76,6 +76,10 @@ class DataSection:
     num_proc: int = 1
     cache_dir: str = ""  # "" = <out_dir>/../data_cache
     seed: int = 1234
+    # json/parquet/hub: a record whose text field is missing, null or not a string stops the
+    # preparation (an error naming the file, the count and the first); true = skip such records,
+    # their count printed and kept in the data cache's meta.json (a separate cache entry).
+    skip_bad_records: bool = False
 
 
 @dataclass
