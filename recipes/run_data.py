@@ -41,6 +41,7 @@ def prepare_data(cfg: RunConfig, is_main: bool):
         val_fraction=d.val_fraction,
         seed=d.seed,
         num_proc=d.num_proc,
+        skip_bad_records=d.skip_bad_records,
     )
     # Rank 0 tokenizes; the others wait, then read the cached files.
     if is_main:
@@ -48,6 +49,10 @@ def prepare_data(cfg: RunConfig, is_main: bool):
     barrier()
     if not is_main:
         data = prepare_dataset(d.source, d.tokenizer, cache, **kwargs)
+    bad = data.meta.get("bad_records") or {}
+    if is_main and bad.get("skip") and data.meta["source"]["kind"] in ("json", "parquet", "hub"):  # on every run
+        first = "".join(f"; {n['count']} in {w}, the first at {n['first']}" for w, n in bad["files"].items())
+        print(f"data: skipped {bad['skipped']} records without usable text (data.skip_bad_records){first}", flush=True)
     return data
 
 

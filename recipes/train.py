@@ -58,7 +58,7 @@ from spherenet.optim import build_optimizer, normalize_
 from spherenet.train.config import ConfigError, RunConfig, load_config, model_config, resolved, to_toml
 from spherenet.train.distributed import all_reduce_max, init_distributed, shutdown, wrap_model
 from spherenet.train.loop import MetricsLog, NonFiniteError, autocast_dtype, evaluate, train_step
-from spherenet.train.memory import check_training_memory
+from spherenet.train.memory import check_run_memory, check_training_memory
 from spherenet.train.tracking import check_available, open_trackers
 
 
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     t = cfg.train
     out_dir = Path(t.out_dir)
     micro, accum = batch_geometry(cfg, info.world_size)
+    # a size that cannot run, counted with the smallest vocabulary: refused before anything is written or tokenized
+    check_run_memory(cfg, device=info.device, micro_batch=micro, world_size=info.world_size)
     ckpt = CheckpointManager(out_dir / "checkpoints", keep_last=t.keep_last)
     check_init_from_target(t.init_from, out_dir, args.overwrite)
     # A torchrun restart continues the run only when this job wrote it (recipes.resume).

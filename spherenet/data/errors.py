@@ -6,7 +6,7 @@ it, so that a training script can print ``str(exc)`` and stop, without a deep tr
 
 from __future__ import annotations
 
-__all__ = ["DataError", "DataFileNotFoundError", "TokenizerError"]
+__all__ = ["DataError", "DataFileNotFoundError", "TokenizerError", "root_cause"]
 
 
 class DataError(ValueError):
@@ -25,3 +25,18 @@ class DataFileNotFoundError(FileNotFoundError, DataError):
 
 class TokenizerError(DataError):
     """A tokenizer cannot be built, loaded, or used as asked."""
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost message of an exception chain, shortened (library errors nest several levels)."""
+    seen = []
+    e: BaseException | None = exc
+    while e is not None and len(seen) < 10:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    for cand in reversed(seen):
+        msg = " ".join(str(cand).split())
+        if msg:
+            msg = f"{type(cand).__name__}: {msg}"
+            return msg if len(msg) <= 400 else msg[:397] + "..."
+    return type(exc).__name__

@@ -7,8 +7,9 @@
     ``eos_id``; raw little-endian ``uint16`` when the vocabulary has at most 65536 ids, else
     ``uint32``. Open them with :meth:`PreparedData.tokens` (``numpy.memmap``).
 ``meta.json``
-    source, tokenizer spec, dtype, token and document counts, split settings, and SHA-256 digests
-    of both files (``content_sha256`` combines them with the tokenizer fingerprint).
+    source, tokenizer spec, dtype, token and document counts, split settings, the records skipped
+    for want of text (``bad_records``), and SHA-256 digests of both files (``content_sha256``
+    combines them with the tokenizer fingerprint).
 ``tokenizer_spec.json`` (+ ``tokenizer.json``)
     a copy of the tokenizer, so ``load_tokenizer(<that directory>)`` works anywhere.
 
@@ -51,7 +52,7 @@ from .prepared import (
     load_prepared,
     token_dtype,
 )
-from .sources import WRITE_ERRNOS, Source, load_documents, resolve_source
+from .sources import WRITE_ERRNOS, Source, read_documents, resolve_source
 from .tokenizer import SPEC_FILE, ByteTokenizer, Tokenizer, build_tokenizer, train_bpe
 
 __all__ = [
@@ -96,6 +97,7 @@ def prepare_dataset(
     timeout: float = 5.0,
     force: bool = False,
     progress: bool = False,
+    skip_bad_records: bool = False,
 ) -> PreparedData:
     """Tokenize ``source`` with ``tokenizer`` into ``train.bin``/``val.bin`` under ``out_dir`` (cached).
 
@@ -105,7 +107,10 @@ def prepare_dataset(
     trains a BPE on the train-split documents. ``max_documents`` keeps the first N non-empty
     documents. ``num_proc`` worker processes tokenize (``Dataset.map``); ``batch_size`` documents
     per call. ``force`` rebuilds even when a matching directory exists. ``progress`` shows the
-    tokenizing bars (``datasets``'), only when stderr is a terminal.
+    tokenizing bars (``datasets``'), only when stderr is a terminal. A JSON/Parquet record or Hub
+    row without usable text (field missing, null or not a string) is a ``DataError`` naming the
+    file, the count and the first one; ``skip_bad_records`` skips them instead, and ``meta.json``
+    records how many (``"bad_records"``). It is part of the cache key of those kinds.
     """
     import datasets
 
@@ -146,6 +151,8 @@ def prepare_dataset(
         "max_documents": None if max_documents is None else int(max_documents),
         "dtype": dt.name,
     }
+    if src.kind in ("json", "parquet", "hub"):  # record sources: bad records refused or skipped
+        key_material["skip_bad_records"] = bool(skip_bad_records)
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(out_dir).expanduser()
     final = root / f"{src.slug()}-{tok_slug}-{key}"
@@ -178,6 +185,7 @@ def prepare_dataset(
             batch_size=int(batch_size),
             hub_cache_dir=hub_cache_dir,
             timeout=timeout,
+            skip_bad_records=bool(skip_bad_records),
         )
         (tmp / _OWNER_FILE).unlink(missing_ok=True)
         path = _publish(tmp, final, key, force)
@@ -234,13 +242,16 @@ def _build(
     batch_size: int,
     hub_cache_dir: Any,
     timeout: float,
+    skip_bad_records: bool,
 ) -> dict[str, Any]:
     import datasets
     import pyarrow.compute as pc
 
     hf_cache = tmp / "hf"
     hf_cache.mkdir()
-    ds = load_documents(src, cache_dir=hf_cache, hub_cache_dir=hub_cache_dir, timeout=timeout)
+    ds, bad = read_documents(
+        src, cache_dir=hf_cache, hub_cache_dir=hub_cache_dir, timeout=timeout, skip_bad_records=skip_bad_records
+    )
     if max_documents is not None and len(ds) > int(max_documents):
         ds = ds.select(range(int(max_documents)))
     n_docs = len(ds)
@@ -328,6 +339,7 @@ def _build(
             "seed": seed,
             "max_documents": max_documents,
         },
+        "bad_records": {"skip": skip_bad_records, **bad.to_dict()},
         "document_separator": f"eos_id {tok.eos_id} after every document",
         "sha256": sha,
         "content_sha256": content,

@@ -15,6 +15,10 @@ Kinds:
     the ``text_field`` of each record.
 ``parquet``
     ``.parquet`` files; the document is the ``text_field`` column.
+
+A JSON or Parquet record (or Hub row) without usable text (its field missing, null or not a
+string) is an error naming the file, the count and the first one, unless ``skip_bad_records``
+(:mod:`spherenet.data.records`).
 ``hub``
     a dataset repository on the Hugging Face Hub, ``"hf:owner/name"``. ``datasets`` >= 4 no
     longer runs loading scripts, so use repositories stored as Parquet/JSON (e.g.
@@ -42,13 +46,22 @@ from typing import Any
 
 from ._files import check_parquet_file, check_text_file, existing_file, file_sha256
 from ._hub import hub_endpoint, hub_offline, hub_unreachable
-from .errors import DataError, DataFileNotFoundError
+from .errors import DataError, DataFileNotFoundError, root_cause
+from .records import (
+    BadRecords,
+    arrow_dataset,
+    drop_empty,
+    null_records,
+    read_json_records,
+    read_parquet_records,
+)
 
 __all__ = [
     "DEFAULT_STDLIB_BYTES",
     "SOURCE_KINDS",
     "Source",
     "load_documents",
+    "read_documents",
     "resolve_source",
     "stdlib_files",
 ]
@@ -324,14 +337,33 @@ def load_documents(
     cache_dir: str | os.PathLike,
     hub_cache_dir: str | os.PathLike | None = None,
     timeout: float = 5.0,
+    skip_bad_records: bool = False,
 ) -> Any:
     """Read ``src`` into a ``datasets.Dataset`` with a single ``"text"`` column, empty documents removed.
 
-    ``cache_dir`` receives the Arrow files ``datasets`` makes from local files (the caller deletes
-    it); Hub downloads go to ``hub_cache_dir`` (default: the usual Hugging Face cache).
+    ``cache_dir`` receives the Arrow files made from local files (the caller deletes it); Hub
+    downloads go to ``hub_cache_dir`` (default: the usual Hugging Face cache). A record whose text
+    field is missing, null or not a string is a ``DataError`` naming the file, the count and the
+    first one, unless ``skip_bad_records`` (see :mod:`spherenet.data.records`;
+    :func:`read_documents` also returns what was skipped).
     """
+    return read_documents(
+        src, cache_dir=cache_dir, hub_cache_dir=hub_cache_dir, timeout=timeout, skip_bad_records=skip_bad_records
+    )[0]
+
+
+def read_documents(
+    src: Source,
+    *,
+    cache_dir: str | os.PathLike,
+    hub_cache_dir: str | os.PathLike | None = None,
+    timeout: float = 5.0,
+    skip_bad_records: bool = False,
+) -> tuple[Any, BadRecords]:
+    """:func:`load_documents`, and the bad records it skipped (none for text and the stdlib)."""
     import datasets
 
+    bad = BadRecords(src.text_field)
     if src.kind == "stdlib":
         texts = []
         for f in src.files:
@@ -341,28 +373,28 @@ def load_documents(
                 continue  # stdlib_files() promised UTF-8 text; skip a file that changed meanwhile
         ds = datasets.Dataset.from_dict({"text": texts})
         where = src.describe()
-    elif src.kind in ("text", "json"):
+    elif src.kind == "text":
         for f in src.files:
-            check_text_file(f, f"{src.kind} file")
-        kwargs: dict[str, Any] = {"sample_by": src.text_unit} if src.kind == "text" else {}
+            check_text_file(f, "text file")
         ds = _load(
             lambda: datasets.load_dataset(
-                src.kind, data_files=list(src.files), split="train", cache_dir=str(cache_dir), **kwargs
+                "text", data_files=list(src.files), split="train", cache_dir=str(cache_dir), sample_by=src.text_unit
             ),
             src,
             cache_dir,
         )
         where = ", ".join(src.files)
-    elif src.kind == "parquet":
+    elif src.kind in ("json", "parquet"):
         for f in src.files:
-            check_parquet_file(f)
-        ds = _load(
-            lambda: datasets.load_dataset(
-                "parquet", data_files=list(src.files), split="train", cache_dir=str(cache_dir)
-            ),
-            src,
-            cache_dir,
-        )
+            if src.kind == "json":
+                check_text_file(f, "json file")
+            else:
+                check_parquet_file(f)
+        arrow = Path(cache_dir) / "records.arrow"
+        read = read_json_records if src.kind == "json" else read_parquet_records
+        bad = _load(lambda: read(src.files, src.text_field, arrow), src, cache_dir)
+        bad.check(skip_bad_records)
+        ds = arrow_dataset(arrow)
         where = ", ".join(src.files)
     elif src.kind == "hub":
         ds = _load_hub(src, hub_cache_dir, timeout)
@@ -372,7 +404,7 @@ def load_documents(
 
     if isinstance(ds, datasets.DatasetDict):  # pragma: no cover - we always pass split=
         ds = ds[next(iter(ds))]
-    field_ = src.text_field
+    field_ = "text" if src.kind in ("json", "parquet") else src.text_field  # the readers name it text
     if field_ not in ds.column_names:
         raise DataError(
             f"{where} has no column {field_!r} (columns: {', '.join(ds.column_names) or 'none'}); pass text_field="
@@ -383,13 +415,16 @@ def load_documents(
     ds = ds.select_columns([field_])
     if field_ != "text":
         ds = ds.rename_column(field_, "text")
+    if src.kind == "hub":
+        bad = null_records(ds, where, field_)
+        bad.check(skip_bad_records)  # the null rows are dropped with the empty ones below
     if src.kind == "text" and src.text_unit == "paragraph":
         # The paragraph reader keeps the newlines around a paragraph (e.g. the file's final "\n").
         ds = ds.map(_strip_newlines, batched=True, new_fingerprint=f"{ds._fingerprint}-strip", desc="paragraphs")
-    ds = _drop_empty(ds)
+    ds = drop_empty(ds)
     if len(ds) == 0:
-        raise DataError(f"{where} contains no text: every document in column {field_!r} is empty")
-    return ds
+        raise DataError(f"{where} contains no text: every document in column {src.text_field!r} is empty")
+    return ds, bad
 
 
 def _load(fn: Any, src: Source, cache_dir: Any) -> Any:
@@ -403,7 +438,7 @@ def _load(fn: Any, src: Source, cache_dir: Any) -> Any:
             reason = (failed_write.strerror or str(failed_write)).lower()
             code = errno.errorcode.get(failed_write.errno, "")
             raise DataError(f"cannot write the data cache {cache_dir}: {reason} ({code})") from None
-        raise DataError(f"could not read {src.kind} source {', '.join(src.files)}: {_root_cause(exc)}") from None
+        raise DataError(f"could not read {src.kind} source {', '.join(src.files)}: {root_cause(exc)}") from None
 
 
 WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
@@ -448,7 +483,7 @@ def _load_hub(src: Source, cache_dir: Any, timeout: float) -> Any:
             cache_dir=None if cache_dir is None else str(cache_dir),
         )
     except Exception as exc:
-        msg = _root_cause(exc)
+        msg = root_cause(exc)
         if "scripts are no longer supported" in msg:
             msg += (
                 ". datasets>=4 does not run loading scripts: pass revision='refs/convert/parquet' for the "
@@ -460,34 +495,3 @@ def _load_hub(src: Source, cache_dir: Any, timeout: float) -> Any:
 
 def _strip_newlines(batch: dict[str, list[str]]) -> dict[str, list[str]]:
     return {"text": [t.strip("\n") if t else t for t in batch["text"]]}
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The innermost message of an exception chain, shortened (library errors nest several levels)."""
-    seen = []
-    e: BaseException | None = exc
-    while e is not None and len(seen) < 10:
-        seen.append(e)
-        e = e.__cause__ or e.__context__
-    for cand in reversed(seen):
-        msg = " ".join(str(cand).split())
-        if msg:
-            msg = f"{type(cand).__name__}: {msg}"
-            return msg if len(msg) <= 400 else msg[:397] + "..."
-    return type(exc).__name__
-
-
-def _drop_empty(ds: Any) -> Any:
-    """Rows whose text is null, empty or only whitespace are removed (they carry no text)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    keep = []
-    for table in ds.with_format("arrow").iter(batch_size=10_000):
-        col = pc.fill_null(table["text"], "")
-        nonempty = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0)
-        keep.append(np.asarray(nonempty.to_numpy(zero_copy_only=False), dtype=bool))
-    mask = np.concatenate(keep) if keep else np.zeros(0, dtype=bool)
-    if mask.all():
-        return ds
-    return ds.select(np.flatnonzero(mask))

@@ -54,10 +54,22 @@ def gpt_softmax_scale(head_dim: int) -> float:
 # Field checks (each error names the config class, the field and the value)
 
 
-def check_positive_int(config, name: str) -> None:
+#: The largest size a config takes (vocab, width, layers, heads): past 2**31 - 1 no model can be
+#: built (an embedding or layer stack that large is terabytes), and past 2**63 no tensor is indexed.
+MAX_SIZE = 2**31 - 1
+#: The longest context: the RoPE tables hold ``max_seq_len x head_dim`` values, built on the first
+#: forward pass; past 2**24 positions (16,777,216) they take gigabytes and minutes before the
+#: first token, and no attention here (full, O(T^2) per sequence) trains at such a context.
+MAX_SEQ_LEN = 2**24
+
+
+def check_positive_int(config, name: str, at_most: int = MAX_SIZE) -> None:
     value = getattr(config, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
+    if value > at_most:
+        bound = f"2**{at_most.bit_length() - 1}" if at_most & (at_most - 1) == 0 else f"2**{at_most.bit_length()} - 1"
+        raise ValueError(f"{type(config).__name__}.{name} must be at most {bound} ({at_most:,}), got {value!r}")
 
 
 def check_positive_field(config, name: str) -> None:
@@ -85,8 +97,9 @@ def check_transformer_shape(config) -> None:
     d_model / n_heads, which must then divide) and even (RoPE rotates pairs), ``n_kv_heads``
     resolved (None -> n_heads) and a divisor of ``n_heads``, ``mlp`` one of :data:`MLP_KINDS`."""
     name = type(config).__name__
-    for field in ("vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len"):
+    for field in ("vocab_size", "n_layers", "d_model", "n_heads"):
         check_positive_int(config, field)
+    check_positive_int(config, "max_seq_len", MAX_SEQ_LEN)
     if config.d_mlp is None:
         config.d_mlp = 4 * config.d_model
     check_positive_int(config, "d_mlp")

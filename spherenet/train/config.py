@@ -70,12 +70,16 @@ class DataSection:
     text_field: str = "text"
     text_unit: str = "paragraph"  # text files: a document is a "paragraph" (between blank lines), "line" or "document"
     split: str = "train"  # hub datasets: which split to read
-    subset: str = ""  # hub datasets: configuration name
+    subset: str = ""  # hub datasets: configuration name; "" = the dataset's default
     max_docs: int = 0  # 0 = all
     val_fraction: float = 0.01
     num_proc: int = 1
     cache_dir: str = ""  # "" = <out_dir>/../data_cache
     seed: int = 1234
+    # json/parquet/hub: a record whose text field is missing, null or not a string stops the
+    # preparation (an error naming the file, the count and the first); true = skip such records,
+    # their count printed and kept in the data cache's meta.json (a separate cache entry).
+    skip_bad_records: bool = False
 
 
 @dataclass
@@ -124,8 +128,8 @@ class TrainSection:
     sample_tokens: int = 200  # tokens of text printed at the end (0 = none)
     progress: bool = True  # tqdm bar on rank 0 (plain log lines when stderr is not a terminal)
     halt_after: int = 0  # stop this invocation after this step (0 = run to train.steps); resume later
-    # Where metrics go besides metrics.jsonl ("jsonl", always written): "tensorboard" (event
-    # files in <out_dir>/tensorboard), "wandb" (Weights & Biases). See spherenet.train.tracking.
+    # Where metrics go besides metrics.jsonl ("jsonl", always written; [] = metrics.jsonl only):
+    # "tensorboard" (event files in <out_dir>/tensorboard), "wandb" (Weights & Biases). See spherenet.train.tracking.
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     wandb_project: str = "spherenet"  # train.loggers with "wandb": the W&B project of the run
     # LoRA fine-tuning of train.init_from's weights (needs peft): 0 = train every weight; r > 0 =
@@ -155,40 +159,66 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")
 # List-valued keys: every element must be one of these.
 _LIST_CHOICES = {("train", "loggers"): LOGGERS}
 # Keys that may be unset (None), and the value unset stands for (see resolved()).
-_UNSET_MEANS = {
-    ("optim", "weight_decay"): "the method's default",
-    ("optim", "warmup_steps"): "the method's default",
-    ("optim", "muon_lr"): "optim.lr",
-    ("optim", "matrix_lr"): "optim.lr",
-}
-_POSITIVE = {
-    ("optim", "lr"),
-    ("optim", "muon_lr"),
-    ("optim", "matrix_lr"),
-    ("optim", "eps"),
-    ("train", "steps"),
-    ("train", "batch_size"),
-    ("train", "eval_every"),
-    ("train", "eval_batches"),
-    ("train", "log_every"),
-    ("train", "checkpoint_every"),
-    ("train", "keep_last"),
-    ("train", "max_nonfinite"),
-    ("data", "num_proc"),
-}
-_NON_NEGATIVE = {
-    ("train", "micro_batch_size"),
-    ("train", "block_size"),
-    ("train", "sample_tokens"),
-    ("train", "halt_after"),
-    ("train", "lora_rank"),
-    ("train", "lora_alpha"),
-    ("optim", "grad_clip"),
-    ("optim", "weight_decay"),
-    ("optim", "warmup_steps"),
-    ("optim", "reproject_every"),
-    ("data", "max_docs"),
-}
+_UNSET_MEANS = {("optim", "weight_decay"): "the method's default", ("optim", "warmup_steps"): "the method's default",
+                ("optim", "muon_lr"): "optim.lr", ("optim", "matrix_lr"): "optim.lr"}  # fmt: skip  # two a line
+
+
+def _keys(text: str) -> set[tuple[str, str]]:
+    return {tuple(key.split(".", 1)) for key in text.split()}  # type: ignore[misc]
+
+
+_POSITIVE = _keys(
+    "optim.lr optim.muon_lr optim.matrix_lr optim.eps train.steps train.batch_size train.eval_every "
+    "train.eval_batches train.log_every train.checkpoint_every train.keep_last train.max_nonfinite data.num_proc"
+)
+_NON_NEGATIVE = _keys(
+    "train.micro_batch_size train.block_size train.sample_tokens train.halt_after train.lora_rank train.lora_alpha "
+    "optim.grad_clip optim.weight_decay optim.warmup_steps optim.reproject_every data.max_docs"
+)
+#: The largest value of a count (steps, sizes, intervals, documents): 2**40, about 1.1e12, past
+#: any real run; a larger one (or one past int64) is a typo or cannot finish. Seeds take [0, 2**63).
+MAX_COUNT = 2**40
+# Bounds other than MAX_COUNT: worker processes, tokens generated at the end, eps (a small number
+# added to a denominator), learning rates and weight decay (no method here trains past ~1), seeds.
+_INT_KEYS = {(s, f.name) for s, cls in _SECTIONS.items() for f in fields(cls) if f.type in ("int", "int | None")}
+_AT_MOST = {("data", "num_proc"): 1024, ("train", "sample_tokens"): 2**20, ("optim", "eps"): 1.0}
+_AT_MOST |= {("optim", key): 100.0 for key in ("lr", "muon_lr", "matrix_lr", "weight_decay")}
+_AT_MOST |= {(section, "seed"): 2**63 - 1 for section in ("data", "train")}
+# No string key may be blank or, unless DOCUMENTED_VALUES gives "" a meaning, empty: what to give
+# instead, for the keys that name something, and the path-typed keys.
+_NOT_EMPTY = {
+    ("data", "source"): "a file, a list of files, 'stdlib' or 'hf:<dataset>'", ("data", "split"): "e.g. train",
+    ("data", "tokenizer"): "e.g. byte, bpe:8192, hf:<name or tokenizer.json>",
+    ("data", "text_field"): "the field or column that holds the text",
+    ("train", "out_dir"): "name the run's directory (e.g. runs/mine); an empty one writes into the current directory",
+    ("train", "wandb_project"): "the Weights & Biases project, e.g. spherenet",
+}  # fmt: skip  # short ones two a line
+PATH_KEYS = (("data", "source"), ("data", "cache_dir"), ("train", "out_dir"), ("train", "init_from"))
+#: Values with a meaning of their own (each also stated beside its key above); any other value
+#: of a numeric key lies in the range its checks name.
+DOCUMENTED_VALUES: dict[tuple[str, str], dict[Any, str]] = {
+    ("data", "max_docs"): {0: "all documents"}, ("data", "subset"): {"": "the dataset's default"},
+    ("data", "cache_dir"): {"": "<out_dir>/../data_cache"}, ("optim", "grad_clip"): {0: "off"},
+    ("optim", "weight_decay"): {None: "the method's default"}, ("optim", "warmup_steps"): {None: "the method's default"},
+    ("optim", "muon_lr"): {None: "optim.lr"}, ("optim", "matrix_lr"): {None: "optim.lr"},
+    ("optim", "reproject_every"): {0: "never"}, ("train", "micro_batch_size"): {0: "batch_size / world_size"},
+    ("train", "block_size"): {0: "the model's max_seq_len"}, ("train", "init_from"): {"": "random initialization"},
+    ("train", "sample_tokens"): {0: "none"}, ("train", "halt_after"): {0: "run to train.steps"},
+    ("train", "lora_rank"): {0: "train every weight"}, ("train", "lora_alpha"): {0: "lora_rank (scale 1)"},
+    ("train", "loggers"): {(): "metrics.jsonl only"},
+}  # fmt: skip  # two keys a line
+
+
+def _bound_text(bound: float) -> str:
+    """``2**40 (1,099,511,627,776)`` for a power of two, else the number."""
+    power = isinstance(bound, int) and bound >= 1024 and bound & (bound - 1) == 0
+    return f"2**{bound.bit_length() - 1} ({bound:,})" if power else f"{bound:,}"
+
+
+def upper_bound(section: str, key: str) -> float | None:
+    """The largest value a numeric key accepts: MAX_COUNT for an integer unless ``_AT_MOST``
+    says otherwise, ``None`` (any finite number) for a float."""
+    return _AT_MOST.get((section, key), MAX_COUNT if (section, key) in _INT_KEYS else None)
 
 
 @dataclass
@@ -214,6 +244,9 @@ class RunConfig:
                 raise ConfigError(
                     f"{section}.{key}: {', '.join(map(repr, unknown))} not allowed (allowed values: {', '.join(choices)})"
                 )
+        self._validate_strings()
+        if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
+            raise ConfigError(f"optim.beta1/beta2 must be in [0, 1), got {self.optim.beta1}, {self.optim.beta2}")
         for keys, bound in ((_POSITIVE, "> 0"), (_NON_NEGATIVE, ">= 0")):
             for section, key in keys:
                 value = getattr(getattr(self, section), key)
@@ -222,20 +255,39 @@ class RunConfig:
                         f" (leave it unset for {_UNSET_MEANS[section, key]})" if (section, key) in _UNSET_MEANS else ""
                     )
                     raise ConfigError(f"{section}.{key} must be {bound}, got {value!r}{unset}")
-        if not 0.0 <= self.optim.beta1 < 1.0 or not 0.0 <= self.optim.beta2 < 1.0:
-            raise ConfigError(f"optim.beta1/beta2 must be in [0, 1), got {self.optim.beta1}, {self.optim.beta2}")
-        if not 0.0 <= self.optim.muon_momentum < 1.0:
-            raise ConfigError(f"optim.muon_momentum must be in [0, 1), got {self.optim.muon_momentum!r}")
-        if not 0.0 < self.data.val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.data.val_fraction!r}")
-        if not self.data.source:
-            raise ConfigError("data.source is empty")
-        self._validate_lora()
         for section in ("train", "data"):  # torch.manual_seed and numpy take 64-bit seeds >= 0
             seed = getattr(self, section).seed
             if not 0 <= seed < 2**63:
                 raise ConfigError(f"{section}.seed must be in [0, 2**63), got {seed!r}")
+        for section, key in sorted(_POSITIVE | _NON_NEGATIVE | set(_AT_MOST)):
+            value, high = getattr(getattr(self, section), key), upper_bound(section, key)
+            if value is not None and high is not None and value > high:
+                raise ConfigError(f"{section}.{key} must be at most {_bound_text(high)}, got {value!r}")
+        if not 0.0 <= self.optim.muon_momentum < 1.0:
+            raise ConfigError(f"optim.muon_momentum must be in [0, 1), got {self.optim.muon_momentum!r}")
+        if not 0.0 < self.data.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.data.val_fraction!r}")
+        self._validate_lora()
         return self
+
+    def _validate_strings(self) -> None:
+        """No string key is blank, none empty unless documented (an empty path: the current directory)."""
+        for section, cls in _SECTIONS.items():
+            for f in fields(cls):
+                value, key = getattr(getattr(self, section), f.name), (section, f.name)
+                if (
+                    not isinstance(value, str)
+                    or value.strip()
+                    or (value == "" and "" in DOCUMENTED_VALUES.get(key, {}))
+                ):
+                    continue
+                what = _NOT_EMPTY.get(key, "name a path" if key in PATH_KEYS else "give a value or leave the key out")
+                raise ConfigError(f"{section}.{f.name} is {'blank' if value else 'empty'} ({value!r}): {what}")
+        t = self.train
+        if not t.lora_targets or any(not name.strip() for name in t.lora_targets):
+            raise ConfigError(f"train.lora_targets must name modules (or be ['all-linear']), got {t.lora_targets!r}")
+        if "all-linear" in t.lora_targets and len(t.lora_targets) > 1:
+            raise ConfigError(f"train.lora_targets: 'all-linear' stands alone, got {t.lora_targets!r}")
 
     def _validate_lora(self) -> None:
         t = self.train
@@ -248,15 +300,13 @@ class RunConfig:
             )
         if t.parallel == "fsdp":
             raise ConfigError("train.lora_rank > 0 trains with train.parallel none or ddp, not fsdp")
-        if not t.lora_targets or any(not name.strip() for name in t.lora_targets):
-            raise ConfigError(f"train.lora_targets must name modules (or be ['all-linear']), got {t.lora_targets!r}")
-        if "all-linear" in t.lora_targets and len(t.lora_targets) > 1:
-            raise ConfigError(f"train.lora_targets: 'all-linear' stands alone, got {t.lora_targets!r}")
 
 
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the field's default; ints are accepted for floats."""
     where = f"{section}.{key}"
+    if any("\x00" in v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)):
+        raise ConfigError(f"{where} = {value!r} holds a NUL character, which no file system or name takes")
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
@@ -401,6 +451,10 @@ def resolved(cfg: RunConfig) -> RunConfig:
         optim.matrix_lr = optim.lr
     if out.train.block_size == 0:
         out.train.block_size = model.max_seq_len
+    if out.train.block_size > model.max_seq_len:  # before any data is prepared for it
+        raise ConfigError(
+            f"train.block_size {out.train.block_size} exceeds the model's max_seq_len {model.max_seq_len}"
+        )
     return out
 
 

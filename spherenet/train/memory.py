@@ -17,6 +17,13 @@ The estimate is a floor-like rough count, meant to tell "clearly impossible" fro
   Activations count ``activation_bytes_per_value`` each (2 under bf16 autocast, where the
   matmul outputs are bf16), weights and their states ``bytes_per_value``. The test suite checks
   the count against the tensors autograd saves (``saved_tensors_hooks``): it stays below them.
+- tables: the RoPE cos and sin tables of ``max_seq_len x head_dim / 2`` float32 values each,
+  built on the first forward pass from as many float64 angles, whatever ``block_size`` is:
+  ``8 x max_seq_len x head_dim`` bytes.
+
+:func:`check_run_memory` runs the check for a run's config; with no vocabulary yet (before the
+data is prepared) it counts the smallest one, so a size that cannot run is refused before
+anything is written or tokenized, and again with the data's vocabulary before the model is built.
 
 Runs are refused only when this estimate exceeds the memory available, so a run that might fit
 is never refused; a run under the estimate may still run out of memory.
@@ -30,8 +37,16 @@ import os
 import torch
 
 from spherenet.train.config import ConfigError
+from spherenet.train.config import model_config as run_model_config
+from spherenet.train.loop import autocast_dtype
 
-__all__ = ["MemoryEstimate", "available_memory", "estimate_training_memory", "check_training_memory"]
+__all__ = [
+    "MemoryEstimate",
+    "available_memory",
+    "check_run_memory",
+    "check_training_memory",
+    "estimate_training_memory",
+]
 
 GIB = 1024**3
 
@@ -41,10 +56,11 @@ class MemoryEstimate:
     parameters: int
     state_bytes: int  # weights, gradients and optimizer state, per rank
     activation_bytes: int  # per rank, one micro-batch
+    table_bytes: int = 0  # the RoPE tables, per rank
 
     @property
     def total_bytes(self) -> int:
-        return self.state_bytes + self.activation_bytes
+        return self.state_bytes + self.activation_bytes + self.table_bytes
 
 
 def estimate_training_memory(
@@ -62,13 +78,10 @@ def estimate_training_memory(
     meta device, so that no memory is taken to count its parameters; its resolved config gives
     ``d_mlp``, ``n_kv_heads`` and ``head_dim``). ``activation_bytes_per_value`` defaults to
     ``bytes_per_value``."""
-    from spherenet.models import model_from_config
-
-    with torch.device("meta"):
-        model = model_from_config(model_config)
-    parameters = sum(p.numel() for p in model.parameters())
+    base, per_layer, resolved_config = _parameter_count(model_config)
+    parameters = base + model_config.n_layers * per_layer
     state = parameters * bytes_per_value * (2 + optimizer_states) // max(shards, 1)
-    c = model.config
+    c = dataclasses.replace(resolved_config, n_layers=model_config.n_layers)
     mlp_values = (3 if c.mlp == "swiglu" else 2) * c.d_mlp
     attention_values = (2 * c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads
     full_layer = 6 * c.d_model + attention_values + mlp_values
@@ -79,7 +92,28 @@ def estimate_training_memory(
     if activation_bytes_per_value is None:
         activation_bytes_per_value = bytes_per_value
     activations = micro_batch * block_size * (per_token + 2 * c.vocab_size) * activation_bytes_per_value
-    return MemoryEstimate(parameters, state, activations)
+    return MemoryEstimate(parameters, state, activations, table_bytes=8 * c.max_seq_len * c.head_dim)
+
+
+_COUNTS: dict[str, tuple[int, int, object]] = {}  # one-layer config's repr -> _parameter_count
+
+
+def _parameter_count(model_config) -> tuple[int, int, object]:
+    """(parameters outside the blocks, parameters per block, the resolved config): one and two
+    layers built on the meta device, the rest by the difference (the blocks are alike), so that
+    a model of a million layers is counted as fast as one of two; remembered per config, since a
+    build takes a tenth of a second."""
+    from spherenet.models import model_from_config
+
+    key = repr(dataclasses.replace(model_config, n_layers=1))
+    if key not in _COUNTS:
+        with torch.device("meta"):
+            one, two = (model_from_config(dataclasses.replace(model_config, n_layers=n)) for n in (1, 2))
+        counts = [sum(p.numel() for p in m.parameters()) for m in (one, two)]
+        if len(_COUNTS) >= 64:
+            _COUNTS.clear()
+        _COUNTS[key] = (2 * counts[0] - counts[1], counts[1] - counts[0], one.config)
+    return _COUNTS[key]
 
 
 def available_memory(device: torch.device) -> tuple[int | None, str]:
@@ -113,7 +147,24 @@ def check_training_memory(model_config, *, device: torch.device, **sizes) -> Mem
             f"this run needs an estimated {estimate.total_bytes / GIB:,.1f} GiB per process "
             f"({estimate.parameters:,} parameters: {estimate.state_bytes / GIB:,.1f} GiB of weights, gradients and "
             f"optimizer state; {estimate.activation_bytes / GIB:,.1f} GiB of activations for a micro-batch of "
-            f"{sizes.get('micro_batch')} x {sizes.get('block_size')} tokens), but this machine has "
+            f"{sizes.get('micro_batch')} x {sizes.get('block_size')} tokens; {estimate.table_bytes / GIB:,.1f} GiB of "
+            f"RoPE tables for max_seq_len {model_config.max_seq_len}), but this machine has "
             f"{have / GIB:,.1f} GiB ({source}): make the model, train.batch_size or train.micro_batch_size smaller"
         )
     return estimate
+
+
+def check_run_memory(cfg, *, device: torch.device, micro_batch: int, world_size: int, vocab_size: int | None = None):
+    """:func:`check_training_memory` for the resolved run config ``cfg`` (its model, block size,
+    sharding, activation checkpointing and autocast dtype). ``vocab_size`` None: the one ``[model]``
+    sets, else 1, a floor that lets the check run before the data and its vocabulary exist."""
+    t = cfg.train
+    return check_training_memory(
+        run_model_config(cfg, vocab_size or 1),
+        device=device,
+        micro_batch=micro_batch,
+        block_size=t.block_size,
+        shards=world_size if t.parallel == "fsdp" else 1,
+        activation_checkpointing=t.activation_checkpointing,
+        activation_bytes_per_value=(autocast_dtype(t.autocast, device) or torch.float32).itemsize,
+    )

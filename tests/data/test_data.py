@@ -588,6 +588,90 @@ def test_bad_fields_and_documents(tmp_path):
         prepare_dataset(one, "byte", out, val_fraction=1.5)
 
 
+# ---------------------------------------------------------------------------------------------- bad records
+
+
+def records_file(path: Path, n: int = 300, bad_every: int = 3) -> Path:
+    """JSON Lines after one blank line: every ``bad_every``-th record (from the second; 0: none)
+    has no usable text, in turn without the field, null, a number; the others are distinct documents."""
+    bad = [{"body": "no text field"}, {"text": None}, {"text": 7}]
+    lines = [""]
+    for i in range(n):
+        lines.append(
+            json.dumps(
+                bad[(i // bad_every) % 3] if bad_every and i % bad_every == 1 else {"text": f"document {i} here"}
+            )
+        )
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_records_without_text_are_refused_naming_the_file_the_count_and_the_first_line(tmp_path):
+    src = records_file(tmp_path / "docs.jsonl")  # line 1 blank: the first bad record is on line 3
+    with pytest.raises(DataError) as err:
+        prepare_dataset(src, "byte", tmp_path / "out")
+    assert str(err.value).startswith(
+        f"{src}: 100 of 300 records have no usable text in field 'text' (missing, null or not a string), the first "
+        "at line 3 (field missing); fix or remove them, or skip them with skip_bad_records=True"
+    )
+    assert not any((tmp_path / "out").iterdir())  # nothing kept of the preparation
+
+
+def test_skipped_records_are_counted_in_the_metadata_and_the_cache_key(tmp_path):
+    src = records_file(tmp_path / "docs.jsonl")
+    data = prepare_dataset(src, "byte", tmp_path / "out", skip_bad_records=True)
+    first = "line 3 (field missing)"
+    assert data.meta["bad_records"] == {
+        "skip": True,
+        "skipped": 100,
+        "files": {str(src): {"count": 100, "first": first}},
+    }
+    tok = data.tokenizer()
+    docs = split_docs(data.tokens("train"), tok) + split_docs(data.tokens("val"), tok)
+    assert sorted(docs) == sorted(f"document {i} here" for i in range(300) if i % 3 != 1)
+    clean = records_file(tmp_path / "clean.jsonl", n=20, bad_every=0)
+    refused, skipped = (prepare_dataset(clean, "byte", tmp_path / "out", skip_bad_records=s) for s in (False, True))
+    assert refused.path != skipped.path  # the option is part of the key: a cache of one is not the other's
+    assert refused.meta["bad_records"] == {"skip": False, "skipped": 0, "files": {}}
+
+
+def test_a_number_deep_in_a_large_jsonl_file_is_a_bad_record_not_text(tmp_path):
+    """datasets reads JSON in 10 MB blocks: a number past the first block became the text "7"."""
+    src = tmp_path / "large.jsonl"
+    lines = [json.dumps({"text": "x" * 200 + str(i)}) for i in range(60_000)]
+    lines[55_000] = '{"text": 7}'
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"large.jsonl: 1 of 60000 records .* the first at line 55001 \(a number\)"):
+        prepare_dataset(src, "byte", tmp_path / "out")
+
+
+def test_parquet_nulls_json_arrays_and_hub_rows_are_records_too(tmp_path, monkeypatch):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import spherenet.data.sources as sources
+
+    texts = [f"parquet document {i}" for i in range(6)]
+    pq.write_table(pa.table({"text": texts[:2] + [None] + texts[2:]}), tmp_path / "a.parquet")
+    with pytest.raises(DataError, match=r"a.parquet: 1 of 7 records .* the first at record index 2 \(null\)"):
+        prepare_dataset(tmp_path / "a.parquet", "byte", tmp_path / "out")
+    data = prepare_dataset(tmp_path / "a.parquet", "byte", tmp_path / "out", skip_bad_records=True)
+    assert data.meta["bad_records"]["skipped"] == 1 and sum(data.meta["documents"].values()) == 6
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "numbers.parquet")  # datasets cast these to "1", "2"
+    with pytest.raises(DataError, match=r"column 'text' of .*numbers.parquet holds int64, not text"):
+        prepare_dataset([tmp_path / "a.parquet", tmp_path / "numbers.parquet"], "byte", tmp_path / "out")
+    (tmp_path / "a.json").write_text(json.dumps([{"text": "one doc"}, {"text": ["a list"]}, {"text": "two"}]))
+    with pytest.raises(DataError, match=r"a.json: 1 of 3 records .* the first at record index 1 \(a list\)"):
+        prepare_dataset(tmp_path / "a.json", "byte", tmp_path / "out")
+    rows = datasets.Dataset.from_dict({"text": ["hub row one", None, "hub row two", "three"]})
+    monkeypatch.setattr(sources, "_load_hub", lambda src, cache, timeout: rows)
+    with pytest.raises(DataError, match=r"Hub dataset owner/rows, split train: 1 of 4 records .* record index 1"):
+        prepare_dataset("hf:owner/rows", "byte", tmp_path / "out")
+    data = prepare_dataset("hf:owner/rows", "byte", tmp_path / "out", skip_bad_records=True)
+    assert data.meta["bad_records"]["skipped"] == 1 and sum(data.meta["documents"].values()) == 3
+
+
 def test_token_ids_and_vocab_dtype_errors(tmp_path):
     assert token_dtype(256) == np.uint16 and token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
     with pytest.raises(DataError, match=r"vocab of 70000 ids is too large for uint16"):

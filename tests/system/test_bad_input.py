@@ -8,6 +8,7 @@ Each test (or parametrized case) below is one row of that table.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -160,6 +161,11 @@ CONFIG_CASES = {
         "optim.sphere_kernel=cuda",
         "optim.sphere_kernel = 'cuda' is not one of auto, native, triton, foreach",
     ),
+    "empty_out_dir": ("train.out_dir=", "train.out_dir is empty (''): name the run's directory"),
+    "blank_init_from": ('train.init_from=" "', "train.init_from is blank (' '): name a path"),
+    "steps_past_int64": ("train.steps=9223372036854775808", "train.steps must be at most 2**40 (1,099,511,627,776)"),
+    "steps_past_bound": ("train.steps=99999999999999999999", "train.steps must be at most 2**40"),
+    "lr_past_bound": ("optim.lr=1e20", "optim.lr must be at most 100.0, got 1e+20"),
 }
 
 
@@ -178,6 +184,11 @@ MODEL_CASES = {
     "nan_value": ("model.alpha_attn.init=nan", "NGPTConfig.alpha_attn.init must be a finite number, got nan"),
     "unknown_scaling_field": ("model.s_qk.value=2", "NGPTConfig.s_qk has unknown field(s) 'value'"),
     "unknown_choice": ("model.update=jump", "NGPTConfig.update must be one of"),
+    "huge_context": (
+        "model.max_seq_len=100000000",
+        "NGPTConfig.max_seq_len must be at most 2**24 (16,777,216), got 100000000",
+    ),
+    "size_past_int64": ("model.n_layers=9223372036854775808", "NGPTConfig.n_layers must be at most 2**31 - 1"),
 }
 
 
@@ -282,7 +293,32 @@ DATA_CASES = {
     "jsonl_without_text_field": (_write("body.jsonl", b'{"body": "hello"}\n{"body": "there"}\n'),
                                  "{path} has no column 'text' (columns: body)"),
     "fake_parquet": (_write("fake.parquet", b"not a parquet file"), "parquet file {path} is not a Parquet file"),
+    "jsonl_records_without_text": (lambda t: _records(t / "docs.jsonl"),
+                                   "{path}: 100 of 300 records have no usable text in field 'text' (missing, null or "
+                                   "not a string), the first at line 2 (field missing)"),
+    "jsonl_null_text": (_write("null.jsonl", b'{"text": "a b c"}\n{"text": null}\n{"text": "d e f"}\n'),
+                        "{path}: 1 of 3 records have no usable text in field 'text'"),
+    "json_number_text": (_write("n.json", b'[{"text": "a b c"}, {"text": 5}, {"text": "d e"}]'),
+                         "the first at record index 1 (a number)"),
+    "parquet_null_text": (lambda t: _parquet(t / "p.parquet", ["a b c", None, "d e f"]),
+                          "{path}: 1 of 3 records have no usable text in field 'text' (missing, null or not a "
+                          "string), the first at record index 1 (null)"),
 }  # fmt: skip  # one case per line
+
+
+def _records(path: Path, n: int = 300) -> Path:
+    """JSON Lines whose every third record, from the second, lacks the text field."""
+    lines = [json.dumps({"body": "x"} if i % 3 == 1 else {"text": f"record {i} of the corpus"}) for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _parquet(path: Path, texts: list) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": texts}), path)
+    return path
 
 
 @pytest.mark.parametrize("case", sorted(DATA_CASES))
@@ -292,6 +328,19 @@ def test_bad_data_file(fails, tmp_path, case):
     error = DataFileNotFoundError if case == "missing" else DataError
     assert message.format(path=path) in fails(tmp_path / "run", path, error=error)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_records_without_text_are_skipped_on_request_and_counted(capsys, tmp_path, cache):
+    path = _records(tmp_path / "docs.jsonl")
+    argv = [*TINY, f"data.source={path}", f"data.cache_dir={cache}", f"train.out_dir={tmp_path / 'run'}"]
+    assert cli([*argv, "data.skip_bad_records=true"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"data: skipped 100 records without usable text (data.skip_bad_records); 100 in {path}, the first at line 2 "
+        "(field missing)" in out
+    ), out
+    (meta,) = [json.loads(p.read_text()) for p in cache.glob("docs-byte-*/meta.json")]
+    assert meta["bad_records"]["skipped"] == 100 and sum(meta["documents"].values()) == 200
 
 
 def test_unreadable_data_file(fails, tmp_path, monkeypatch):
