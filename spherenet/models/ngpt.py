@@ -35,9 +35,8 @@ class NGPT(LanguageModel):
         self.s_z = Scale.from_spec(c.vocab_size, c.s_z, c.d_model)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        s_z = self.s_z()
-        logits = self.embed_out(h, out_scale=s_z)  # z = (E_out h) * s_z, eq. 1, 3
-        return logits.to(torch.promote_types(logits.dtype, s_z.dtype))
+        logits = self.embed_out.scaled(h, self.s_z)  # z = (E_out h) * s_z, eq. 1, 3 (folded in eval)
+        return logits.to(torch.promote_types(logits.dtype, self.s_z.source.dtype))
 
     def init_weights(self) -> None:
         """(Re)initialize every parameter: random unit vectors for the sphere weights, the
