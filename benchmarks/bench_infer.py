@@ -11,7 +11,11 @@ Every model is a transformers causal LM with random weights (spherenet's through
 
 The models run one after the other inside each round, and the rounds repeat (``--rounds``), so
 that a load change on a shared machine hits every model alike; each cell is the median over the
-rounds, and its ratio is to Llama's median. ``--compile`` adds the same rows with every model's
+rounds, and its ratio is to Llama's median. ``--clock cpu`` times the process's CPU time instead
+of the wall clock: on a shared, loaded machine, with ``--threads 1``, it counts the work done and
+not the time spent waiting for a core (the wall clock of a loaded machine varies by tens of
+percent between rounds, and OpenMP threads spinning for a busy core can slow 2 threads tenfold).
+``--compile`` adds the same rows with every model's
 forward under ``torch.compile`` (dynamic shapes: the cache grows every step). The rows:
 ``ngpt``, ``gpt``, ``llama``, ``ngpt-gqa`` (``--kv-heads`` key/value heads) and ``ngpt-relu2``
 (the squared-ReLU MLP, d_MLP 1.5 times as large: as many weights).
@@ -110,6 +114,9 @@ def run(args) -> str:
     unknown = [m for m in names if m not in MODELS]
     if unknown or "llama" not in names:
         raise SystemExit(f"--models: {unknown or 'llama is needed'}; choose among {', '.join(MODELS)} (llama included)")
+    if args.clock == "cpu" and device.type != "cpu":
+        raise SystemExit("--clock cpu times CPU work; on a GPU use the wall clock (the default)")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     timers: dict[tuple[str, str, str], list[float]] = {}
     calls = {}
     for mode in modes:
@@ -123,17 +130,17 @@ def run(args) -> str:
         for _ in range(args.rounds):
             for key, call in calls.items():
                 sync(device)
-                start = time.perf_counter()
+                start = clock()
                 call()
                 sync(device)
-                timers.setdefault(key, []).append(time.perf_counter() - start)
+                timers.setdefault(key, []).append(clock() - start)
     median = {key: statistics.median(times) * 1000 for key, times in timers.items()}
     lines = [
         header("Inference: nGPT and GPT against transformers' Llama", device, args.argv),
         f"shape: d_model {args.d_model}, {args.layers} layers, {args.heads} heads (GQA row: {args.kv_heads} "
         f"key/value heads), d_MLP {args.d_mlp}, vocab {args.vocab}; {args.dtype}; prefill {args.batch} x "
         f"{args.prefill_len} tokens; generate {args.new_tokens} new tokens after {args.prompt_len} (batch 1, "
-        f"greedy); median of {args.rounds} interleaved rounds; load average {os.getloadavg()[0]:.2f} after the run",
+        f"greedy); median of {args.rounds} interleaved rounds, {args.clock} clock; load average {os.getloadavg()[0]:.2f} after the run",
         "",
         "| mode | model | "
         + " | ".join(f"{w} (ms, x Llama)" for w in ("prefill", "generate", "spherenet generate"))
@@ -167,6 +174,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
+    p.add_argument("--clock", default="wall", choices=("wall", "cpu"), help="wall clock, or the process's CPU time")
     p.add_argument("--compile", action="store_true", help="also time every model under torch.compile")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, among {', '.join(MODELS)}")
     p.add_argument("--small", action="store_true", help="a tiny shape and 2 rounds: a smoke test")

@@ -18,7 +18,7 @@ from ..manifolds import UNIT_SPHERE, declare_sphere
 from ..manifolds.sphere import geoopt
 from .fold import Folding, cached, folding
 
-__all__ = ["SphereLinear", "SphereEmbedding"]
+__all__ = ["SphereLinear", "SphereEmbedding", "scaled", "is_plain"]
 
 
 def _check_size(name: str, value) -> None:
@@ -103,6 +103,20 @@ class SphereLinear(Folding, nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, sphere={self.sphere}"
+
+
+def is_plain(linear: nn.Module) -> bool:
+    """Whether ``linear`` computes ``x W`` from its own ``weight`` alone: a :class:`SphereLinear`
+    not wrapped (a LoRA wrapper adds its update to the weight) and not re-defined."""
+    return isinstance(linear, SphereLinear) and type(linear).forward is SphereLinear.forward
+
+
+def scaled(linear: nn.Module, x: torch.Tensor, scale, factor: float = 1.0) -> torch.Tensor:
+    """``(x W) * (scale() * factor)`` through ``linear``: :meth:`SphereLinear.scaled` (folded in
+    eval mode) for a plain one, else its ``forward(x, out_scale=...)`` (a LoRA wrapper's)."""
+    if is_plain(linear):
+        return linear.scaled(x, scale, factor)
+    return linear(x, out_scale=scale() if factor == 1.0 else scale() * factor)
 
 
 class SphereEmbedding(nn.Module):

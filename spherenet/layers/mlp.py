@@ -13,7 +13,7 @@ from torch import nn
 from .. import kernels
 from .config import S_U, S_UV, S_V, GPTConfig, NGPTConfig
 from .fold import Folding, cached, folding
-from .linear import SphereLinear
+from .linear import SphereLinear, is_plain, scaled
 from .scale import Scale, ScaleSpec
 
 __all__ = ["NGPTMLP", "GPTMLP", "NGPTReLU2MLP", "GPTReLU2MLP", "ngpt_mlp", "gpt_mlp"]
@@ -70,12 +70,13 @@ class NGPTMLP(Folding, nn.Module):
         return torch.cat((self.w_u.scaled_matrix(self.s_u()), self.w_v.scaled_matrix(v_scale)))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if folding(self) and self.fold_weights and h.shape[-1] == self.d_model:
+        plain = is_plain(self.w_u) and is_plain(self.w_v) and h.shape[-1] == self.d_model
+        if plain and folding(self) and self.fold_weights:
             sources = (self.w_u.weight, self.w_v.weight, self.s_u.source, self.s_v.source)
             u, v = F.linear(h, cached(self, "up", sources, self._folded_up)).chunk(2, dim=-1)
             return self.w_o(kernels.swiglu(u, v))
-        u = self.w_u.scaled(h, self.s_u)  # eq. 20
-        v = self.w_v.scaled(h, self.s_v, math.sqrt(self.d_model))  # eq. 21
+        u = scaled(self.w_u, h, self.s_u)  # eq. 20
+        v = scaled(self.w_v, h, self.s_v, math.sqrt(self.d_model))  # eq. 21
         return self.w_o(kernels.swiglu(u, v))  # eq. 19
 
 
@@ -116,7 +117,7 @@ class NGPTReLU2MLP(nn.Module):
         self.s_uv = Scale.from_spec(d_mlp, s_uv, d_model)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        u = self.w_u.scaled(h, self.s_uv, math.sqrt(self.d_model))
+        u = scaled(self.w_u, h, self.s_uv, math.sqrt(self.d_model))
         return self.w_o(kernels.relu2(u))
 
 

@@ -267,3 +267,24 @@ RECORDED_BEFORE_FOLDING = {
 def test_training_losses_and_gradients_are_those_recorded_before_folding(update, variant):
     model = _model(update, seed=3, **VARIANTS[variant])
     assert _train_record(model) == RECORDED_BEFORE_FOLDING[update, variant]
+
+
+def test_a_wrapped_linear_is_not_folded_past():
+    """A LoRA wrapper (or any module re-defining a SphereLinear's forward) adds to the weight:
+    folding must go through its forward, not read the plain weight."""
+    from spherenet.layers import SphereLinear
+
+    class Shifted(SphereLinear):
+        def forward(self, x, out_scale=None):
+            return super().forward(x, out_scale) + 0.5
+
+    model = _model()
+    ids = _ids()
+    for block in model.blocks:
+        shifted = Shifted(32, 48)
+        shifted.load_state_dict(block.mlp.w_u.state_dict())
+        block.mlp.w_u = shifted
+    shifted_out = Shifted(32, 64)
+    shifted_out.load_state_dict(model.embed_out.state_dict())
+    model.embed_out = shifted_out
+    _close(_folded(model, ids), _unfolded(model, ids))
