@@ -237,7 +237,10 @@ def _train_record(model: NGPT, steps: int = 3, eval_between: bool = False) -> tu
     return losses, digest.hexdigest()
 
 
-@pytest.mark.parametrize("update", ["lerp", "slerp", "riemannian"])
+@pytest.mark.parametrize(
+    "update",
+    ["lerp", pytest.param("slerp", marks=pytest.mark.slow), pytest.param("riemannian", marks=pytest.mark.slow)],
+)
 def test_training_is_bitwise_the_same_with_eval_forwards_between_steps(update):
     plain = _train_record(_model(update, seed=3))
     with_eval = _train_record(_model(update, seed=3), eval_between=True)
