@@ -31,13 +31,17 @@ def swiglu_reference(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return u * F.silu(v)
 
 
+def _swiglu_values(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    dtype = torch.promote_types(u.dtype, v.dtype)
+    work = torch.promote_types(dtype, torch.float32)
+    return (u.to(work) * F.silu(v.to(work))).to(dtype)
+
+
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u, v):
-        dtype = torch.promote_types(u.dtype, v.dtype)
-        work = torch.promote_types(dtype, torch.float32)
         ctx.save_for_backward(u, v)
-        return (u.to(work) * F.silu(v.to(work))).to(dtype)
+        return _swiglu_values(u, v)
 
     @staticmethod
     @once_differentiable
@@ -55,7 +59,10 @@ class _SwiGLU(torch.autograd.Function):
 
 def swiglu_fused(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``u * SiLU(v)`` (eq. 19), keeping ``u`` and ``v`` for the backward pass and recomputing
-    ``SiLU(v)``, instead of keeping ``u``, ``v`` and ``SiLU(v)``."""
+    ``SiLU(v)``, instead of keeping ``u``, ``v`` and ``SiLU(v)``. Without gradients, the forward
+    pass alone (no autograd function)."""
+    if not torch.is_grad_enabled():
+        return _swiglu_values(u, v)
     return _SwiGLU.apply(u, v)
 
 
@@ -82,11 +89,15 @@ def relu2_reference(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x) ** 2
 
 
+def _relu2_values(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x.to(torch.promote_types(x.dtype, torch.float32))).square().to(x.dtype)
+
+
 class _ReLU2(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return F.relu(x.to(torch.promote_types(x.dtype, torch.float32))).square().to(x.dtype)
+        return _relu2_values(x)
 
     @staticmethod
     @once_differentiable
@@ -98,7 +109,9 @@ class _ReLU2(torch.autograd.Function):
 
 def relu2_fused(x: torch.Tensor) -> torch.Tensor:
     """``relu(x)**2``, keeping only ``x`` for the backward pass (gradient ``2 relu(x)``), computed
-    in at least float32 and returned in ``x``'s dtype."""
+    in at least float32 and returned in ``x``'s dtype. Without gradients, the forward pass alone."""
+    if not torch.is_grad_enabled():
+        return _relu2_values(x)
     return _ReLU2.apply(x)
 
 

@@ -80,13 +80,18 @@ def norm_backward(grad: torch.Tensor, y: torch.Tensor, norm: torch.Tensor, eps: 
     return torch.addcmul(g, y, dot, value=-1.0) / norm.clamp_min(eps)
 
 
+def _normalize_values(x: torch.Tensor, eps: float | None) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``(Norm(x) in x's dtype, the row norms, the smallest norm)``: the fused forward pass."""
+    work = _work_dtype(x)
+    eps = tiny(work, eps)
+    y, norm = norm_forward(x.to(work), eps)
+    return y.to(x.dtype), norm, eps
+
+
 class _Normalize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, eps):
-        work = _work_dtype(x)
-        eps = tiny(work, eps)
-        y, norm = norm_forward(x.to(work), eps)
-        y = y.to(x.dtype)
+        y, norm, eps = _normalize_values(x, eps)
         ctx.save_for_backward(y, norm)
         ctx.eps = eps
         return y
@@ -100,17 +105,17 @@ class _Normalize(torch.autograd.Function):
 
 def normalize_fused(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     """``Norm(x)``, the values of :func:`spherenet.manifolds.normalize`, keeping the output and
-    one norm per row for the backward pass instead of ``x``."""
+    one norm per row for the backward pass instead of ``x``. Without gradients, the forward
+    pass alone (no autograd function: less overhead per call, as in decoding)."""
+    if not torch.is_grad_enabled():
+        return _normalize_values(x, eps)[0]
     return _Normalize.apply(x, eps)
 
 
 class _ScaledNormalize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, eps):
-        work = _work_dtype(x)
-        eps = tiny(work, eps)
-        y, norm = norm_forward(x.to(work), eps)
-        y = y.to(x.dtype)
+        y, norm, eps = _normalize_values(x, eps)
         ctx.save_for_backward(y, norm, scale)
         ctx.eps = eps
         return y * scale
@@ -130,7 +135,9 @@ class _ScaledNormalize(torch.autograd.Function):
 def scaled_normalize_fused(x: torch.Tensor, scale: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     """``Norm(x) * scale`` (eq. 15, 16; ``scale = s_qk``, shaped to broadcast against ``x``).
     Keeps ``Norm(x)``, the row norms and ``scale`` for the backward pass; the result has the
-    dtype of ``Norm(x) * scale``."""
+    dtype of ``Norm(x) * scale``. Without gradients, the forward pass alone."""
+    if not torch.is_grad_enabled():
+        return _normalize_values(x, eps)[0] * scale
     return _ScaledNormalize.apply(x, scale, eps)
 
 

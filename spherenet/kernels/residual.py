@@ -47,14 +47,30 @@ def _alpha_grad(grad: torch.Tensor, alpha) -> torch.Tensor | None:
     return grad.sum_to_size(alpha.shape).to(alpha.dtype) if isinstance(alpha, torch.Tensor) else None
 
 
+def _lerp_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``(Norm(h + alpha (h_block - h)) in h's dtype, the row norms, the smallest norm)``."""
+    work = _work_dtype(h, h_block, alpha)
+    eps = tiny(work, eps)
+    alpha_w = alpha.to(work) if isinstance(alpha, torch.Tensor) else alpha
+    y, norm = norm_forward(torch.lerp(h.to(work), h_block.to(work), alpha_w), eps)
+    return y.to(h.dtype), norm, eps
+
+
+def _riemannian_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``(Norm(h - alpha (h (h . h_block) - h_block)) in h's dtype, the row norms, the smallest norm)``."""
+    work = _work_dtype(h, h_block, alpha)
+    eps = tiny(work, eps)
+    hw, bw = h.to(work), h_block.to(work)
+    alpha_w = alpha.to(work) if isinstance(alpha, torch.Tensor) else alpha
+    g = hw * (hw * bw).sum(dim=-1, keepdim=True) - bw  # eq. 24
+    y, norm = norm_forward(hw - alpha_w * g, eps)
+    return y.to(h.dtype), norm, eps
+
+
 class _LerpNormalize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, h_block, alpha, eps):
-        work = _work_dtype(h, h_block, alpha)
-        eps = tiny(work, eps)
-        alpha_w = alpha.to(work) if isinstance(alpha, torch.Tensor) else alpha
-        y, norm = norm_forward(torch.lerp(h.to(work), h_block.to(work), alpha_w), eps)
-        y = y.to(h.dtype)
+        y, norm, eps = _lerp_values(h, h_block, alpha, eps)
         ctx.save_for_backward(h, h_block, alpha if isinstance(alpha, torch.Tensor) else None, y, norm)
         ctx.alpha, ctx.eps = alpha, eps  # alpha: the Python float, when it is one
         return y
@@ -78,20 +94,17 @@ class _LerpNormalize(torch.autograd.Function):
 def lerp_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha, eps: float | None = None) -> torch.Tensor:
     """nGPT's residual update ``Norm(h + alpha (h_block - h))`` (eq. 10, 11; LERP of eq. 7, 8
     then retraction), the values of :func:`spherenet.manifolds.lerp`. Keeps ``h``, ``h_block``,
-    the output and one norm per row; ``h_block - h`` is recomputed for alpha's gradient."""
+    the output and one norm per row; ``h_block - h`` is recomputed for alpha's gradient. Without
+    gradients, the forward pass alone (no autograd function)."""
+    if not torch.is_grad_enabled():
+        return _lerp_values(h, h_block, alpha, eps)[0]
     return _LerpNormalize.apply(h, h_block, alpha, eps)
 
 
 class _RiemannianNormalize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, h_block, alpha, eps):
-        work = _work_dtype(h, h_block, alpha)
-        eps = tiny(work, eps)
-        hw, bw = h.to(work), h_block.to(work)
-        alpha_w = alpha.to(work) if isinstance(alpha, torch.Tensor) else alpha
-        g = hw * (hw * bw).sum(dim=-1, keepdim=True) - bw  # eq. 24
-        y, norm = norm_forward(hw - alpha_w * g, eps)
-        y = y.to(h.dtype)
+        y, norm, eps = _riemannian_values(h, h_block, alpha, eps)
         ctx.save_for_backward(h, h_block, alpha if isinstance(alpha, torch.Tensor) else None, y, norm)
         ctx.alpha, ctx.eps = alpha, eps
         return y
@@ -117,7 +130,10 @@ class _RiemannianNormalize(torch.autograd.Function):
 def riemannian_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha, eps: float | None = None) -> torch.Tensor:
     """The Riemannian residual update ``Norm(h - alpha (h (h · h_block) - h_block))`` (eq. 24-26),
     the values of :func:`spherenet.manifolds.riemannian_update`; keeps what
-    :func:`lerp_normalize` keeps and recomputes ``h · h_block``."""
+    :func:`lerp_normalize` keeps and recomputes ``h · h_block``. Without gradients, the forward
+    pass alone."""
+    if not torch.is_grad_enabled():
+        return _riemannian_values(h, h_block, alpha, eps)[0]
     return _RiemannianNormalize.apply(h, h_block, alpha, eps)
 
 
@@ -125,7 +141,10 @@ def slerp_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha) -> torch.Tens
     """The SLERP residual update (eq. 6, then ``Norm``), :func:`spherenet.manifolds.slerp` itself
     under ``torch.utils.checkpoint``: its many intermediates (angle, sines, tangent, both
     branches) are recomputed in the backward pass from ``h``, ``h_block`` and ``alpha``, which
-    are kept anyway. One more evaluation of the update, for the non-default update only."""
+    are kept anyway. One more evaluation of the update, for the non-default update only; without
+    gradients, the definition alone."""
+    if not torch.is_grad_enabled():
+        return manifolds.slerp(h, h_block, alpha)
     return torch.utils.checkpoint.checkpoint(manifolds.slerp, h, h_block, alpha, use_reentrant=False)
 
 

@@ -35,6 +35,7 @@ from torch import nn
 
 from .. import kernels
 from .config import S_QK, gpt_softmax_scale, ngpt_softmax_scale
+from .fold import Folding, cached, folding
 from .linear import SphereLinear
 from .rotary import RotaryEmbedding
 from .scale import Scale, ScaleSpec
@@ -207,7 +208,7 @@ class _Attention(nn.Module):
         return self._attend(q, k, v, mask, is_causal, attn_mask)
 
 
-class NGPTAttention(_Attention):
+class NGPTAttention(Folding, _Attention):
     """nGPT attention (Section 2.3.2).
 
     ``W_q``, ``W_k``, ``W_v`` are unit vectors along their d_model-sized input side (so q, k, v
@@ -264,17 +265,27 @@ class NGPTAttention(_Attention):
             s_qk = rearrange(s_qk, "(h d) -> h 1 d", h=self.n_heads)
         return s_qk
 
+    def _qk_scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The queries' and the keys' factors: ``s_qk`` and ``s_qk`` per head, or ``s_qk**2`` and
+        None with grouped key/value heads; computed once in eval mode (:mod:`spherenet.layers.fold`)."""
+        if folding(self):
+            return cached(self, "s_qk", (self.s_qk.source,), self._compute_qk_scales)
+        return self._compute_qk_scales()
+
+    def _compute_qk_scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        s_qk = self._s_qk()
+        return (s_qk * s_qk, None) if self.grouped else (s_qk, s_qk)
+
     def _scale_q(self, x: torch.Tensor) -> torch.Tensor:
         """eq. 15 for q of shape (B, H, T, d_k): ``Norm(q) * s_qk``; ``Norm(q) * s_qk**2`` with
         grouped key/value heads."""
-        s_qk = self._s_qk()
-        return kernels.qk_normalize(x, s_qk * s_qk if self.grouped else s_qk, self.qk_norm)
+        return kernels.qk_normalize(x, self._qk_scales()[0], self.qk_norm)
 
     def _scale_k(self, x: torch.Tensor) -> torch.Tensor:
         """eq. 16 for k of shape (B, H, T, d_k): ``Norm(k) * s_qk``; ``Norm(k)`` alone with
         grouped key/value heads (their s_qk is on the queries)."""
         if not self.grouped:
-            return kernels.qk_normalize(x, self._s_qk(), self.qk_norm)
+            return kernels.qk_normalize(x, self._qk_scales()[1], self.qk_norm)
         return kernels.normalize(x) if self.qk_norm else x
 
     def extra_repr(self) -> str:

@@ -16,8 +16,9 @@ from torch import nn
 from .. import kernels
 from ..manifolds import UNIT_SPHERE, declare_sphere
 from ..manifolds.sphere import geoopt
+from .fold import Folding, cached, folding
 
-__all__ = ["SphereLinear", "SphereEmbedding"]
+__all__ = ["SphereLinear", "SphereEmbedding", "scaled", "is_plain"]
 
 
 def _check_size(name: str, value) -> None:
@@ -30,7 +31,7 @@ def _sphere_parameter(shape: tuple[int, ...]) -> geoopt.ManifoldParameter:
     return geoopt.ManifoldParameter(UNIT_SPHERE.random_point(*shape), manifold=UNIT_SPHERE)
 
 
-class SphereLinear(nn.Module):
+class SphereLinear(Folding, nn.Module):
     """``y = x W`` with W made of unit vectors along its d_model-sized side.
 
     ``sphere="in"``: the input side is the embedding dimension (W_q, W_k, W_v, W_u, W_v-gate,
@@ -77,8 +78,45 @@ class SphereLinear(nn.Module):
             return F.linear(x, self.matrix())
         return kernels.scaled_linear(x, self.matrix(), out_scale)
 
+    def scaled_matrix(self, scale: torch.Tensor) -> torch.Tensor:
+        """``matrix()`` with row ``i`` times ``scale[i]`` (``scale``: ``(out_features,)`` or
+        ``(1,)``), in the weight's dtype: the output scaling folded into the weight."""
+        matrix = self.matrix()
+        return (matrix * scale.unsqueeze(-1)).to(matrix.dtype)
+
+    def scaled(self, x: torch.Tensor, scale, factor: float = 1.0) -> torch.Tensor:
+        """``(x W) * (scale() * factor)`` for a :class:`~spherenet.layers.Scale` ``scale``
+        (eq. 20, 21, 3). In eval mode without gradients ``W`` times the scaling is folded once
+        (:mod:`spherenet.layers.fold`) and the map is one matmul; otherwise it is ``forward``."""
+        if not folding(self):
+            return self(x, out_scale=scale() if factor == 1.0 else scale() * factor)
+        if not self.fold_weights:
+            return self(
+                x, out_scale=cached(self, f"scale x{factor}", (scale.source,), lambda: scale.effective() * factor)
+            )
+        if x.shape[-1] != self.in_features:
+            return self(x)  # the shape error
+        weight = cached(
+            self, f"scaled x{factor}", (self.weight, scale.source), lambda: self.scaled_matrix(scale() * factor)
+        )
+        return F.linear(x, weight)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, sphere={self.sphere}"
+
+
+def is_plain(linear: nn.Module) -> bool:
+    """Whether ``linear`` computes ``x W`` from its own ``weight`` alone: a :class:`SphereLinear`
+    not wrapped (a LoRA wrapper adds its update to the weight) and not re-defined."""
+    return isinstance(linear, SphereLinear) and type(linear).forward is SphereLinear.forward
+
+
+def scaled(linear: nn.Module, x: torch.Tensor, scale, factor: float = 1.0) -> torch.Tensor:
+    """``(x W) * (scale() * factor)`` through ``linear``: :meth:`SphereLinear.scaled` (folded in
+    eval mode) for a plain one, else its ``forward(x, out_scale=...)`` (a LoRA wrapper's)."""
+    if is_plain(linear):
+        return linear.scaled(x, scale, factor)
+    return linear(x, out_scale=scale() if factor == 1.0 else scale() * factor)
 
 
 class SphereEmbedding(nn.Module):

@@ -12,7 +12,8 @@ from torch import nn
 
 from .. import kernels
 from .config import S_U, S_UV, S_V, GPTConfig, NGPTConfig
-from .linear import SphereLinear
+from .fold import Folding, cached, folding
+from .linear import SphereLinear, is_plain, scaled
 from .scale import Scale, ScaleSpec
 
 __all__ = ["NGPTMLP", "GPTMLP", "NGPTReLU2MLP", "GPTReLU2MLP", "ngpt_mlp", "gpt_mlp"]
@@ -37,7 +38,7 @@ class GPTMLP(nn.Module):
         return self.w_o(self.w_u(h) * F.silu(self.w_v(h)))
 
 
-class NGPTMLP(nn.Module):
+class NGPTMLP(Folding, nn.Module):
     """nGPT's SwiGLU MLP (Section 2.4.2).
 
     ``W_u``, ``W_v`` (the gate) are unit vectors along their d_model-sized input side, so
@@ -50,6 +51,8 @@ class NGPTMLP(nn.Module):
     ``W_o_mlp`` is unit along its d_model-sized output side (stored transposed,
     ``(d_mlp, d_model)``). ``s_u``, ``s_v`` default to :data:`S_U`, :data:`S_V` (the paper's).
     The output is not normalized here: the block applies ``Norm`` (``h_M = Norm(MLP(h))``).
+    In eval mode without gradients ``W_u s_u`` and ``W_v s_v sqrt(d_model)`` are folded into one
+    weight, computed once (:mod:`spherenet.layers.fold`): one matmul for ``u`` and ``v``.
     """
 
     def __init__(self, d_model: int, d_mlp: int, *, s_u: ScaleSpec = S_U, s_v: ScaleSpec = S_V):
@@ -61,9 +64,19 @@ class NGPTMLP(nn.Module):
         self.s_u = Scale.from_spec(d_mlp, s_u, d_model)
         self.s_v = Scale.from_spec(d_mlp, s_v, d_model)
 
+    def _folded_up(self) -> torch.Tensor:
+        """``[W_u s_u; W_v s_v sqrt(d_model)]``, ``(2 d_mlp, d_model)``: eq. 20, 21 in one weight."""
+        v_scale = self.s_v() * math.sqrt(self.d_model)
+        return torch.cat((self.w_u.scaled_matrix(self.s_u()), self.w_v.scaled_matrix(v_scale)))
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        u = self.w_u(h, out_scale=self.s_u())  # eq. 20
-        v = self.w_v(h, out_scale=self.s_v() * math.sqrt(self.d_model))  # eq. 21
+        plain = is_plain(self.w_u) and is_plain(self.w_v) and h.shape[-1] == self.d_model
+        if plain and folding(self) and self.fold_weights:
+            sources = (self.w_u.weight, self.w_v.weight, self.s_u.source, self.s_v.source)
+            u, v = F.linear(h, cached(self, "up", sources, self._folded_up)).chunk(2, dim=-1)
+            return self.w_o(kernels.swiglu(u, v))
+        u = scaled(self.w_u, h, self.s_u)  # eq. 20
+        v = scaled(self.w_v, h, self.s_v, math.sqrt(self.d_model))  # eq. 21
         return self.w_o(kernels.swiglu(u, v))  # eq. 19
 
 
@@ -104,7 +117,7 @@ class NGPTReLU2MLP(nn.Module):
         self.s_uv = Scale.from_spec(d_mlp, s_uv, d_model)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        u = self.w_u(h, out_scale=self.s_uv() * math.sqrt(self.d_model))
+        u = scaled(self.w_u, h, self.s_uv, math.sqrt(self.d_model))
         return self.w_o(kernels.relu2(u))
 
 

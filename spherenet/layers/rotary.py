@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .fold import cached
+
 __all__ = ["RotaryEmbedding", "apply_rotary"]
 
 
@@ -111,9 +113,18 @@ class RotaryEmbedding(nn.Module):
                     f"RotaryEmbedding: positions of shape {tuple(positions.shape)} do not match x of shape "
                     f"{tuple(x.shape)}; expected (batch, {x.shape[-2]})"
                 )
-            angles = self._position_angles(positions)[:, None]  # (B, 1, T, head_dim/2): one set per row
-            cos, sin = angles.cos().to(work), angles.sin().to(work)
+            if torch.compiler.is_compiling():
+                cos, sin = self._position_cos_sin(positions, work)
+            else:  # every layer, for q and k, gets the same positions: computed once for all
+                cos, sin = cached(
+                    self, f"positions {work}", (positions,), lambda: self._position_cos_sin(positions, work)
+                )
         return apply_rotary(x, cos, sin)
+
+    def _position_cos_sin(self, positions: torch.Tensor, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the angles at ``positions`` ``(B, T)``, each ``(B, 1, T, head_dim/2)``."""
+        angles = self._position_angles(positions)[:, None]  # one set per row
+        return angles.cos().to(work), angles.sin().to(work)
 
     def _position_angles(self, positions: torch.Tensor) -> torch.Tensor:
         """``positions x inverse frequencies`` for any integer tensor of positions: shape

@@ -19,6 +19,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .fold import Folding, cached, folding
+
 __all__ = ["Scale", "ScaleSpec", "SCALE_MODES"]
 
 SCALE_MODES = ("vector", "scalar", "fixed")
@@ -91,7 +93,7 @@ class ScaleSpec:
         return cls(**merged)
 
 
-class Scale(nn.Module):
+class Scale(Folding, nn.Module):
     """A scaling factor ``s`` stored at ``scale`` and used as ``s * (init / scale)`` (Section 2.5).
 
     Adam moves every stored element by about ``lr`` per step, so the effective learning rate of
@@ -101,7 +103,9 @@ class Scale(nn.Module):
     ``mode``: ``"vector"`` (one learnable value per element, the paper's default),
     ``"scalar"`` (one learnable value, broadcast; Table 5), ``"fixed"`` (no parameter, the
     constant ``init``; Table 5). ``absolute``: return ``|s * (init / scale)|`` (Appendix A.2).
-    ``forward()`` returns the effective value, shape ``(size,)`` or ``(1,)``.
+    ``forward()`` returns the effective value, shape ``(size,)`` or ``(1,)``; in eval mode
+    without gradients it is computed once and reused until the stored value changes
+    (:mod:`spherenet.layers.fold`).
     """
 
     def __init__(self, size: int, init: float = 1.0, scale: float = 1.0, mode: str = "vector", absolute: bool = False):
@@ -136,9 +140,20 @@ class Scale(nn.Module):
             else:  # the constant, e.g. after materializing from the meta device
                 self.value.fill_(self.init)
 
-    def forward(self) -> torch.Tensor:
+    @property
+    def source(self) -> torch.Tensor:
+        """The tensor the effective value is computed from: the parameter, or the constant."""
+        return self.value if self.param is None else self.param
+
+    def effective(self) -> torch.Tensor:
+        """The effective value, computed from the stored one (what ``forward`` returns)."""
         value = self.value if self.param is None else self.param * (self.init / self.scale)
         return value.abs() if self.absolute else value
+
+    def forward(self) -> torch.Tensor:
+        if folding(self):
+            return cached(self, "value", (self.source,), self.effective)
+        return self.effective()
 
     def extra_repr(self) -> str:
         absolute = ", absolute=True" if self.absolute else ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..layers import NGPTBlock, NGPTConfig, Scale, SphereEmbedding, SphereLinear
+from ..layers.linear import scaled
 from .common import LanguageModel
 
 __all__ = ["NGPTConfig", "NGPT"]
@@ -35,9 +36,8 @@ class NGPT(LanguageModel):
         self.s_z = Scale.from_spec(c.vocab_size, c.s_z, c.d_model)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        s_z = self.s_z()
-        logits = self.embed_out(h, out_scale=s_z)  # z = (E_out h) * s_z, eq. 1, 3
-        return logits.to(torch.promote_types(logits.dtype, s_z.dtype))
+        logits = scaled(self.embed_out, h, self.s_z)  # z = (E_out h) * s_z, eq. 1, 3 (folded in eval)
+        return logits.to(torch.promote_types(logits.dtype, self.s_z.source.dtype))
 
     def init_weights(self) -> None:
         """(Re)initialize every parameter: random unit vectors for the sphere weights, the
