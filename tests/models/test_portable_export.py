@@ -112,7 +112,9 @@ def test_portable_model_computes_spherenets_logits_cache_padding_and_greedy_toke
     assert out[1].tolist() == reference.generate(long, 6, temperature=0)[0].tolist()
 
 
-@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.bfloat16, 1e-2)], ids=["fp64", "bf16"])
+# bf16: spherenet's eval forward multiplies the scalings into bf16 weight copies once (folding), the
+# portable code scales the outputs: the logits differ by a bf16 unit or two of the largest logit.
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.bfloat16, 2**-7)], ids=["fp64", "bf16"])
 @pytest.mark.parametrize("case", ["ngpt-slerp", "ngpt-gqa-head-dim", "ngpt-scalings", "gpt-gqa-head-dim-relu2"])
 @torch.no_grad()
 def test_portable_model_matches_in_float64_and_bfloat16(case, dtype, tolerance, tmp_path):
@@ -123,7 +125,9 @@ def test_portable_model_matches_in_float64_and_bfloat16(case, dtype, tolerance, 
     ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(2))
     logits = model(ids).logits
     assert logits.dtype == dtype
-    torch.testing.assert_close(logits, reference(ids), atol=tolerance, rtol=0)
+    expected = reference(ids)
+    scale = 1.0 if dtype == torch.float64 else float(expected.abs().max())
+    torch.testing.assert_close(logits, expected, atol=tolerance * scale, rtol=0)
 
 
 @pytest.mark.parametrize("cls", [NGPT, GPT], ids=["ngpt", "gpt"])
