@@ -24,7 +24,9 @@ spherenet's exports, which loading checks when it is there (NVIDIA's directories
 :func:`from_normalized_nemotron` builds the model on the meta device and reads each tensor from
 the files straight into its parameter (:mod:`spherenet.models.tensorfile`): peak memory is one
 copy of the model. Config fields, tensors and values it cannot map are refused with a
-:class:`PretrainedFileError` naming them, never ignored.
+:class:`PretrainedFileError` naming them, never ignored. The tensor table and file names are
+:mod:`spherenet.models.nemotron_layout`'s, the writing :mod:`spherenet.models.nemotron_write`'s;
+their public names are importable from here.
 """
 
 from __future__ import annotations
@@ -33,15 +35,24 @@ import dataclasses
 import json
 import math
 import os
-import re
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointCorruptError, CheckpointError, verify_files_manifest
+from ..checkpoint import CheckpointCorruptError, verify_files_manifest
 from ..layers import NGPTConfig
-from .hub import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError, _pick_dtype, _require, write_manifest
-from .nemotron_config import LAYOUT_ARCHITECTURE, LAYOUT_MODEL_TYPE, layout_config, layout_refusals, nemotron_config
+from .hub import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError, _pick_dtype
+from .nemotron_config import LAYOUT_ARCHITECTURE, LAYOUT_MODEL_TYPE, nemotron_config
+from .nemotron_layout import (  # noqa: F401 - TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP: this module's names too
+    INDEX_NAME,
+    SPECIAL_TOKENS_MAP,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILES,
+    TOKENIZER_JSON,
+    layout_tensors,
+    layout_view,
+)
+from .nemotron_write import to_normalized_nemotron, write_transformers_tokenizer_config
 from .ngpt import NGPT
 from .tensorfile import TensorFileError, read_header, read_into
 
@@ -60,51 +71,8 @@ __all__ = [
     "write_transformers_tokenizer_config",
 ]
 
-INDEX_NAME = "model.safetensors.index.json"
-TOKENIZER_JSON = "tokenizer.json"  # spherenet.data's name of it (models/ may not import data/)
-TOKENIZER_CONFIG = "tokenizer_config.json"
-SPECIAL_TOKENS_MAP = "special_tokens_map.json"
-#: the tokenizer's files a directory of the layout holds for transformers' AutoTokenizer
-TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)
 #: the largest |norm - 1| of a sphere weight's unit vectors that loads (bfloat16 rounding fits)
 UNIT_TOLERANCE = 1e-2
-
-
-# how a layout tensor sits in NGPT's parameter: "same" (same shape), "transposed" (the layout's
-# (d, n) is stored (n, d): unit columns become unit rows), "vector" (Linear(1, n) weight (n, 1) <-> (n,))
-def layout_tensors(config: NGPTConfig) -> list[tuple[str, str, str, tuple[int, ...]]]:
-    """``(layout name, NGPT parameter name, how, layout shape)`` of every tensor, in the layout's order."""
-    c = config
-    q, kv, d, mlp = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.d_model, c.d_mlp
-    table = [("model.embed_tokens.weight", "embed_in.weight", "same", (c.vocab_size, d))]
-    for i in range(c.n_layers):
-        layer, block = f"model.layers.{i}.", f"blocks.{i}."
-        table += [
-            (layer + "self_attn.q_proj.weight", block + "attn.w_q.weight", "same", (q, d)),
-            (layer + "self_attn.k_proj.weight", block + "attn.w_k.weight", "same", (kv, d)),
-            (layer + "self_attn.v_proj.weight", block + "attn.w_v.weight", "same", (kv, d)),
-            (layer + "self_attn.o_proj.weight", block + "attn.w_o.weight", "transposed", (d, q)),
-            (layer + "self_attn.sqk.weight", block + "attn.s_qk.param", "vector", (q, 1)),
-            (layer + "attn_alpha", block + "residual_attn.alpha.param", "same", (d,)),
-            (layer + "mlp.up_proj.weight", block + "mlp.w_u.weight", "same", (mlp, d)),
-            (layer + "mlp.down_proj.weight", block + "mlp.w_o.weight", "transposed", (d, mlp)),
-            (layer + "mlp.suv.weight", block + "mlp.s_uv.param", "vector", (mlp, 1)),
-            (layer + "mlp_alpha", block + "residual_mlp.alpha.param", "same", (d,)),
-        ]
-    table += [
-        ("lm_head.weight", "embed_out.weight", "same", (c.vocab_size, d)),
-        ("sz.weight", "s_z.param", "vector", (c.vocab_size, 1)),
-    ]
-    return table
-
-
-def _layout_view(parameter: torch.Tensor, how: str) -> torch.Tensor:
-    """The parameter seen in the layout's shape (a view: writing to it fills the parameter)."""
-    if how == "transposed":
-        return parameter.t()
-    if how == "vector":
-        return parameter.unsqueeze(1)
-    return parameter
 
 
 def _stored_tensors(directory: Path) -> dict:
@@ -237,7 +205,7 @@ def _read_tensors(model: NGPT, table, stored: dict) -> None:
         parameter = parameters[target]
         try:
             check = None if target in spheres else _check_finite(name)  # spheres: by _check_unit
-            read_into(stored[name], _layout_view(parameter.data, how), check=check)
+            read_into(stored[name], layout_view(parameter.data, how), check=check)
         except TensorFileError as exc:
             raise PretrainedFileError(str(exc)) from None
         if target in spheres:
@@ -298,111 +266,3 @@ def from_normalized_nemotron(
     model = model.to(dtype).to_empty(device=device)
     _read_tensors(model, table, stored)
     return model.eval()
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing
-
-
-def _shard_bytes(size: int | str) -> int:
-    """Bytes of ``max_shard_size``: an int, or a string like "5GB", "500MB", "2GiB"."""
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)\s*", str(size), re.IGNORECASE)
-    if not match:
-        raise ValueError(f"max_shard_size must be a positive int or a size like '5GB', got {size!r}")
-    unit = match[2].upper()
-    factor = 1 if unit == "B" else (1024 if "I" in unit else 1000) ** ("KMG".index(unit[0]) + 1)
-    return int(float(match[1]) * factor)
-
-
-def write_transformers_tokenizer_config(directory: Path, eos_id: int, max_length: int) -> None:
-    """Write ``tokenizer_config.json`` and ``special_tokens_map.json`` beside ``directory``'s
-    ``tokenizer.json`` unless it has them: transformers' ``AutoTokenizer`` then has the
-    tokenizer's end-of-text token as ``eos_token`` (lm-evaluation-harness's ``hf`` model needs
-    one) and as ``pad_token`` (a batched ``generate`` pads its rows; the padding is masked, so
-    which token fills it does not matter), splits special-token strings inside text as text (as
-    spherenet's tokenizers do) and adds no BOS (spherenet's models are trained without one)."""
-    from tokenizers import Tokenizer as _Tokenizers
-
-    if (directory / TOKENIZER_CONFIG).exists():
-        return
-    eos_token = _Tokenizers.from_file(str(directory / TOKENIZER_JSON)).id_to_token(eos_id)
-    if eos_token is None:
-        raise CheckpointError(f"{directory / TOKENIZER_JSON} has no token of the end-of-text id {eos_id}")
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": eos_token,
-        "pad_token": eos_token,
-        "model_max_length": max_length,
-        "split_special_tokens": True,
-        "clean_up_tokenization_spaces": False,
-    }
-    (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
-    if not (directory / SPECIAL_TOKENS_MAP).exists():
-        (directory / SPECIAL_TOKENS_MAP).write_text(
-            json.dumps({"eos_token": eos_token, "pad_token": eos_token}) + "\n", encoding="utf-8"
-        )
-
-
-def to_normalized_nemotron(
-    model: NGPT, path: str | os.PathLike, max_shard_size: int | str = "5GB", tokenizer=None
-) -> None:
-    """Write ``model`` into the directory ``path`` in the Normalized-Nemotron layout:
-    config.json and model.safetensors, or shards of at most ``max_shard_size`` with
-    model.safetensors.index.json when it is larger; with ``tokenizer`` (a spherenet
-    :class:`~spherenet.data.tokenizer.Tokenizer`, e.g. the byte tokenizer), its tokenizer.json,
-    and tokenizer_config.json / special_tokens_map.json naming its end-of-text token as
-    ``eos_token`` (what transformers' AutoTokenizer and spherenet's recipes read); and
-    sha256sums.json, the size and sha256 of each file written, checked when the directory is
-    loaded. Tensors keep their dtype and values (the scalings verbatim, see the module's table);
-    earlier weight files of the layout in ``path`` (and its tokenizer files, when ``tokenizer``
-    is given) are removed, nothing else is written. Raises ``ValueError`` naming every config
-    field the layout cannot express (a SwiGLU MLP, another residual update, qk_norm off, scalar
-    or fixed or differently scaled scalings), or a tokenizer with more ids than the model."""
-    problems = layout_refusals(model)
-    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
-        problems.append(f"the tokenizer has {tokenizer.vocab_size} ids, more than vocab_size={model.config.vocab_size}")
-    if problems:
-        raise ValueError(f"the Normalized-Nemotron layout cannot express this model: {'; '.join(problems)}")
-    safetensors_torch = _require("safetensors.torch")
-    limit = _shard_bytes(max_shard_size)
-    parameters = dict(model.named_parameters())
-    table = layout_tensors(model.config)
-    shards: list[list[tuple[str, str, str]]] = [[]]
-    used = 0
-    for name, target, how, _ in table:
-        nbytes = parameters[target].numel() * parameters[target].element_size()
-        if shards[-1] and used + nbytes > limit:
-            shards.append([])
-            used = 0
-        shards[-1].append((name, target, how))
-        used += nbytes
-    directory = Path(path).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
-    stale = [directory / WEIGHTS_NAME, directory / INDEX_NAME, directory / MANIFEST_NAME]
-    stale += [directory / name for name in TOKENIZER_FILES] if tokenizer is not None else []
-    for old in [*stale, *directory.glob("model-*-of-*.safetensors")]:
-        old.unlink(missing_ok=True)
-    files = [WEIGHTS_NAME]
-    if len(shards) > 1:  # transformers' shard names
-        files = [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
-    weight_map, total = {}, 0
-    for file, shard in zip(files, shards):
-        tensors = {
-            name: _layout_view(parameters[target].detach(), how).contiguous().cpu() for name, target, how in shard
-        }
-        safetensors_torch.save_file(tensors, str(directory / file), metadata={"format": "pt"})
-        weight_map |= dict.fromkeys(tensors, file)
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-        del tensors
-    if len(files) > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (directory / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    (directory / CONFIG_NAME).write_text(json.dumps(layout_config(model), indent=2) + "\n", encoding="utf-8")
-    written = [CONFIG_NAME, *files] + ([INDEX_NAME] if len(files) > 1 else [])
-    if tokenizer is not None:
-        (directory / TOKENIZER_JSON).write_text(tokenizer.tokenizer_json(), encoding="utf-8")
-        write_transformers_tokenizer_config(directory, tokenizer.eos_id, model.config.max_seq_len)
-        written += list(TOKENIZER_FILES)
-    write_manifest(directory, written)
