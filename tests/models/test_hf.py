@@ -58,11 +58,12 @@ def test_export_carries_auto_map_modeling_file_and_card(exported):
         config = json.loads((directory / "config.json").read_text())
         assert config["model_type"] == f"spherenet-{cls.model_type}"
         assert config["auto_map"] == {
-            "AutoConfig": f"modeling_spherenet.Spherenet{cls.__name__}Config",
+            "AutoConfig": f"configuration_spherenet.Spherenet{cls.__name__}Config",
             "AutoModelForCausalLM": f"modeling_spherenet.Spherenet{cls.__name__}ForCausalLM",
         }
-        modeling = (directory / "modeling_spherenet.py").read_text()  # the portable code: no spherenet import
-        assert modeling == PORTABLE_MODELING.read_text() and "import spherenet" not in modeling
+        for name in ("configuration_spherenet.py", "modeling_spherenet.py"):  # the portable code: no spherenet import
+            code = (directory / name).read_text()
+            assert code == PORTABLE_MODELING.with_name(name).read_text() and "import spherenet" not in code
         assert "trust_remote_code=True" in (directory / "README.md").read_text()
         hf_config = AutoConfig.from_pretrained(directory)
         assert hf_config.model_type == f"spherenet-{cls.model_type}" and hf_config.hidden_size == 32
@@ -198,6 +199,7 @@ def test_save_pretrained_writes_the_export_layout(tmp_path):
     model.save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "config.json",
+        "configuration_spherenet.py",
         "model.safetensors",
         "modeling_spherenet.py",
         "sha256sums.json",
