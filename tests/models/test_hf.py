@@ -180,6 +180,46 @@ def test_sampling_beam_search_streamer_and_pipeline(exported, capsys):
     assert list(tokens) == greedy[0].tolist()
 
 
+# transformers alone (spherenet unimportable, so its classes are not registered): how many times
+# AutoTokenizer asks whether to run the export's code (stdin answered "n"), and what it loads
+_TOKENIZER_PROMPTS = """
+import builtins, importlib.abc, json, sys
+
+class NoSpherenet(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "spherenet":
+            raise ImportError(name)
+
+sys.meta_path.insert(0, NoSpherenet())
+asked = []
+builtins.input = lambda prompt="": asked.append(prompt) or "n"
+from transformers import AutoTokenizer
+
+directory, how = sys.argv[1], json.loads(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(directory, **how)
+print("RESULT", json.dumps({"asked": len(asked), "ids": tokenizer("Hello").input_ids, "eos": tokenizer.eos_token}))
+"""
+
+
+@pytest.mark.parametrize("how, asked", [({}, 1), ({"trust_remote_code": False}, 0), ({"trust_remote_code": True}, 0)])
+def test_auto_tokenizer_asks_about_the_exports_code_unless_told_and_loads_the_byte_tokenizer(
+    exported, how, asked, tmp_path
+):
+    """What the README says to pass: transformers 5's AutoTokenizer reads config.json through AutoConfig
+    (whose ``auto_map`` names the export's code) before the tokenizer's own files, so without
+    ``trust_remote_code`` it asks; either value loads the same fast tokenizer without asking."""
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", _TOKENIZER_PROMPTS, str(exported[NGPT]), json.dumps(how)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.rpartition("RESULT ")[2])
+    assert out == {"asked": asked, "ids": list(b"Hello"), "eos": "<0xFF>"}
+
+
 @pytest.mark.slow
 def test_trust_remote_code_loads_an_export_in_a_fresh_process(exported):
     """transformers alone imported: the export's modeling file brings in spherenet.hf."""
