@@ -3,8 +3,8 @@ with ``AutoConfig`` and ``AutoModelForCausalLM`` (model_type ``spherenet-ngpt`` 
 ``spherenet-gpt``) when this package is imported.
 
 An export (``save_pretrained``, ``spherenet-export``) carries the portable model code
-(:mod:`spherenet.hf.portable_modeling`, torch and transformers only) as its modeling file, so
-``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it where
+(:mod:`spherenet.hf.portable`: a configuration and a modeling file, torch and transformers only),
+so ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it where
 spherenet is not installed. Needs ``pip install "spherenet-torch[hf]"``.
 
 Training with ``transformers.Trainer`` keeps nGPT on the sphere with :class:`SphereCallback`

@@ -8,14 +8,18 @@ A saved model is a directory (or a Hub repository) holding
     model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``; or,
                          saved with ``max_shard_size``, shards ``model-0000i-of-0000n.safetensors``
                          and their index ``model.safetensors.index.json`` (transformers' layout)
-    modeling_spherenet.py  the portable model code (:mod:`spherenet.hf.portable_modeling`, torch
-                         and transformers only), so that transformers'
-                         ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``
-                         loads the model where spherenet is not installed
-    sha256sums.json      the size and sha256 of the files above (every shard and the index too) (the entries of a checkpoint's
-                         manifest): a damaged file is refused on load with an error naming it; a
-                         directory without it (saved by hand, or before it existed) loads with a
-                         :class:`PretrainedFileWarning`
+    configuration_spherenet.py, modeling_spherenet.py
+                         the portable model code (:mod:`spherenet.hf.portable`: its config classes,
+                         and its model classes, which import them; torch and transformers only), so
+                         that transformers' ``AutoModelForCausalLM.from_pretrained(dir,
+                         trust_remote_code=True)`` loads the model where spherenet is not installed
+    sha256sums.json      the size and sha256 of the files above (every shard and the index too) (the
+                         entries of a checkpoint's manifest): a damaged file is refused on load with
+                         an error naming it; a directory without it (saved by hand, or before it
+                         existed) loads with a :class:`PretrainedFileWarning`
+
+config.json's metadata, the portable code and the manifest: :mod:`spherenet.models.hub_layout`;
+the weight files and the checks of their tensors: :mod:`spherenet.models.hub_files`.
 
 nGPT's sphere weights are stored as the model holds them: matrices of unit rows (the unit
 vectors along the last dimension, Section 2.6 of the paper). Loading checks every tensor's name
@@ -32,22 +36,24 @@ import dataclasses
 import json
 import os
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from ..manifolds import Sphere, named_sphere_parameters, point_tolerance
+from ..manifolds import named_sphere_parameters
 from .hub_files import (
     HUB_ARGS,
     INDEX_NAME,
     INSTALL_HINT,
+    OFF_SPHERE_REMEDY,
     WEIGHTS_NAME,
     PretrainedFileError,
     check_finite,
     check_tensors,
+    check_unit_rows,
+    off_sphere,
     pick_device,
     pick_dtype,
     read_weights,
@@ -57,6 +63,20 @@ from .hub_files import (
     shard_limit,
     upload_folder,
     write_weights,
+)
+from .hub_layout import (
+    CONFIG_NAME,
+    CONFIGURATION_NAME,
+    MANIFEST_NAME,
+    METADATA_KEYS,
+    MODELING_NAME,
+    PORTABLE_MODELING,
+    PretrainedFileWarning,
+    auto_map,
+    exported_model_type,
+    verify_manifest,
+    write_manifest,
+    write_portable_code,
 )
 
 _pick_device, _pick_dtype, _require = pick_device, pick_dtype, require  # older names (nemotron, published)
@@ -68,6 +88,9 @@ __all__ = [
     "MANIFEST_NAME",
     "WEIGHTS_NAME",
     "MODELING_NAME",
+    "CONFIGURATION_NAME",
+    "PORTABLE_MODELING",
+    "write_manifest",
     "exported_model_type",
     "MODEL_CLASSES",
     "HubMixin",
@@ -79,110 +102,6 @@ __all__ = [
     "model_class",
     "model_class_of",
 ]
-
-CONFIG_NAME = "config.json"
-MANIFEST_NAME = "sha256sums.json"
-MODELING_NAME = "modeling_spherenet.py"
-# keys config.json holds besides the config's fields
-_METADATA_KEYS = ("model_type", "architectures", "spherenet_version", "auto_map")
-
-
-def exported_model_type(model_type: str) -> str:
-    """config.json's ``model_type`` for a model class's: prefixed, so that no other library
-    reads an export as its own model of the same name (transformers has an "ngpt")."""
-    return f"spherenet-{model_type}"
-
-
-def _auto_map(architecture: str) -> dict[str, str]:
-    """config.json's ``auto_map``: transformers' classes of the model, in the modeling file."""
-    module = MODELING_NAME.removesuffix(".py")
-    return {
-        "AutoConfig": f"{module}.Spherenet{architecture}Config",
-        "AutoModelForCausalLM": f"{module}.Spherenet{architecture}ForCausalLM",
-    }
-
-
-# the modeling file of every export, transformers runs it under trust_remote_code=True: the
-# portable model code, which needs torch and transformers only (read by path: models may not
-# import hf, and importing spherenet.hf would need transformers)
-PORTABLE_MODELING = Path(__file__).resolve().parents[1] / "hf" / "portable_modeling.py"
-
-
-class PretrainedFileWarning(UserWarning):
-    """A saved model has no manifest: its files are loaded without a check against damage."""
-
-
-def write_manifest(directory: str | os.PathLike, names=(CONFIG_NAME, WEIGHTS_NAME)) -> None:
-    """Write ``sha256sums.json`` over the files ``names`` of ``directory``."""
-    from ..checkpoint import write_files_manifest
-
-    write_files_manifest(directory, names, MANIFEST_NAME)
-
-
-def _verify_manifest(path_or_repo, config_file: Path, download: dict[str, Any], names: list[str]) -> None:
-    """Check config.json and the weight files ``names`` (model.safetensors, or the shards and their
-    index) against the manifest beside them (fetched with them from a Hub repository); warn when
-    there is none."""
-    from ..checkpoint import CheckpointCorruptError, verify_files_manifest
-
-    directory = Path(config_file).parent
-    try:
-        resolve(path_or_repo, MANIFEST_NAME, download)  # a Hub repository: into the same snapshot
-        listed = verify_files_manifest(directory, (CONFIG_NAME, *names), MANIFEST_NAME)
-    except FileNotFoundError:
-        listed = False
-    except CheckpointCorruptError as exc:
-        raise PretrainedFileError(str(exc)) from None
-    if not listed:
-        warnings.warn(
-            f"{directory} has no {MANIFEST_NAME}: its files cannot be checked for damage (saved by hand or by an "
-            "older spherenet); loading them with the tensor checks only",
-            PretrainedFileWarning,
-            stacklevel=3,
-        )
-
-
-def _check_unit_rows(named_tensors: dict[str, torch.Tensor], where: str) -> None:
-    """Refuse sphere weights whose rows are not unit vectors (within the dtype's tolerance)."""
-    bad = []
-    for name, tensor in named_tensors.items():
-        error, tolerance = float(Sphere.norm_error(tensor)), point_tolerance(tensor.dtype)
-        if not error <= tolerance:  # also catches NaN
-            bad.append(f"{name!r} (|row norm - 1| up to {error:.3g}, tolerance {tolerance:g} for {tensor.dtype})")
-    if bad:
-        raise PretrainedFileError(
-            f"{where}: sphere weights must be matrices of unit rows, but these are not: {'; '.join(bad)}"
-        )
-
-
-#: How to put sphere weights that an optimizer moved off the sphere back, and keep them there.
-OFF_SPHERE_REMEDY = (
-    "put them back with spherenet.optim.normalize_(model) (the paper's normalization after each step, Section 2.6); "
-    "to keep them there, train with spherenet's optimizers (spherenet.optim.build_optimizer; with transformers.Trainer: "
-    "optimizers=build_optimizer(...)) or pass callbacks=[spherenet.hf.SphereCallback()] to transformers.Trainer"
-)
-
-
-def off_sphere(named_tensors) -> tuple[int, str, float, float] | None:
-    """``(how many, worst name, its |row norm - 1|, its tolerance)`` of the sphere weights in
-    ``named_tensors`` (``(name, tensor)`` pairs) whose rows are not unit vectors within
-    :func:`~spherenet.manifolds.point_tolerance` of their dtype; ``None`` when all are. One
-    read of each tensor and one host synchronization (a DTensor: the rows this rank holds)."""
-    named = [(name, t.to_local() if hasattr(t, "to_local") else t) for name, t in named_tensors]  # FSDP2: own rows
-    if not named:
-        return None
-    errors = [Sphere.norm_error(t) for _, t in named]
-    errors = torch.stack([e.to(device=errors[0].device, dtype=torch.float64) for e in errors]).tolist()
-    bad = [
-        (error, name, tolerance)
-        for (name, t), error in zip(named, errors)
-        if not error <= (tolerance := point_tolerance(t.dtype))  # also catches NaN
-    ]
-    if not bad:
-        return None
-    error, name, tolerance = max(bad, key=lambda b: b[0] if b[0] == b[0] else float("inf"))
-    return len(bad), name, error, tolerance
-
 
 #: The model classes by ``model_type``, in the order they were defined. A subclass of
 #: :class:`HubMixin` that sets ``model_type`` in its class body enters itself here.
@@ -263,7 +182,7 @@ class HubMixin:
             "model_type": exported_model_type(self.model_type),
             "architectures": [self.architecture],
             "spherenet_version": __version__,
-            "auto_map": _auto_map(self.architecture),
+            "auto_map": auto_map(self.architecture),
             **dataclasses.asdict(self.config),
         }
 
@@ -295,7 +214,7 @@ class HubMixin:
         repo_id: str | None = None,
         **hub_args,
     ) -> str | None:
-        """Write ``config.json``, the weights and the modeling file into ``save_directory``, with
+        """Write ``config.json``, the weights and the portable model code into ``save_directory``, with
         their manifest; with ``push_to_hub=True`` also upload the directory to ``repo_id``
         (default: the directory's name) and return the commit's URL.
 
@@ -343,8 +262,8 @@ class HubMixin:
         directory.mkdir(parents=True, exist_ok=True)
         weight_files = write_weights(directory, dict(state_dict), max_shard_size)
         (directory / CONFIG_NAME).write_text(json.dumps(self.hub_config(), indent=2) + "\n", encoding="utf-8")
-        (directory / MODELING_NAME).write_text(PORTABLE_MODELING.read_text(encoding="utf-8"), encoding="utf-8")
-        write_manifest(directory, (CONFIG_NAME, *weight_files, MODELING_NAME))
+        code_files = write_portable_code(directory)
+        write_manifest(directory, (CONFIG_NAME, *weight_files, *code_files))
         if push_to_hub:
             return upload_folder(directory, repo_id or directory.name, hub_args)
         return None
@@ -409,12 +328,12 @@ class HubMixin:
         weight_files = resolve_weights(pretrained_model_name_or_path, download)
         weights_file = weight_files[0].parent / (WEIGHTS_NAME if len(weight_files) == 1 else INDEX_NAME)
         names = [f.name for f in weight_files] + ([INDEX_NAME] if len(weight_files) > 1 else [])
-        _verify_manifest(pretrained_model_name_or_path, config_file, download, names)
+        verify_manifest(pretrained_model_name_or_path, config_file, download, names)
         model = cls(cls._config_from_file(config_file))
         tensors = read_weights(weight_files)
         check_tensors(model, tensors, weights_file)
         check_finite(tensors, weights_file)
-        _check_unit_rows({name: tensors[name] for name in model.sphere_weights()}, str(weights_file))
+        check_unit_rows({name: tensors[name] for name in model.sphere_weights()}, str(weights_file))
         dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
         if len(dtypes) == 1:
             model.to(dtypes.pop())
@@ -438,7 +357,7 @@ class HubMixin:
                 f"{config_file} describes model_type {model_type!r}, not {expected!r}: load it with "
                 f"{other.__name__ if other else 'the class that saved it'}.from_pretrained"
             )
-        fields = {k: v for k, v in values.items() if k not in _METADATA_KEYS}
+        fields = {k: v for k, v in values.items() if k not in METADATA_KEYS}
         try:
             return cls.config_from_dict(fields, str(config_file))
         except ValueError as exc:

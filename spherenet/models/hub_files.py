@@ -1,7 +1,8 @@
 """The weight files of a saved model (:mod:`spherenet.models.hub`): one ``model.safetensors``,
 or shards of at most ``max_shard_size`` bytes listed in ``model.safetensors.index.json``
-(transformers' layout and shard names), the checks of the tensors read from them, and the upload
-of a saved directory to the Hub.
+(transformers' layout and shard names), the checks of the tensors read from them (names, shapes,
+finite values, and unit rows of the sphere weights: Section 2.6 of the paper), and the upload of a
+saved directory to the Hub.
 
 safetensors and huggingface_hub are imported only when used (``pip install "spherenet-torch[hub]"``).
 """
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import install_hint
+from ..manifolds import Sphere, point_tolerance
 
 __all__ = [
     "WEIGHTS_NAME",
@@ -34,6 +36,9 @@ __all__ = [
     "upload_folder",
     "check_finite",
     "check_tensors",
+    "check_unit_rows",
+    "off_sphere",
+    "OFF_SPHERE_REMEDY",
     "pick_dtype",
     "pick_device",
     "resolve",
@@ -268,6 +273,48 @@ def check_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], weights_fi
         raise PretrainedFileError(
             f"{weights_file} does not match the {type(model).__name__} its config.json describes: {'; '.join(problems)}"
         )
+
+
+def check_unit_rows(named_tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Refuse sphere weights whose rows are not unit vectors (within the dtype's tolerance)."""
+    bad = []
+    for name, tensor in named_tensors.items():
+        error, tolerance = float(Sphere.norm_error(tensor)), point_tolerance(tensor.dtype)
+        if not error <= tolerance:  # also catches NaN
+            bad.append(f"{name!r} (|row norm - 1| up to {error:.3g}, tolerance {tolerance:g} for {tensor.dtype})")
+    if bad:
+        raise PretrainedFileError(
+            f"{where}: sphere weights must be matrices of unit rows, but these are not: {'; '.join(bad)}"
+        )
+
+
+#: How to put sphere weights that an optimizer moved off the sphere back, and keep them there.
+OFF_SPHERE_REMEDY = (
+    "put them back with spherenet.optim.normalize_(model) (the paper's normalization after each step, Section 2.6); "
+    "to keep them there, train with spherenet's optimizers (spherenet.optim.build_optimizer; with transformers.Trainer: "
+    "optimizers=build_optimizer(...)) or pass callbacks=[spherenet.hf.SphereCallback()] to transformers.Trainer"
+)
+
+
+def off_sphere(named_tensors) -> tuple[int, str, float, float] | None:
+    """``(how many, worst name, its |row norm - 1|, its tolerance)`` of the sphere weights in
+    ``named_tensors`` (``(name, tensor)`` pairs) whose rows are not unit vectors within
+    :func:`~spherenet.manifolds.point_tolerance` of their dtype; ``None`` when all are. One
+    read of each tensor and one host synchronization (a DTensor: the rows this rank holds)."""
+    named = [(name, t.to_local() if hasattr(t, "to_local") else t) for name, t in named_tensors]  # FSDP2: own rows
+    if not named:
+        return None
+    errors = [Sphere.norm_error(t) for _, t in named]
+    errors = torch.stack([e.to(device=errors[0].device, dtype=torch.float64) for e in errors]).tolist()
+    bad = [
+        (error, name, tolerance)
+        for (name, t), error in zip(named, errors)
+        if not error <= (tolerance := point_tolerance(t.dtype))  # also catches NaN
+    ]
+    if not bad:
+        return None
+    error, name, tolerance = max(bad, key=lambda b: b[0] if b[0] == b[0] else float("inf"))
+    return len(bad), name, error, tolerance
 
 
 def upload_folder(folder: str | os.PathLike, repo_id: str, hub_args: dict[str, Any]) -> str:

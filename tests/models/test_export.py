@@ -135,7 +135,12 @@ def test_a_saved_model_carries_a_manifest_of_its_files(safetensors_torch, tmp_pa
 
     from_preset("ngpt-tiny").save_pretrained(tmp_path)
     manifest = json.loads((tmp_path / MANIFEST_NAME).read_text())
-    assert sorted(manifest["files"]) == ["config.json", "model.safetensors", "modeling_spherenet.py"]
+    assert sorted(manifest["files"]) == [
+        "config.json",
+        "configuration_spherenet.py",
+        "model.safetensors",
+        "modeling_spherenet.py",
+    ]
     for name, entry in manifest["files"].items():
         data = (tmp_path / name).read_bytes()
         assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -270,7 +275,7 @@ def test_push_to_hub_uploads_the_saved_files(safetensors_torch, monkeypatch):
         (
             "upload_folder",
             "someone/gpt-tiny",
-            ["config.json", "model.safetensors", "modeling_spherenet.py", MANIFEST_NAME],
+            ["config.json", "configuration_spherenet.py", "model.safetensors", "modeling_spherenet.py", MANIFEST_NAME],
         ),
     ]
 

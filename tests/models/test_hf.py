@@ -58,11 +58,12 @@ def test_export_carries_auto_map_modeling_file_and_card(exported):
         config = json.loads((directory / "config.json").read_text())
         assert config["model_type"] == f"spherenet-{cls.model_type}"
         assert config["auto_map"] == {
-            "AutoConfig": f"modeling_spherenet.Spherenet{cls.__name__}Config",
+            "AutoConfig": f"configuration_spherenet.Spherenet{cls.__name__}Config",
             "AutoModelForCausalLM": f"modeling_spherenet.Spherenet{cls.__name__}ForCausalLM",
         }
-        modeling = (directory / "modeling_spherenet.py").read_text()  # the portable code: no spherenet import
-        assert modeling == PORTABLE_MODELING.read_text() and "import spherenet" not in modeling
+        for name in ("configuration_spherenet.py", "modeling_spherenet.py"):  # the portable code: no spherenet import
+            code = (directory / name).read_text()
+            assert code == PORTABLE_MODELING.with_name(name).read_text() and "import spherenet" not in code
         assert "trust_remote_code=True" in (directory / "README.md").read_text()
         hf_config = AutoConfig.from_pretrained(directory)
         assert hf_config.model_type == f"spherenet-{cls.model_type}" and hf_config.hidden_size == 32
@@ -179,6 +180,46 @@ def test_sampling_beam_search_streamer_and_pipeline(exported, capsys):
     assert list(tokens) == greedy[0].tolist()
 
 
+# transformers alone (spherenet unimportable, so its classes are not registered): how many times
+# AutoTokenizer asks whether to run the export's code (stdin answered "n"), and what it loads
+_TOKENIZER_PROMPTS = """
+import builtins, importlib.abc, json, sys
+
+class NoSpherenet(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "spherenet":
+            raise ImportError(name)
+
+sys.meta_path.insert(0, NoSpherenet())
+asked = []
+builtins.input = lambda prompt="": asked.append(prompt) or "n"
+from transformers import AutoTokenizer
+
+directory, how = sys.argv[1], json.loads(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(directory, **how)
+print("RESULT", json.dumps({"asked": len(asked), "ids": tokenizer("Hello").input_ids, "eos": tokenizer.eos_token}))
+"""
+
+
+@pytest.mark.parametrize("how, asked", [({}, 1), ({"trust_remote_code": False}, 0), ({"trust_remote_code": True}, 0)])
+def test_auto_tokenizer_asks_about_the_exports_code_unless_told_and_loads_the_byte_tokenizer(
+    exported, how, asked, tmp_path
+):
+    """What the README says to pass: transformers 5's AutoTokenizer reads config.json through AutoConfig
+    (whose ``auto_map`` names the export's code) before the tokenizer's own files, so without
+    ``trust_remote_code`` it asks; either value loads the same fast tokenizer without asking."""
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", _TOKENIZER_PROMPTS, str(exported[NGPT]), json.dumps(how)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.rpartition("RESULT ")[2])
+    assert out == {"asked": asked, "ids": list(b"Hello"), "eos": "<0xFF>"}
+
+
 @pytest.mark.slow
 def test_trust_remote_code_loads_an_export_in_a_fresh_process(exported):
     """transformers alone imported: the export's modeling file brings in spherenet.hf."""
@@ -198,6 +239,7 @@ def test_save_pretrained_writes_the_export_layout(tmp_path):
     model.save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "config.json",
+        "configuration_spherenet.py",
         "model.safetensors",
         "modeling_spherenet.py",
         "sha256sums.json",

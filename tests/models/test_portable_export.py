@@ -1,5 +1,5 @@
-"""The portable modeling file of an export (spherenet/hf/portable_modeling.py): it needs torch and
-transformers only, and computes spherenet's logits for every option an export can carry, through
+"""The portable model code of an export (spherenet/hf/portable/: configuration_spherenet.py and
+modeling_spherenet.py, written into every export under those names): it needs torch and transformers only, and computes spherenet's logits for every option an export can carry, through
 transformers' inputs (padding, positions, cache), generate and pipeline."""
 
 import json
@@ -17,9 +17,11 @@ from recipes.checkpoints import Trained  # noqa: E402
 from recipes.export import export  # noqa: E402
 from spherenet.data.tokenizer_classes import ByteTokenizer  # noqa: E402
 from spherenet.hf import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
-from spherenet.hf import portable_modeling as portable  # noqa: E402
 from spherenet.hf.portable import PORTABLE_MODELING_FILE, write_portable_modeling  # noqa: E402
+from spherenet.hf.portable import configuration_spherenet as portable_config  # noqa: E402
+from spherenet.hf.portable import modeling_spherenet as portable  # noqa: E402
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig  # noqa: E402
+from spherenet.models.hub import write_manifest  # noqa: E402
 
 VOCAB = 64
 
@@ -196,46 +198,88 @@ def test_a_config_the_file_cannot_compute_is_refused_in_one_line(key, value, tmp
         portable.SpherenetNGPTForCausalLM.from_pretrained(tmp_path)
     assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match=f"spherenet-ngpt config: {key}"):
-        portable.SpherenetNGPTConfig.from_pretrained(tmp_path)
+        portable_config.SpherenetNGPTConfig.from_pretrained(tmp_path)
 
 
 def test_config_classes_read_every_key_of_an_export_and_keep_transformers_defaults(tmp_path):
     reference = spherenet_model(GPT, {"n_kv_heads": 2})
     reference.save_pretrained(tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())
-    config = portable.SpherenetGPTConfig.from_pretrained(tmp_path)
+    config = portable_config.SpherenetGPTConfig.from_pretrained(tmp_path)
     for key, value in written.items():
         if key != "auto_map":
             assert getattr(config, key) == value, key
     assert config.num_key_value_heads == 2 and config.hidden_size == 16 and config.num_hidden_layers == 2
-    bare = portable.SpherenetNGPTConfig()  # what transformers builds for its defaults
-    assert bare.update == "lerp" and bare.s_qk == portable.SCALINGS["s_qk"] and bare.head_dim is None
+    bare = portable_config.SpherenetNGPTConfig()  # what transformers builds for its defaults
+    assert bare.update == "lerp" and bare.s_qk == portable_config.SCALINGS["s_qk"] and bare.head_dim is None
 
 
-def test_write_portable_modeling_keeps_the_export_loadable_by_spherenet(tmp_path):
+def remote_class(directory, class_ref):
+    """The class ``class_ref`` of ``directory``'s own code, loaded as transformers' remote code
+    (what ``trust_remote_code=True`` runs where spherenet's classes are not registered)."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    return get_class_from_dynamic_module(class_ref, str(directory))
+
+
+PORTABLE_CONFIGURATION_FILE = PORTABLE_MODELING_FILE.with_name("configuration_spherenet.py")
+
+
+def single_file_export(reference, directory):
+    """``reference`` saved as exports were before the portable code was split in two: one
+    self-contained ``modeling_spherenet.py`` that config.json's ``auto_map`` names for both classes."""
+    reference.save_pretrained(directory)
+    modeling = PORTABLE_MODELING_FILE.read_text().replace(
+        "from .configuration_spherenet import SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig\n", ""
+    )
+    (directory / "modeling_spherenet.py").write_text(PORTABLE_CONFIGURATION_FILE.read_text() + modeling)
+    (directory / "configuration_spherenet.py").unlink()
+    values = json.loads((directory / "config.json").read_text())
+    values["auto_map"] = {k: "modeling_spherenet." + v.partition(".")[2] for k, v in values["auto_map"].items()}
+    (directory / "config.json").write_text(json.dumps(values, indent=2))
+    write_manifest(directory, ("config.json", "model.safetensors", "modeling_spherenet.py"))
+
+
+@torch.no_grad()
+def test_an_export_written_before_the_split_still_loads_and_write_portable_modeling_updates_it(tmp_path):
     reference = spherenet_model(NGPT, {"update": "riemannian"})
-    reference.save_pretrained(tmp_path)
-    write_portable_modeling(tmp_path)
-    assert (tmp_path / "modeling_spherenet.py").read_text() == PORTABLE_MODELING_FILE.read_text()
-    assert json.loads((tmp_path / "config.json").read_text())["auto_map"] == {
-        "AutoConfig": "modeling_spherenet.SpherenetNGPTConfig",
+    ids = torch.tensor([[1, 2, 3]])
+    old = tmp_path / "single_file_export"
+    single_file_export(reference, old)
+    torch.testing.assert_close(NGPT.from_pretrained(old)(ids), reference(ids))
+    torch.testing.assert_close(SpherenetNGPTForCausalLM.from_pretrained(old)(ids).logits, reference(ids))
+    remote = remote_class(old, "modeling_spherenet.SpherenetNGPTForCausalLM").from_pretrained(old)
+    torch.testing.assert_close(remote(ids).logits, reference(ids), atol=1e-5, rtol=0)
+
+    updated = tmp_path / "updated_export"
+    shutil.copytree(old, updated)
+    write_portable_modeling(updated)
+    assert (updated / "modeling_spherenet.py").read_text() == PORTABLE_MODELING_FILE.read_text()
+    assert (updated / "configuration_spherenet.py").read_text() == PORTABLE_CONFIGURATION_FILE.read_text()
+    assert json.loads((updated / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "configuration_spherenet.SpherenetNGPTConfig",
         "AutoModelForCausalLM": "modeling_spherenet.SpherenetNGPTForCausalLM",
     }
-    loaded = NGPT.from_pretrained(tmp_path)  # the rewritten manifest still checks out
-    ids = torch.tensor([[1, 2, 3]])
-    torch.testing.assert_close(loaded(ids), reference(ids))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    torch.testing.assert_close(NGPT.from_pretrained(updated)(ids), reference(ids))  # the rewritten manifest checks out
+    remote = remote_class(updated, "modeling_spherenet.SpherenetNGPTForCausalLM")  # its relative import resolves
+    assert remote.config_class.__module__.endswith(".configuration_spherenet")
+    assert remote_class(updated, "configuration_spherenet.SpherenetNGPTConfig").from_pretrained(updated).d_model == 16
+    torch.testing.assert_close(remote.from_pretrained(updated)(ids).logits, reference(ids), atol=1e-5, rtol=0)
+    (updated / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ValueError, match="model_type 'llama'"):
-        write_portable_modeling(tmp_path)
+        write_portable_modeling(updated)
 
 
-def test_portable_modeling_imports_nothing_but_torch_transformers_and_the_standard_library():
+def test_portable_code_imports_nothing_but_torch_transformers_the_standard_library_and_its_config():
     import ast
 
-    tree = ast.parse(PORTABLE_MODELING_FILE.read_text())
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported == {"math", "typing", "torch", "transformers"}
+    def imports(path):
+        tree = ast.parse(path.read_text())
+        found = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        return found | {"." * n.level + n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+
+    assert imports(PORTABLE_MODELING_FILE) == {"math", "typing", "torch", "transformers", ".configuration_spherenet"}
+    assert imports(PORTABLE_CONFIGURATION_FILE) == {"math", "typing", "transformers"}
 
 
 # Run in a fresh interpreter, isolated (-I: no PYTHONPATH, no script directory), from outside the
