@@ -270,6 +270,23 @@ def test_an_export_written_before_the_split_still_loads_and_write_portable_model
         write_portable_modeling(updated)
 
 
+def test_write_portable_modeling_keeps_every_file_the_manifest_listed(tmp_path):
+    # a sharded export with a tokenizer: the rewritten manifest still lists the shards, their index
+    # and the tokenizer, so the export loads and an --overwrite still recognizes its files
+    reference = spherenet_model(NGPT, {})
+    export = tmp_path / "sharded"
+    reference.save_pretrained(export, max_shard_size="20KB")
+    (export / "tokenizer.json").write_text("{}")
+    names = sorted(p.name for p in export.iterdir() if p.name != "sha256sums.json")
+    write_manifest(export, names)
+    write_portable_modeling(export)
+    listed = set(json.loads((export / "sha256sums.json").read_text())["files"])
+    assert listed == set(names) | {"configuration_spherenet.py", "modeling_spherenet.py"}
+    assert any(name.startswith("model-0000") for name in listed)
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(NGPT.from_pretrained(export)(ids), reference(ids))
+
+
 def test_portable_code_imports_nothing_but_torch_transformers_the_standard_library_and_its_config():
     import ast
 

@@ -16,7 +16,6 @@ import json
 import os
 from pathlib import Path
 
-from ...models.hub_files import WEIGHTS_NAME
 from ...models.hub_layout import (
     CONFIG_NAME,
     MANIFEST_NAME,
@@ -44,7 +43,7 @@ def portable_auto_map(architecture: str) -> dict[str, str]:
 def write_portable_modeling(directory: str | os.PathLike) -> None:
     """Write the portable code's files into the export ``directory``, point config.json's
     ``auto_map`` at their classes, and rewrite the file manifest (when the directory has one) over
-    the files it covers. Raises ``ValueError`` naming the file when the directory holds no
+    the files it listed that are still there and the code's files. Raises ``ValueError`` naming the file when the directory holds no
     spherenet export."""
     directory = Path(directory)
     config_file = directory / CONFIG_NAME
@@ -60,5 +59,12 @@ def write_portable_modeling(directory: str | os.PathLike) -> None:
     code_files = write_portable_code(directory)
     values["auto_map"] = portable_auto_map(_ARCHITECTURES[model_type])
     config_file.write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
-    if (directory / MANIFEST_NAME).is_file():
-        write_manifest(directory, (CONFIG_NAME, WEIGHTS_NAME, *code_files))
+    manifest = directory / MANIFEST_NAME
+    if manifest.is_file():
+        # every file it listed that is still there (weights or shards, tokenizer, model card), plus the code
+        try:
+            listed = json.loads(manifest.read_text(encoding="utf-8")).get("files", {})
+        except (OSError, ValueError, AttributeError):
+            listed = {}
+        kept = [name for name in listed if isinstance(name, str) and (directory / name).is_file()]
+        write_manifest(directory, sorted({CONFIG_NAME, *kept, *code_files}))
