@@ -14,24 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spherenet import kernels
-from spherenet.layers import (
+from spherenet.layers import GPTConfig, KVCache, NGPTConfig, RMSNorm, RotaryEmbedding, Scale, ScaleSpec
+from spherenet.manifolds import angle, normalize
+from spherenet.models import (
     GPTMLP,
     NGPTMLP,
     GPTAttention,
     GPTBlock,
-    GPTConfig,
     GPTCrossAttention,
-    KVCache,
     NGPTAttention,
     NGPTBlock,
-    NGPTConfig,
     NGPTCrossAttention,
-    RMSNorm,
-    RotaryEmbedding,
-    Scale,
-    ScaleSpec,
 )
-from spherenet.manifolds import angle, normalize
 
 SETTINGS = settings(max_examples=15, deadline=None)
 
