@@ -70,7 +70,7 @@ class LanguageModel(nn.Module, HubMixin):
         With activation checkpointing on (:meth:`set_activation_checkpointing`), a forward with
         gradients and no caches recomputes every ``checkpoint_every``-th block in backward.
         """
-        h, offset = self._embed(input_ids, inputs_embeds, kv_caches)
+        h = self._embed(input_ids, inputs_embeds, kv_caches)
         if positions is not None:
             check_positions(positions, h.shape[0], h.shape[1], self.config.max_seq_len)
         caches = kv_caches if kv_caches is not None else [None] * len(self.blocks)
@@ -88,20 +88,19 @@ class LanguageModel(nn.Module, HubMixin):
             h = h[:, slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep]
         return self.logits(h)
 
-    def _embed(self, input_ids, inputs_embeds, kv_caches) -> tuple[torch.Tensor, int]:
-        """The checked input as ``(B, T, d_model)`` hidden states, and the number of cached tokens."""
+    def _embed(self, input_ids, inputs_embeds, kv_caches) -> torch.Tensor:
+        """The checked input as hidden states ``(B, T, d_model)``: ``E_in[ids]`` or ``inputs_embeds``."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if kv_caches is not None and len(kv_caches) != len(self.blocks):
             raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.blocks)} blocks")
-        offset = 0 if kv_caches is None else kv_caches[0].length
         c = self.config
         if inputs_embeds is not None:
             check_inputs_embeds(inputs_embeds, c.d_model)
-            return inputs_embeds, offset
-        check_input_ids(input_ids, c.max_seq_len, offset)
+            return inputs_embeds
+        check_input_ids(input_ids, c.max_seq_len, 0 if kv_caches is None else kv_caches[0].length)
         assert_ids_in_vocab(input_ids, c.vocab_size)  # device-side: no host sync
-        return self.embed_in(input_ids), offset
+        return self.embed_in(input_ids)
 
     def get_input_embeddings(self) -> nn.Module:
         """``embed_in`` (the Hugging Face name for the input embedding)."""
