@@ -23,8 +23,8 @@ import argparse
 
 import torch
 
-from spherenet.layers import KVCache, NGPTAttention
-from spherenet.models import NGPT, NGPTConfig
+from spherenet.layers import KVCache
+from spherenet.models import NGPT, NGPTAttention, NGPTConfig
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GIB = 1024**3

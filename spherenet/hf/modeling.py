@@ -13,7 +13,6 @@ token, so a left-padded row gives the logits of the row alone), a :class:`transf
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -23,16 +22,14 @@ import torch
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.modeling_utils import slice_logits_to_keep
 
-from .. import kernels
 from ..models import GPT, MODEL_CLASSES, NGPT, PretrainedFileError
-from ..models.common import check_input_ids
+from ..models.common import check_input_ids, check_inputs_embeds
 from ..models.hub import CONFIG_NAME, exported_model_type
 from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig
 from .surface import SpherenetModelSurface, check_attn_implementation
 
-__all__ = ["SpherenetNGPTForCausalLM", "SpherenetGPTForCausalLM", "padding_mask", "positions_from_mask"]
+__all__ = ["SpherenetNGPTForCausalLM", "SpherenetGPTForCausalLM", "padding_mask", "positions_from_mask", "sdpa_inputs"]
 
 # from_pretrained's keyword arguments passed on to spherenet's loader
 _LOADER_ARGS = (
@@ -81,6 +78,26 @@ def padding_mask(attention_mask: torch.Tensor, n_queries: int) -> torch.Tensor:
     return keys | itself
 
 
+def sdpa_inputs(attention_mask, position_ids, past: int, batch: int, n_new: int, device):
+    """transformers' padding ``attention_mask`` ``(B, past + n_new)`` (or None) and
+    ``position_ids`` as spherenet's ``attn_mask`` (None when nothing is padded: the causal mask
+    alone) and RoPE ``positions`` (default: :func:`positions_from_mask`, or after the cache)."""
+    mask = None
+    if attention_mask is not None:
+        if attention_mask.ndim != 2 or attention_mask.shape != (batch, past + n_new):
+            raise ValueError(
+                f"attention_mask must have shape (batch, cached + new tokens) = {(batch, past + n_new)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        if not bool(attention_mask.all()):
+            mask = padding_mask(attention_mask, n_new)
+    if position_ids is None and attention_mask is not None:
+        position_ids = positions_from_mask(attention_mask, n_new)
+    elif position_ids is None:
+        position_ids = torch.arange(past, past + n_new, device=device)[None, :]
+    return mask, position_ids
+
+
 class _LayerCache:
     """One layer of a transformers :class:`~transformers.Cache`, used as the attention uses a
     :class:`spherenet.layers.KVCache` (``length``, ``append``)."""
@@ -108,9 +125,10 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
             spherenet_model = self.spherenet_class(config.spherenet_config())
         elif type(spherenet_model) is not self.spherenet_class:
             raise TypeError(f"{type(self).__name__} wraps a {self.spherenet_class.__name__}, got {spherenet_model!r}")
-        # spherenet's modules, under their own names: the state dict is spherenet's
-        for name, module in spherenet_model.named_children():
-            self.add_module(name, module)
+        # spherenet's modules, under their own names: the state dict is spherenet's. One dict of
+        # children for both, so a module replaced on either (a resized embedding, a PEFT wrapper)
+        # is the other's too
+        self._modules = spherenet_model._modules
         self._spherenet_model = [spherenet_model]  # a list: not a submodule (its modules are ours)
         self.post_init()
 
@@ -121,10 +139,7 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
     @property
     def spherenet_model(self):
         """spherenet's own model (NGPT / GPT), sharing every module and parameter with this one."""
-        model = self._spherenet_model[0]
-        for name in list(model._modules):
-            model._modules[name] = self._modules[name]  # in case one was replaced here
-        return model
+        return self._spherenet_model[0]
 
     @classmethod
     def from_spherenet(cls, model):
@@ -227,15 +242,11 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         return_dict: bool | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """transformers' causal LM forward pass over spherenet's blocks.
-
-        ``input_ids`` ``(B, T)`` or ``inputs_embeds`` ``(B, T, d_model)``; ``attention_mask``
-        ``(B, K)`` (1: a real token; ``K``: cached plus new tokens) with left or right padding;
-        ``position_ids`` ``(B, T)`` (default: counted from each row's first real token);
-        ``cache`` (or its older name ``past_key_values``): a :class:`transformers.Cache`, a
-        :class:`~transformers.DynamicCache` made when ``use_cache`` and none is given;
-        ``labels`` ``(B, T)``: the loss is transformers' (shifted by one, -100 ignored);
-        ``logits_to_keep``: logits of only the last so many positions (0: all)."""
+        """transformers' causal LM forward pass, its arguments translated for spherenet's
+        :meth:`~spherenet.models.common.LanguageModel.forward`: ``attention_mask`` ``(B, cached +
+        new)`` with left or right padding, ``position_ids`` (default: counted from each row's first
+        real token), ``cache`` or ``past_key_values`` (a :class:`transformers.Cache`; a
+        ``DynamicCache`` when ``use_cache`` and none is given), ``labels`` (transformers' loss)."""
         if past_key_values is not None:
             if cache is not None:
                 raise ValueError("pass the cache as cache= or past_key_values=, not both")
@@ -250,53 +261,27 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         past = 0 if cache is None else cache.get_seq_length()
-        c = self.config
-        if input_ids is not None:
-            check_input_ids(input_ids, c.max_seq_len, past)
-            h = self.embed_in(input_ids)
+        if input_ids is not None:  # before the shapes are read: one-line errors for bad inputs
+            check_input_ids(input_ids, self.config.max_seq_len, past)
         else:
-            if inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != c.d_model:
-                raise ValueError(
-                    f"inputs_embeds must have shape (batch, seq_len, {c.d_model}), got {tuple(inputs_embeds.shape)}"
-                )
-            h = inputs_embeds
-        batch, n_new = h.shape[:2]
-
-        mask = None
-        if attention_mask is not None:
-            if attention_mask.ndim != 2 or attention_mask.shape != (batch, past + n_new):
-                raise ValueError(
-                    f"attention_mask must have shape (batch, cached + new tokens) = {(batch, past + n_new)}, "
-                    f"got {tuple(attention_mask.shape)}"
-                )
-            if not bool(attention_mask.all()):  # unpadded: the attention's causal mask alone
-                mask = padding_mask(attention_mask, n_new)
-        if position_ids is None:
-            if attention_mask is not None:
-                position_ids = positions_from_mask(attention_mask, n_new)
-            else:
-                position_ids = torch.arange(past, past + n_new, device=h.device)[None, :]
-        elif position_ids.ndim != 2 or position_ids.shape[-1] != n_new or position_ids.shape[0] not in (1, batch):
-            raise ValueError(f"position_ids must have shape (batch, {n_new}), got {tuple(position_ids.shape)}")
-        if position_ids.numel() and int(position_ids.max()) >= c.max_seq_len:
-            raise ValueError(
-                f"position {int(position_ids.max())} is past the model's context, max_seq_len={c.max_seq_len}"
-            )
-
-        hidden_states = [h] if output_hidden_states else None
-        every = self._checkpointed_blocks() if cache is None else 0
-        for layer, block in enumerate(self.blocks):
-            if every and layer % every == 0:  # spherenet's activation checkpointing (LanguageModel.forward)
-                h = kernels.checkpoint(functools.partial(block, attn_mask=mask, positions=position_ids), h)
-            else:
-                layer_cache = None if cache is None else _LayerCache(cache, layer, past)
-                h = block(h, cache=layer_cache, attn_mask=mask, positions=position_ids)
-            if hidden_states is not None:
-                hidden_states.append(h)
-        logits = self.spherenet_class.logits(self, slice_logits_to_keep(h, logits_to_keep))
+            check_inputs_embeds(inputs_embeds, self.config.d_model)
+        given = input_ids if input_ids is not None else inputs_embeds
+        batch, n_new = given.shape[:2]
+        mask, position_ids = sdpa_inputs(attention_mask, position_ids, past, batch, n_new, given.device)
+        caches = None if cache is None else [_LayerCache(cache, layer, past) for layer in range(len(self.blocks))]
+        hidden_states = [] if output_hidden_states else None
+        logits = self.spherenet_model(
+            input_ids,
+            caches,
+            inputs_embeds=inputs_embeds,
+            attn_mask=mask,
+            positions=position_ids,
+            hidden_states=hidden_states,
+            logits_to_keep=logits_to_keep,
+        )
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=c.vocab_size, **kwargs)
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

@@ -61,12 +61,11 @@ class SpherenetModelSurface:
             raise ValueError(f"every_n_layers must be an int >= 1, got {every_n_layers!r}")
         if offload:
             raise ValueError("offload=True is not supported: spherenet's activation checkpointing keeps its inputs on the device")  # fmt: skip  # one message a line
-        self.__dict__["_checkpoint_every"] = every_n_layers
-        self._spherenet_model[0].set_activation_checkpointing(True)
+        self.spherenet_model.set_activation_checkpointing(True, every_n_layers)
 
     def activation_checkpointing_disable(self) -> None:
         """Turn spherenet's activation checkpointing off."""
-        self._spherenet_model[0].set_activation_checkpointing(False)
+        self.spherenet_model.set_activation_checkpointing(False)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None, **kwargs) -> None:
         """transformers' older name of :meth:`activation_checkpointing_enable`."""
@@ -78,13 +77,13 @@ class SpherenetModelSurface:
 
     @property
     def is_gradient_checkpointing(self) -> bool:
-        return bool(self._spherenet_model[0].activation_checkpointing)
+        return bool(self.spherenet_model.activation_checkpointing)
 
     def _checkpointed_blocks(self) -> int:
         """Every how many blocks this forward recomputes in backward (training, gradients
         enabled); 0: none."""
         if self.is_gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return self.__dict__.get("_checkpoint_every", 1)
+            return self.spherenet_model.checkpoint_every
         return 0
 
     # ---- attention implementation: SDPA only
@@ -106,7 +105,7 @@ class SpherenetModelSurface:
         random unit rows of E_input and E_output (Section 2.6) and s_z at its initial value, for
         GPT Normal(0, init_std). ``mean_resizing`` (transformers' mean of the old rows) does not
         apply: a mean of unit rows is not a unit row. ``config.vocab_size`` follows."""
-        model = self._spherenet_model[0]
+        model = self.spherenet_model
         if new_num_tokens is None:
             return self.get_input_embeddings()
         if isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int) or new_num_tokens < 1:
@@ -140,7 +139,6 @@ class SpherenetModelSurface:
             self.add_module(name, new)
         model.config = dataclasses.replace(model.config, vocab_size=new_num_tokens)
         self.config.vocab_size = new_num_tokens
-        self.spherenet_model  # noqa: B018 - the property puts the new modules into spherenet's model
         return self.get_input_embeddings()
 
     # ---- generation past the context
@@ -185,7 +183,7 @@ class SpherenetModelSurface:
             self._warn_if_off_sphere()
 
     def _warn_if_off_sphere(self) -> None:
-        named = self._spherenet_model[0].sphere_weights()
+        named = self.spherenet_model.sphere_weights()
         found = off_sphere(named.items())
         if found is None:
             return

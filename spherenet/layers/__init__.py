@@ -1,17 +1,15 @@
-"""Reusable spherical layers (and the baseline's plain parts) for nGPT-style models, and the
-models' configs (:mod:`spherenet.layers.config`, with the paper's constants). The element-wise
-operations they share, and the choice of their implementation, are in
-:mod:`spherenet.kernels`."""
+"""The parts custom spherical models share (nGPT's and the baseline's own attention, MLP and
+block classes are in :mod:`spherenet.models.ngpt` and :mod:`spherenet.models.gpt`): unit-vector
+linear maps and embeddings, learnable scalings, RoPE, the attention plumbing (KV cache, masks,
+heads, SDPA), RMSNorm, a classifier head on the sphere, inference-time folding, and the models'
+configs (:mod:`spherenet.layers.config`, with the paper's constants). The element-wise
+operations they share, and the choice of their implementation, are in :mod:`spherenet.kernels`."""
 
-from .attention import GPTAttention, KVCache, NGPTAttention
-from .blocks import GPTBlock, NGPTBlock
+from .attention import Attention, KVCache, RotaryEmbedding, apply_rotary
 from .config import RESIDUAL_UPDATES, GPTConfig, NGPTConfig
-from .cross_attention import GPTCrossAttention, GPTCrossBlock, NGPTCrossAttention, NGPTCrossBlock
 from .head import SphereClassifier
 from .linear import SphereEmbedding, SphereLinear
-from .mlp import GPTMLP, NGPTMLP, GPTReLU2MLP, NGPTReLU2MLP, gpt_mlp, ngpt_mlp
 from .norm import RMSNorm
-from .rotary import RotaryEmbedding, apply_rotary
 from .scale import Scale, ScaleSpec
 
 __all__ = [
@@ -25,20 +23,7 @@ __all__ = [
     "RotaryEmbedding",
     "apply_rotary",
     "KVCache",
-    "NGPTAttention",
-    "GPTAttention",
-    "NGPTMLP",
-    "GPTMLP",
-    "NGPTReLU2MLP",
-    "GPTReLU2MLP",
-    "ngpt_mlp",
-    "gpt_mlp",
+    "Attention",
     "RMSNorm",
-    "NGPTBlock",
-    "GPTBlock",
-    "NGPTCrossAttention",
-    "GPTCrossAttention",
-    "NGPTCrossBlock",
-    "GPTCrossBlock",
     "SphereClassifier",
 ]

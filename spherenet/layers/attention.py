@@ -1,7 +1,8 @@
-"""Multi-head self-attention: nGPT's (Section 2.3.2, eq. 15, 16) and the baseline's (eq. 12-14).
-Cross-attention, for encoder-decoder models, is in :mod:`spherenet.layers.cross_attention`.
+"""The attention plumbing nGPT's and the baseline's attentions share (their classes are in
+:mod:`spherenet.models.ngpt` and :mod:`spherenet.models.gpt`): rotary position embeddings, the
+KV cache, masks, heads and the SDPA call (:class:`Attention`).
 
-Shared conventions of both classes:
+Conventions of every attention built on :class:`Attention`:
 
 - ``forward(x, cache=None, causal=None, attn_mask=None, positions=None)``, ``x`` of shape
   ``(B, T, d_model)``: queries, keys and values come from ``x``; RoPE is applied to q and k at
@@ -11,9 +12,9 @@ Shared conventions of both classes:
 - ``attn_mask``: SDPA's convention, a bool tensor (True: may attend) or an additive float
   tensor, broadcastable to ``(B, H, T, keys)`` (``keys``: the cached ones included), e.g.
   ``(B, 1, 1, keys)`` for padding. It is combined with the causal mask.
-- ``cache`` (a :class:`KVCache`) makes incremental decoding possible: it holds the keys (after
-  RoPE, and for nGPT after ``Norm``/``s_qk``) and values of all tokens seen so far; new ones are
-  appended.
+- ``cache`` (a :class:`KVCache`, or anything with ``length`` and ``append``) makes incremental
+  decoding possible: it holds the keys (after RoPE, and for nGPT after ``Norm``/``s_qk``) and
+  values of all tokens seen so far; new ones are appended.
 - Heads: ``n_heads`` query heads of size ``head_dim`` (default ``d_model / n_heads``; any even
   size otherwise), and ``n_kv_heads`` key/value heads (default ``n_heads``), a divisor of
   ``n_heads``: grouped-query attention (multi-query for one). Query head ``j`` attends with
@@ -24,6 +25,16 @@ The causal mask with a cache: queries are the last ``T`` of ``offset + T`` posit
 ``i`` may see keys ``j <= offset + i``. SDPA's ``is_causal=True`` would align the mask top-left
 (query ``i`` sees keys ``j <= i``) when there are more keys than queries, which is wrong here;
 the bottom-right mask is built explicitly whenever ``offset > 0``.
+
+RoPE (Su et al. 2024) rotates pairs of coordinates of every query and key by an angle
+proportional to the token's position: pair ``i`` of a head of size ``d_k`` turns by
+``p * base^(-2i/d_k)`` at position ``p``. A rotation keeps norms, and since ``R(p)^T R(p') =
+R(p' - p)``, the dot product of a rotated query and key depends on their positions only through
+the offset ``p' - p``. Pairing convention ("half split"): pair ``i`` is the coordinates ``(i, i +
+d_k/2)``, for ``i < d_k/2`` (checkpoints are not portable between pairing conventions). The
+cos/sin table is computed in float64 (float32 on devices without float64), cached per device and
+dtype, and recomputed for a longer length when a sequence runs past it; under ``torch.compile``
+it is computed inside the graph instead, so no Python-side cache is mutated while tracing.
 """
 
 from __future__ import annotations
@@ -33,14 +44,121 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .. import kernels
-from .config import S_QK, gpt_softmax_scale, ngpt_softmax_scale
-from .fold import Folding, cached, folding
-from .linear import SphereLinear
-from .rotary import RotaryEmbedding
-from .scale import Scale, ScaleSpec
+from .fold import cached
 
-__all__ = ["NGPTAttention", "GPTAttention", "KVCache"]
+__all__ = ["Attention", "KVCache", "RotaryEmbedding", "apply_rotary"]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs ``(x[..., i], x[..., i + d/2])`` of ``x`` (shape ``(..., T, d)``) by the
+    angles whose cosines and sines are ``cos``, ``sin`` (shape ``(T, d/2)``)::
+
+        x_i'       = x_i cos - x_{i+d/2} sin
+        x_{i+d/2}' = x_i sin + x_{i+d/2} cos
+
+    Computed in float32 at least and cast back to ``x.dtype``.
+    """
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xw = x.to(work)
+    cos, sin = cos.to(work), sin.to(work)
+    x1, x2 = xw.chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE for heads of size ``head_dim`` (even), base ``base`` (10000 in the paper, A.5).
+
+    ``forward(x, offset=0)`` rotates ``x`` of shape ``(..., T, head_dim)``: the token at index
+    ``t`` along dimension -2 is at position ``offset + t``. Use ``offset`` = number of tokens
+    already in a KV cache. The module holds no parameters and no buffers (nothing to shard,
+    save or initialize; it works unchanged when the model is built on the meta device).
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, initial_length: int = 0):
+        super().__init__()
+        if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 2 or head_dim % 2:
+            raise ValueError(
+                f"RotaryEmbedding head_dim must be a positive even int (RoPE rotates pairs), got {head_dim!r}"
+            )
+        if not base > 0:
+            raise ValueError(f"RotaryEmbedding base must be > 0, got {base!r}")
+        self.head_dim, self.base = head_dim, float(base)
+        self.initial_length = int(initial_length)  # first table size, a hint only
+        # {(device, dtype): (cos, sin)}, each (length, head_dim/2). Plain attributes, not buffers.
+        self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _angles(self, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """``positions x inverse frequencies``, shape ``(stop - start, head_dim/2)``."""
+        work = torch.float32 if device.type == "mps" else torch.float64
+        half = self.head_dim // 2
+        inv_freq = self.base ** (-torch.arange(half, dtype=work, device=device) * 2 / self.head_dim)
+        positions = torch.arange(start, stop, dtype=work, device=device)
+        return torch.outer(positions, inv_freq)
+
+    def cos_sin(
+        self, length: int, offset: int = 0, device=None, dtype=torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the rotation angles for positions ``offset .. offset + length - 1``,
+        each of shape ``(length, head_dim/2)`` and dtype ``dtype``."""
+        if offset < 0 or length < 0:
+            raise ValueError(f"RotaryEmbedding: positions must be >= 0, got offset={offset}, length={length}")
+        device = torch.device("cpu") if device is None else torch.device(device)
+        stop = offset + length
+        if torch.compiler.is_compiling():
+            angles = self._angles(offset, stop, device)
+            return angles.cos().to(dtype), angles.sin().to(dtype)
+        key = (device, dtype)
+        table = self._tables.get(key)
+        if table is None or table[0].shape[0] < stop:
+            # Extend: recompute for at least twice the old length, so that a sequence growing
+            # one token at a time (generation) rebuilds the table only O(log T) times.
+            old = 0 if table is None else table[0].shape[0]
+            new_length = max(stop, 2 * old, self.initial_length)
+            angles = self._angles(0, new_length, device)
+            table = (angles.cos().to(dtype), angles.sin().to(dtype))
+            self._tables[key] = table
+        cos, sin = table
+        return cos[offset:stop], sin[offset:stop]
+
+    def forward(self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate ``x`` (``(B, H, T, head_dim)`` or ``(..., T, head_dim)``) at positions ``offset ..
+        offset + T - 1``, or at ``positions`` when given: integers of shape ``(B, T)``, one
+        position per row and token (a left-padded batch counts each row from its first token)."""
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"RotaryEmbedding expected last dimension {self.head_dim}, got shape {tuple(x.shape)}")
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        if positions is None:
+            cos, sin = self.cos_sin(x.shape[-2], offset, device=x.device, dtype=work)
+        else:
+            if positions.ndim != 2 or positions.shape[-1] != x.shape[-2] or positions.shape[0] not in (1, x.shape[0]):
+                raise ValueError(
+                    f"RotaryEmbedding: positions of shape {tuple(positions.shape)} do not match x of shape "
+                    f"{tuple(x.shape)}; expected (batch, {x.shape[-2]})"
+                )
+            if torch.compiler.is_compiling():
+                cos, sin = self._position_cos_sin(positions, work)
+            else:  # every layer, for q and k, gets the same positions: computed once for all
+                cos, sin = cached(
+                    self, f"positions {work}", (positions,), lambda: self._position_cos_sin(positions, work)
+                )
+        return apply_rotary(x, cos, sin)
+
+    def _position_cos_sin(self, positions: torch.Tensor, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the angles at ``positions`` ``(B, T)``, each ``(B, 1, T, head_dim/2)``."""
+        angles = self._position_angles(positions)[:, None]  # one set per row
+        return angles.cos().to(work), angles.sin().to(work)
+
+    def _position_angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """``positions x inverse frequencies`` for any integer tensor of positions: shape
+        ``(*positions.shape, head_dim/2)``, the same values as the table's rows."""
+        work = torch.float32 if positions.device.type == "mps" else torch.float64
+        half = self.head_dim // 2
+        inv_freq = self.base ** (-torch.arange(half, dtype=work, device=positions.device) * 2 / self.head_dim)
+        return positions.to(work)[..., None] * inv_freq
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base:g}"
 
 
 class KVCache:
@@ -105,7 +223,7 @@ def _check_size(owner: str, name: str, value) -> None:
         raise ValueError(f"{owner} {name} must be a positive int, got {value!r}")
 
 
-class _Attention(nn.Module):
+class Attention(nn.Module):
     """What both attentions share: heads, RoPE, cache handling, masking, SDPA.
 
     Subclasses define ``w_q`` (d_model -> n_heads * head_dim), ``w_k``, ``w_v`` (d_model ->
@@ -206,124 +324,3 @@ class _Attention(nn.Module):
         else:
             mask, is_causal = _causal_mask(n_queries, n_keys, x.device), False
         return self._attend(q, k, v, mask, is_causal, attn_mask)
-
-
-class NGPTAttention(Folding, _Attention):
-    """nGPT attention (Section 2.3.2).
-
-    ``W_q``, ``W_k``, ``W_v`` are unit vectors along their d_model-sized input side (so q, k, v
-    are cosine similarities with ``h``); ``W_o`` is unit along its d_model-sized output side
-    (stored transposed, ``(n_heads * head_dim, d_model)``). After RoPE, each head's q and k are
-    normalized over ``d_k`` and scaled (eq. 15, 16)::
-
-        q <- Norm(q) * s_qk,    k <- Norm(k) * s_qk
-
-    with ``s_qk`` of :data:`S_QK` (the paper's): ``d_k`` factors per head, ``n_heads * d_k`` in
-    all. The softmax scale is ``sqrt(d_k)`` instead of ``1/sqrt(d_k)``: the dot product of two
-    random unit vectors of size d_k has variance 1/d_k.
-
-    With grouped-query attention (``n_kv_heads < n_heads``) a key head serves several query
-    heads, each with its own ``s_qk``, so ``s_qk`` applies squared on the query side only::
-
-        q <- Norm(q) * s_qk**2,    k <- Norm(k)
-
-    The scores ``q . k`` are those of eq. 15, 16 with each query head's own ``s_qk`` (equal in
-    exact arithmetic): only the keys, shared by a group, no longer carry it. With ``n_kv_heads ==
-    n_heads`` the form of eq. 15, 16 is kept.
-
-    ``qk_norm=False`` drops the ``Norm`` of eq. 15, 16 (keeping ``s_qk``; Table 6). The output is
-    not normalized here: the block applies ``Norm`` (``h_A = Norm(ATTN(h))``).
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        n_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        rope: RotaryEmbedding | None = None,
-        rope_base: float = 10000.0,
-        causal: bool = True,
-        qk_norm: bool = True,
-        s_qk: ScaleSpec = S_QK,
-    ):
-        super().__init__(d_model, n_heads, rope, rope_base, causal, n_kv_heads, head_dim)
-        self.qk_norm = bool(qk_norm)
-        self.softmax_scale = ngpt_softmax_scale(self.head_dim)
-        inner, kv_inner = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        self.w_q = SphereLinear(d_model, inner, sphere="in")
-        self.w_k = SphereLinear(d_model, kv_inner, sphere="in")
-        self.w_v = SphereLinear(d_model, kv_inner, sphere="in")
-        self.w_o = SphereLinear(inner, d_model, sphere="out")
-        self.s_qk = Scale.from_spec(inner, s_qk, d_model)
-
-    def _s_qk(self) -> torch.Tensor:
-        """``s_qk`` per head: shape ``(H, 1, d_k)``, or ``(1,)`` for a scalar one."""
-        s_qk = self.s_qk()
-        if s_qk.numel() > 1:
-            s_qk = rearrange(s_qk, "(h d) -> h 1 d", h=self.n_heads)
-        return s_qk
-
-    def _qk_scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The queries' and the keys' factors: ``s_qk`` and ``s_qk`` per head, or ``s_qk**2`` and
-        None with grouped key/value heads; computed once in eval mode (:mod:`spherenet.layers.fold`)."""
-        if folding(self):
-            return cached(self, "s_qk", (self.s_qk.source,), self._compute_qk_scales)
-        return self._compute_qk_scales()
-
-    def _compute_qk_scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        s_qk = self._s_qk()
-        return (s_qk * s_qk, None) if self.grouped else (s_qk, s_qk)
-
-    def _scale_q(self, x: torch.Tensor) -> torch.Tensor:
-        """eq. 15 for q of shape (B, H, T, d_k): ``Norm(q) * s_qk``; ``Norm(q) * s_qk**2`` with
-        grouped key/value heads."""
-        return kernels.qk_normalize(x, self._qk_scales()[0], self.qk_norm)
-
-    def _scale_k(self, x: torch.Tensor) -> torch.Tensor:
-        """eq. 16 for k of shape (B, H, T, d_k): ``Norm(k) * s_qk``; ``Norm(k)`` alone with
-        grouped key/value heads (their s_qk is on the queries)."""
-        if not self.grouped:
-            return kernels.qk_normalize(x, self._qk_scales()[1], self.qk_norm)
-        return kernels.normalize(x) if self.qk_norm else x
-
-    def extra_repr(self) -> str:
-        return (
-            f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
-            f"causal={self.causal}, qk_norm={self.qk_norm}"
-        )
-
-
-class GPTAttention(_Attention):
-    """The baseline's multi-head attention (eq. 12-14): ``nn.Linear`` projections without bias,
-    RoPE on q and k, softmax scale ``1/sqrt(d_k)``; grouped-query with ``n_kv_heads < n_heads``.
-
-    Weights keep ``nn.Linear``'s default init; :class:`spherenet.models.GPT` re-initializes
-    them (normal 0.02, and 0.02/sqrt(2L) for ``w_o``).
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        n_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        rope: RotaryEmbedding | None = None,
-        rope_base: float = 10000.0,
-        causal: bool = True,
-    ):
-        super().__init__(d_model, n_heads, rope, rope_base, causal, n_kv_heads, head_dim)
-        self.softmax_scale = gpt_softmax_scale(self.head_dim)
-        inner, kv_inner = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        self.w_q = nn.Linear(d_model, inner, bias=False)
-        self.w_k = nn.Linear(d_model, kv_inner, bias=False)
-        self.w_v = nn.Linear(d_model, kv_inner, bias=False)
-        self.w_o = nn.Linear(inner, d_model, bias=False)
-
-    def extra_repr(self) -> str:
-        return (
-            f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
-            f"causal={self.causal}"
-        )

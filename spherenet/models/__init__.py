@@ -1,4 +1,6 @@
-"""The two language models compared in the nGPT paper, and named presets of their sizes.
+"""The two language models compared in the nGPT paper, their parts (attention, MLP, block: one
+file per architecture), the encoder-decoder blocks built from them, and named presets of their
+sizes.
 
 Each model class enters itself in :data:`MODEL_CLASSES` under its ``model_type`` when defined;
 everything that needs "every model class" (loading, presets, analysis, recipes) reads it there.
@@ -6,17 +8,33 @@ everything that needs "every model class" (loading, presets, analysis, recipes) 
 
 from ..layers.scale import ScaleSpec
 from .common import LanguageModel, generate, sample_next_token
-from .gpt import GPT, GPTConfig
+from .encoder_decoder import GPTCrossAttention, GPTCrossBlock, NGPTCrossAttention, NGPTCrossBlock
+from .gpt import GPT, GPTMLP, GPTAttention, GPTBlock, GPTConfig, GPTReLU2MLP, gpt_mlp
 from .hub import MODEL_CLASSES, PretrainedFileError, load_pretrained, model_class, model_class_of
-from .ngpt import NGPT, NGPTConfig
+from .ngpt import NGPT, NGPTMLP, NGPTAttention, NGPTBlock, NGPTConfig, NGPTReLU2MLP, ngpt_mlp, residual_alpha
 from .presets import PRESETS, from_preset, model_from_config, preset_config
 
 __all__ = [
     "NGPT",
     "NGPTConfig",
+    "NGPTAttention",
+    "NGPTMLP",
+    "NGPTReLU2MLP",
+    "ngpt_mlp",
+    "residual_alpha",
+    "NGPTBlock",
     "ScaleSpec",
     "GPT",
     "GPTConfig",
+    "GPTAttention",
+    "GPTMLP",
+    "GPTReLU2MLP",
+    "gpt_mlp",
+    "GPTBlock",
+    "NGPTCrossAttention",
+    "GPTCrossAttention",
+    "NGPTCrossBlock",
+    "GPTCrossBlock",
     "LanguageModel",
     "MODEL_CLASSES",
     "model_class",

@@ -3,6 +3,7 @@ blocks, KV caches, activation checkpointing), input checks, and KV-cached genera
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -18,6 +19,8 @@ __all__ = [
     "generate",
     "sample_next_token",
     "check_input_ids",
+    "check_inputs_embeds",
+    "check_positions",
     "assert_ids_in_vocab",
     "check_token_ids",
 ]
@@ -37,27 +40,67 @@ class LanguageModel(nn.Module, HubMixin):
         self.rope = RotaryEmbedding(c.head_dim, c.rope_base, initial_length=c.max_seq_len)
         self.blocks = nn.ModuleList(block_class(c, self.rope) for _ in range(c.n_layers))
         self.activation_checkpointing = False  # set_activation_checkpointing
+        self.checkpoint_every = 1
 
-    def forward(self, input_ids: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
-        """Token ids ``(B, T)`` -> logits ``(B, T, vocab_size)``.
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        kv_caches: list | None = None,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        hidden_states: list | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+    ) -> torch.Tensor:
+        """Token ids ``(B, T)`` (or their embeddings ``inputs_embeds``, ``(B, T, d_model)``) ->
+        logits ``(B, T, vocab_size)``.
 
-        ``kv_caches``: one :class:`KVCache` per block, for incremental decoding; the new tokens
-        are then at positions ``cache length .. cache length + T - 1``.
+        - ``kv_caches``: one cache per block (a :class:`KVCache`, or anything with ``length`` and
+          ``append(keys, values)``), for incremental decoding; the new tokens are then at
+          positions ``cache length .. cache length + T - 1``.
+        - ``attn_mask``: SDPA's mask ``(B, 1, T, keys)`` (True: may attend), e.g. padding;
+          combined with the causal mask.
+        - ``positions``: RoPE's positions ``(B, T)`` (or ``(1, T)``) instead: per row, for a
+          padded batch.
+        - ``hidden_states``: a list the input embedding and each block's output are appended to.
+        - ``logits_to_keep``: logits of only the last so many positions (0: all), or of the
+          positions a 1-d index tensor names.
+
+        With activation checkpointing on (:meth:`set_activation_checkpointing`), a forward with
+        gradients and no caches recomputes every ``checkpoint_every``-th block in backward.
         """
+        h = self._embed(input_ids, inputs_embeds, kv_caches)
+        if positions is not None:
+            check_positions(positions, h.shape[0], h.shape[1], self.config.max_seq_len)
+        caches = kv_caches if kv_caches is not None else [None] * len(self.blocks)
+        checkpointed = self.activation_checkpointing and kv_caches is None and torch.is_grad_enabled()
+        if hidden_states is not None:
+            hidden_states.append(h)
+        for layer, (block, cache) in enumerate(zip(self.blocks, caches)):
+            if checkpointed and layer % self.checkpoint_every == 0:  # keep h only; recompute in backward
+                h = kernels.checkpoint(functools.partial(block, attn_mask=attn_mask, positions=positions), h)
+            else:
+                h = block(h, cache=cache, attn_mask=attn_mask, positions=positions)
+            if hidden_states is not None:
+                hidden_states.append(h)
+        if not isinstance(logits_to_keep, int) or logits_to_keep:
+            h = h[:, slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep]
+        return self.logits(h)
+
+    def _embed(self, input_ids, inputs_embeds, kv_caches) -> torch.Tensor:
+        """The checked input as hidden states ``(B, T, d_model)``: ``E_in[ids]`` or ``inputs_embeds``."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if kv_caches is not None and len(kv_caches) != len(self.blocks):
             raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.blocks)} blocks")
-        offset = 0 if kv_caches is None else kv_caches[0].length
-        check_input_ids(input_ids, self.config.max_seq_len, offset)
-        assert_ids_in_vocab(input_ids, self.config.vocab_size)  # device-side: no host sync
-        caches = kv_caches if kv_caches is not None else [None] * len(self.blocks)
-
-        h = self.embed_in(input_ids)
-        for block, cache in zip(self.blocks, caches):
-            if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
-                h = kernels.checkpoint(block, h)  # keep h only; recompute in backward
-            else:
-                h = block(h, cache=cache)
-        return self.logits(h)
+        c = self.config
+        if inputs_embeds is not None:
+            check_inputs_embeds(inputs_embeds, c.d_model)
+            return inputs_embeds
+        check_input_ids(input_ids, c.max_seq_len, 0 if kv_caches is None else kv_caches[0].length)
+        assert_ids_in_vocab(input_ids, c.vocab_size)  # device-side: no host sync
+        return self.embed_in(input_ids)
 
     def get_input_embeddings(self) -> nn.Module:
         """``embed_in`` (the Hugging Face name for the input embedding)."""
@@ -67,12 +110,16 @@ class LanguageModel(nn.Module, HubMixin):
         """``embed_out``, the output layer (the Hugging Face name; Muon leaves it to Adam)."""
         return self.embed_out
 
-    def set_activation_checkpointing(self, enabled: bool = True) -> None:
+    def set_activation_checkpointing(self, enabled: bool = True, every_n_layers: int = 1) -> None:
         """Activation checkpointing per block: in training forwards (gradients enabled, no KV
-        caches) each block keeps only its input for the backward pass and recomputes its forward
-        there (``torch.utils.checkpoint``, non-reentrant: works under DDP, FSDP2 and
-        ``torch.compile``). Same loss and gradients, less activation memory, one more forward."""
+        caches) each ``every_n_layers``-th block keeps only its input for the backward pass and
+        recomputes its forward there (``torch.utils.checkpoint``, non-reentrant: works under DDP,
+        FSDP2 and ``torch.compile``). Same loss and gradients, less activation memory, one more
+        forward."""
+        if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+            raise ValueError(f"every_n_layers must be an int >= 1, got {every_n_layers!r}")
         self.activation_checkpointing = bool(enabled)
+        self.checkpoint_every = every_n_layers
 
     def generate(
         self,
@@ -118,6 +165,22 @@ def check_input_ids(input_ids: torch.Tensor, max_seq_len: int, offset: int = 0) 
     if offset + seq_len > max_seq_len:
         cached = f" after {offset} cached tokens" if offset else ""
         raise ValueError(f"sequence length {seq_len}{cached} exceeds max_seq_len={max_seq_len}")
+
+
+def check_inputs_embeds(inputs_embeds: torch.Tensor, d_model: int) -> None:
+    """Input embeddings must be a tensor of shape ``(B, T, d_model)``."""
+    if not isinstance(inputs_embeds, torch.Tensor) or inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != d_model:
+        shape = tuple(inputs_embeds.shape) if isinstance(inputs_embeds, torch.Tensor) else type(inputs_embeds).__name__
+        raise ValueError(f"inputs_embeds must have shape (batch, seq_len, {d_model}), got {shape}")
+
+
+def check_positions(positions: torch.Tensor, batch: int, n_new: int, max_seq_len: int) -> None:
+    """RoPE positions must have shape ``(batch, n_new)`` (or ``(1, n_new)``) and stay below
+    ``max_seq_len`` (reads their maximum on the host: given positions only)."""
+    if positions.ndim != 2 or positions.shape[-1] != n_new or positions.shape[0] not in (1, batch):
+        raise ValueError(f"positions (position_ids) must have shape (batch, {n_new}), got {tuple(positions.shape)}")
+    if positions.numel() and int(positions.max()) >= max_seq_len:
+        raise ValueError(f"position {int(positions.max())} is past the model's context, max_seq_len={max_seq_len}")
 
 
 def assert_ids_in_vocab(input_ids: torch.Tensor, vocab_size: int) -> None:

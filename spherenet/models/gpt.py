@@ -1,8 +1,17 @@
-"""The baseline GPT of the nGPT paper (Section 2): pre-norm, RMSNorm, RoPE, SwiGLU, untied.
+"""The baseline GPT of the nGPT paper (Section 2): pre-norm, RMSNorm, RoPE, SwiGLU, untied; every
+part of it, top to bottom.
 
-Kept deliberately plain, since it is half of every comparison: ``h += ATTN(RMSNorm(h))``,
-``h += MLP(RMSNorm(h))`` (eq. 4, 5; :class:`spherenet.layers.GPTBlock`), a final RMSNorm, and
-untied input/output embeddings. The config is :class:`spherenet.layers.config.GPTConfig`.
+Kept deliberately plain, since it is half of every comparison:
+
+- :class:`GPTAttention`: ``nn.Linear`` projections, RoPE, softmax scale ``1/sqrt(d_k)`` (eq.
+  12-14); the heads, RoPE, masks and SDPA call are :class:`spherenet.layers.attention.Attention`'s.
+- :class:`GPTMLP` (SwiGLU, eq. 17-19) or :class:`GPTReLU2MLP` (``mlp="relu2"``), picked by
+  :func:`gpt_mlp`.
+- :class:`GPTBlock`: ``h += ATTN(RMSNorm(h))``, ``h += MLP(RMSNorm(h))`` (eq. 4, 5).
+- :class:`GPT`: ``E_in[ids]``, the blocks (:class:`spherenet.models.common.LanguageModel`), a
+  final RMSNorm, logits ``E_out h`` with untied input/output embeddings.
+
+The config is :class:`spherenet.layers.config.GPTConfig`.
 """
 
 from __future__ import annotations
@@ -10,12 +19,145 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..layers import GPTBlock, GPTConfig, RMSNorm
+from .. import kernels
+from ..layers import GPTConfig, KVCache, RMSNorm, RotaryEmbedding
+from ..layers.attention import Attention
+from ..layers.config import gpt_softmax_scale
 from .common import LanguageModel
 
-__all__ = ["GPTConfig", "GPT"]
+__all__ = ["GPTConfig", "GPTAttention", "GPTMLP", "GPTReLU2MLP", "gpt_mlp", "gpt_attention", "GPTBlock", "GPT"]
+
+# ---------------------------------------------------------------------------------------------
+# Attention (eq. 12-14)
+
+
+class GPTAttention(Attention):
+    """The baseline's multi-head attention (eq. 12-14): ``nn.Linear`` projections without bias,
+    RoPE on q and k, softmax scale ``1/sqrt(d_k)``; grouped-query with ``n_kv_heads < n_heads``.
+
+    Weights keep ``nn.Linear``'s default init; :class:`spherenet.models.GPT` re-initializes
+    them (normal 0.02, and 0.02/sqrt(2L) for ``w_o``).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        rope: RotaryEmbedding | None = None,
+        rope_base: float = 10000.0,
+        causal: bool = True,
+    ):
+        super().__init__(d_model, n_heads, rope, rope_base, causal, n_kv_heads, head_dim)
+        self.softmax_scale = gpt_softmax_scale(self.head_dim)
+        inner, kv_inner = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.w_q = nn.Linear(d_model, inner, bias=False)
+        self.w_k = nn.Linear(d_model, kv_inner, bias=False)
+        self.w_v = nn.Linear(d_model, kv_inner, bias=False)
+        self.w_o = nn.Linear(inner, d_model, bias=False)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+            f"causal={self.causal}"
+        )
+
+
+def gpt_attention(config: GPTConfig, rope: RotaryEmbedding | None, attention: type = GPTAttention, **options):
+    """``attention`` (the baseline's self-attention, or a class built on it: the cross-attention
+    of :mod:`spherenet.models.encoder_decoder`) with the heads of ``config``; ``options``: the
+    class's own (``causal``, ``cross_positions``)."""
+    c = config
+    heads = dict(n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, rope=rope, rope_base=c.rope_base)
+    return attention(c.d_model, c.n_heads, **heads, **options)
+
+
+# ---------------------------------------------------------------------------------------------
+# MLP (eq. 17-19)
+
+
+class GPTMLP(nn.Module):
+    """The baseline SwiGLU MLP: ``u = h W_u``, ``v = h W_v`` (eq. 17),
+    ``h_M = (u * SiLU(v)) W_o_mlp`` (eq. 18, 19). No biases.
+
+    ``w_v`` is the gate: its output goes through SiLU. Weights keep ``nn.Linear``'s default
+    init; :class:`spherenet.models.GPT` re-initializes them (normal 0.02, and 0.02/sqrt(2L) for
+    ``w_o``).
+    """
+
+    def __init__(self, d_model: int, d_mlp: int):
+        super().__init__()
+        self.w_u = nn.Linear(d_model, d_mlp, bias=False)
+        self.w_v = nn.Linear(d_model, d_mlp, bias=False)
+        self.w_o = nn.Linear(d_mlp, d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.w_o(self.w_u(h) * F.silu(self.w_v(h)))
+
+
+class GPTReLU2MLP(nn.Module):
+    """The baseline's squared-ReLU MLP, no gate and no biases: ``h_M = ReLU(h W_u)^2 W_o_mlp``.
+
+    Weights keep ``nn.Linear``'s default init; :class:`spherenet.models.GPT` re-initializes them.
+    """
+
+    def __init__(self, d_model: int, d_mlp: int):
+        super().__init__()
+        self.w_u = nn.Linear(d_model, d_mlp, bias=False)
+        self.w_o = nn.Linear(d_mlp, d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.w_o(kernels.relu2(self.w_u(h)))
+
+
+def gpt_mlp(config: GPTConfig) -> nn.Module:
+    """The MLP ``config.mlp`` names: :class:`GPTMLP` (``"swiglu"``) or :class:`GPTReLU2MLP` (``"relu2"``)."""
+    if config.mlp == "relu2":
+        return GPTReLU2MLP(config.d_model, config.d_mlp)
+    return GPTMLP(config.d_model, config.d_mlp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block (eq. 4, 5)
+
+
+class GPTBlock(nn.Module):
+    """One baseline layer, pre-norm (eq. 4, 5)::
+
+        h <- h + ATTN(RMSNorm(h))
+        h <- h + MLP(RMSNorm(h))
+
+    The residual stream itself is never normalized (the model applies a final RMSNorm).
+    """
+
+    def __init__(self, config: GPTConfig, rope: RotaryEmbedding | None = None):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPTBlock takes an GPTConfig, got {config!r}")
+        c = self.config = config
+        self.norm_attn = RMSNorm(c.d_model, c.norm_eps)
+        self.attn = gpt_attention(c, rope, causal=c.causal)
+        self.norm_mlp = RMSNorm(c.d_model, c.norm_eps)
+        self.mlp = gpt_mlp(c)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = h + self.attn(self.norm_attn(h), cache=cache, attn_mask=attn_mask, positions=positions)
+        return h + self.mlp(self.norm_mlp(h))
+
+
+# ---------------------------------------------------------------------------------------------
+# Model: embedding, blocks, final RMSNorm, logits (eq. 1)
 
 
 class GPT(LanguageModel):

@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 
-from spherenet.layers import GPTAttention, GPTConfig, KVCache, NGPTAttention, NGPTConfig
+from spherenet.layers import GPTConfig, KVCache, NGPTConfig
 from spherenet.manifolds import normalize
+from spherenet.models import GPTAttention, NGPTAttention
 
 D, HEADS = 16, 4
 

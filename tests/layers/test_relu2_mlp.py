@@ -9,18 +9,9 @@ import pytest
 import torch
 
 from spherenet import kernels
-from spherenet.layers import (
-    GPTBlock,
-    GPTConfig,
-    GPTReLU2MLP,
-    NGPTBlock,
-    NGPTConfig,
-    NGPTReLU2MLP,
-    ScaleSpec,
-    gpt_mlp,
-    ngpt_mlp,
-)
+from spherenet.layers import GPTConfig, NGPTConfig, ScaleSpec
 from spherenet.manifolds import normalize
+from spherenet.models import GPTBlock, GPTReLU2MLP, NGPTBlock, NGPTReLU2MLP, gpt_mlp, ngpt_mlp
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -177,7 +177,7 @@ def test_bad_nested_overrides_are_named(override, message):
 
 
 def test_layer_keywords_of_earlier_versions_are_refused():
-    from spherenet.layers import NGPTMLP, NGPTAttention, NGPTBlock
+    from spherenet.models import NGPTMLP, NGPTAttention, NGPTBlock
 
     config = NGPTConfig(**SIZES)
     for build, keyword in [
@@ -194,7 +194,7 @@ def test_layer_keywords_of_earlier_versions_are_refused():
 
 def test_block_takes_each_scaling_from_the_config():
     """NGPTBlock's scalings and options reach the part that uses them."""
-    from spherenet.layers import NGPTBlock
+    from spherenet.models import NGPTBlock
 
     config = NGPTConfig(
         **SIZES,

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from spherenet.checkpoint import CheckpointManager
-from spherenet.layers import NGPTBlock, NGPTConfig, SphereClassifier, SphereEmbedding
+from spherenet.layers import NGPTConfig, SphereClassifier, SphereEmbedding
 from spherenet.manifolds import point_tolerance
+from spherenet.models import NGPTBlock
 from spherenet.models.presets import from_preset
 from spherenet.optim import (
     CombinedOptimizer,

@@ -1,4 +1,7 @@
-"""Cross-attention, and the decoder blocks of encoder-decoder models that use it.
+"""Cross-attention, and the decoder blocks of encoder-decoder models that use it, built from the
+models' own parts (:mod:`spherenet.models.ngpt`, :mod:`spherenet.models.gpt`): an encoder is a
+stack of :class:`~spherenet.models.NGPTBlock` or :class:`~spherenet.models.GPTBlock` built with
+``causal=False`` (docs/examples/seq2seq.py).
 
 A cross-attention's queries come from the decoder's hidden state ``x`` (``(B, T, d_model)``),
 its keys and values from ``context`` (``(B, S, d_model)``, the encoder's output), and every
@@ -20,13 +23,10 @@ import torch
 from torch import nn
 
 from .. import kernels
-from .attention import GPTAttention, KVCache, NGPTAttention
-from .blocks import residual_alpha, self_attention
-from .config import ALPHA, GPTConfig, NGPTConfig
-from .mlp import gpt_mlp, ngpt_mlp
-from .norm import RMSNorm
-from .rotary import RotaryEmbedding
-from .scale import ScaleSpec
+from ..layers import KVCache, RMSNorm, RotaryEmbedding, ScaleSpec
+from ..layers.config import ALPHA, GPTConfig, NGPTConfig
+from .gpt import GPTAttention, gpt_attention, gpt_mlp
+from .ngpt import NGPTAttention, ngpt_attention, ngpt_mlp, residual_alpha
 
 __all__ = ["NGPTCrossAttention", "GPTCrossAttention", "NGPTCrossBlock", "GPTCrossBlock"]
 
@@ -91,7 +91,7 @@ def _check_context(block: nn.Module, context, cross_cache) -> None:
 
 
 class NGPTCrossBlock(nn.Module):
-    """An nGPT decoder layer (:class:`~spherenet.layers.NGPTBlock`) that also attends to
+    """An nGPT decoder layer (:class:`~spherenet.models.NGPTBlock`) that also attends to
     ``context``: between its self-attention and its MLP, a cross-attention step with its own
     update, in the form of eq. 10::
 
@@ -115,18 +115,9 @@ class NGPTCrossBlock(nn.Module):
         c = self.config = config
         # the order of NGPTBlock's modules with the cross-attention between: parameter order is
         # what optimizer states of saved runs are matched by
-        self.attn = self_attention(c, rope)
+        self.attn = ngpt_attention(c, rope, causal=c.causal)
         self.residual_attn = residual_alpha(c, c.alpha_attn)
-        self.cross_attn = NGPTCrossAttention(
-            c.d_model,
-            c.n_heads,
-            n_kv_heads=c.n_kv_heads,
-            head_dim=c.head_dim,
-            rope=self.attn.rope,
-            cross_positions=cross_positions,
-            qk_norm=c.qk_norm,
-            s_qk=c.s_qk,
-        )
+        self.cross_attn = ngpt_attention(c, self.attn.rope, NGPTCrossAttention, cross_positions=cross_positions)
         self.residual_cross = residual_alpha(c, alpha_cross)
         self.mlp = ngpt_mlp(c)
         self.residual_mlp = residual_alpha(c, c.alpha_mlp)
@@ -153,7 +144,7 @@ class NGPTCrossBlock(nn.Module):
 
 
 class GPTCrossBlock(nn.Module):
-    """A baseline decoder layer (:class:`~spherenet.layers.GPTBlock`) that also attends to
+    """A baseline decoder layer (:class:`~spherenet.models.GPTBlock`) that also attends to
     ``context``, pre-norm as the others::
 
         h <- h + ATTN(RMSNorm(h))
@@ -167,12 +158,9 @@ class GPTCrossBlock(nn.Module):
             raise TypeError(f"GPTCrossBlock takes an GPTConfig, got {config!r}")
         c = self.config = config
         self.norm_attn = RMSNorm(c.d_model, c.norm_eps)
-        self.attn = self_attention(c, rope)
+        self.attn = gpt_attention(c, rope, causal=c.causal)
         self.norm_cross = RMSNorm(c.d_model, c.norm_eps)
-        heads = dict(n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
-        self.cross_attn = GPTCrossAttention(
-            c.d_model, c.n_heads, **heads, rope=self.attn.rope, cross_positions=cross_positions
-        )
+        self.cross_attn = gpt_attention(c, self.attn.rope, GPTCrossAttention, cross_positions=cross_positions)
         self.norm_mlp = RMSNorm(c.d_model, c.norm_eps)
         self.mlp = gpt_mlp(c)
 
