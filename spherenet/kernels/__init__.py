@@ -29,7 +29,7 @@ from .linear import scaled_linear
 from .norm import normalize, qk_normalize
 from .residual import residual_update
 from .resolve import VALUES, Op, active, checkpoint, use
-from .sphere_adam import sphere_adam_
+from .sphere_adam import SphereAdamOptions, sphere_adam_
 from .sphere_rows import normalize_rows_, sphere_muon_tail_
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "relu2",
     "scaled_linear",
     "sphere_adam_",
+    "SphereAdamOptions",
     "normalize_rows_",
     "sphere_muon_tail_",
 ]

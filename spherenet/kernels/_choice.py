@@ -1,13 +1,15 @@
-"""Running a row op (sphere-Adam, row normalization, the spherical-Muon tail) with the
-implementation the resolver names, tensor by tensor.
+"""Which implementation of a row op (sphere-Adam, row normalization, the spherical-Muon tail)
+takes which tensors: the resolver's per-tensor fallbacks.
 
 :func:`spherenet.kernels.resolve.resolve` names the implementation for the tensors' device type
-(the op's argument, a ``use()`` block, ``SPHERENET_KERNELS``, the op's ``auto`` table). The row
-ops then send a tensor to their plain-torch reference where that implementation cannot take it:
-``"native"`` on a tensor that is not on the CPU, a dtype the implementation does not compute in
-(Triton: float32, bf16, fp16, and float64 in float32 only when named explicitly), tensors that
-are not contiguous and of the parameter's dtype, or an implementation chosen without being named
-that cannot run here (not built, Triton missing: warned about once).
+(the op's argument, a ``use()`` block, ``SPHERENET_KERNELS``, the op's ``auto`` table).
+:func:`assign` then sends a tensor to the op's ``"torch"`` implementation (its foreach passes)
+where the named one cannot take it: ``"native"`` on a tensor that is not on the CPU, a dtype the
+implementation does not compute in (Triton: float32, bf16, fp16, and float64 in float32 only when
+named explicitly), tensors that are not contiguous and of the parameter's dtype, another manifold
+than the unit sphere's rows (only ``"torch"`` takes one; named explicitly, the others are refused),
+or an implementation chosen without being named that cannot run here (not built, Triton missing:
+warned about once).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from .. import install_hint
 from .resolve import Op, resolve
 
-__all__ = ["implementation_status", "run"]
+__all__ = ["implementation_status", "assign"]
 
 _DTYPES = {
     "native": (torch.float32, torch.float64, torch.bfloat16, torch.float16),
@@ -48,17 +50,23 @@ def _fits(name: str, tensors: list[torch.Tensor], named: bool) -> bool:
     return x.dtype in dtypes and all(t.is_contiguous() and t.dtype == x.dtype for t in tensors)
 
 
-def run(op: Op, requested: str | None, lists, options: dict, checked: int) -> None:
-    """Call ``op.implementations[name](*sublists, **options)`` once per implementation ``name``,
-    each with the positions of ``lists`` it takes. The first ``checked`` lists hold the tensors
-    whose layout decides (the parameter first); a tensor no other implementation takes goes to
-    ``"reference"``."""
+def assign(op: Op, requested: str | None, lists, checked: int, rows_only: bool = False) -> list[tuple]:
+    """``(implementation, sublists)`` pairs that together cover every position of ``lists``: call
+    each ``implementation(*sublists, ...)``. The first ``checked`` lists hold the tensors whose
+    layout decides (the parameter first); a tensor the named implementation cannot take goes to
+    ``"torch"``. ``rows_only``: the tensors lie on another manifold than the unit sphere's rows,
+    which only ``"torch"`` steps."""
     named = requested not in (None, "auto")
+    if rows_only:
+        name = resolve(op, requested, lists[0][0].device.type if lists[0] else "cpu")
+        if named and name != "torch":
+            raise ValueError(f"{op.name}: the {name} implementation steps the unit sphere's rows only; use 'torch'")
+        return [(op.implementations["torch"], lists)] if lists[0] else []
     by_name: dict[str, list[int]] = {}
     for i, x in enumerate(lists[0]):
         name = resolve(op, requested, x.device.type)
         if name in _DTYPES and not _fits(name, [lst[i] for lst in lists[:checked]], named):
-            name = "reference"
+            name = "torch"
         by_name.setdefault(name, []).append(i)
     for name in [n for n in by_name if n in _DTYPES]:
         available, reason = implementation_status(name)
@@ -67,12 +75,14 @@ def run(op: Op, requested: str | None, lists, options: dict, checked: int) -> No
         if (op.name, name) not in _warned:
             _warned.add((op.name, name))
             warnings.warn(
-                f"{op.name}: the {name} implementation is unavailable ({reason}); using the reference (same step, "
+                f"{op.name}: the {name} implementation is unavailable ({reason}); using the torch one (same step, "
                 "slower)",
                 RuntimeWarning,
                 stacklevel=4,
             )
-        by_name.setdefault("reference", []).extend(by_name.pop(name))
-    for name, idx in by_name.items():
-        whole = len(idx) == len(lists[0])
-        op.implementations[name](*(lst if whole else [lst[i] for i in idx] for lst in lists), **options)
+        by_name.setdefault("torch", []).extend(sorted(by_name.pop(name)))
+    whole = len(by_name) == 1
+    return [
+        (op.implementations[name], lists if whole else [[lst[i] for i in idx] for lst in lists])
+        for name, idx in by_name.items()
+    ]

@@ -76,12 +76,14 @@ SWIGLU = Op(
     "swiglu",
     implementations={"reference": swiglu_reference, "torch": swiglu_fused, "triton": _swiglu_triton},
     auto={"*": "torch"},
+    # the kernels compute in float32 over same-shaped u and v (no broadcasting)
+    takes={"triton": lambda u, v: torch.float64 not in (u.dtype, v.dtype) and u.shape == v.shape},
 )
 
 
 def swiglu(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``u * SiLU(v)`` (eq. 19; ``v`` is the gate)."""
-    return SWIGLU.pick(u.device.type)(u, v)
+    return SWIGLU(u, v)
 
 
 def relu2_reference(x: torch.Tensor) -> torch.Tensor:
@@ -125,9 +127,10 @@ RELU2 = Op(
     "relu2",
     implementations={"reference": relu2_reference, "torch": relu2_fused, "triton": _relu2_triton},
     auto={"*": "torch"},
+    takes={"triton": lambda x: x.dtype != torch.float64},  # the kernels compute in float32
 )
 
 
 def relu2(x: torch.Tensor) -> torch.Tensor:
     """``relu(x)**2``, the squared ReLU (ungated: ``x`` is the up projection)."""
-    return RELU2.pick(x.device.type)(x)
+    return RELU2(x)

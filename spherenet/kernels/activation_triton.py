@@ -2,7 +2,8 @@
 ``"triton"`` implementations of :mod:`spherenet.kernels.activation`, each op's kernels,
 ``torch.library.custom_op``, fake and wrapper together. Element-wise: a program takes
 :data:`~spherenet.kernels._triton.ELEMENTS_PER_PROGRAM` elements and computes in float32. Float64
-tensors, and SwiGLU's ``u`` and ``v`` of different shapes (broadcasting), run the fused functions.
+tensors, and SwiGLU's ``u`` and ``v`` of different shapes (broadcasting), are not sent here (the
+ops' ``takes`` in :mod:`spherenet.kernels.activation`).
 
 Equation numbers are those of Loshchilov et al., "nGPT" (2024).
 """
@@ -14,7 +15,6 @@ import triton
 import triton.language as tl
 
 from ._triton import ELEMENTS_PER_PROGRAM, check_device, contiguous_like, on_device_of, warps
-from .activation import relu2_fused, swiglu_fused
 
 __all__ = ["swiglu", "relu2"]
 
@@ -83,8 +83,6 @@ _swiglu_op.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
 
 def swiglu(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``u * SiLU(v)`` (eq. 19); reference :func:`spherenet.kernels.activation.swiglu_reference`."""
-    if torch.float64 in (u.dtype, v.dtype) or u.shape != v.shape:
-        return swiglu_fused(u, v)
     check_device("swiglu", u, v)
     return _swiglu_op(u, v)
 
@@ -147,7 +145,5 @@ _relu2_op.register_autograd(_relu2_grad, setup_context=_relu2_setup)
 
 def relu2(x: torch.Tensor) -> torch.Tensor:
     """``relu(x)**2``; reference :func:`spherenet.kernels.activation.relu2_reference`."""
-    if x.dtype == torch.float64:
-        return relu2_fused(x)
     check_device("relu2", x)
     return _relu2_op(x)

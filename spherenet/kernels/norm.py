@@ -9,7 +9,9 @@ Each op has three implementations under one signature (:mod:`spherenet.kernels.r
 
       grad_x = (g - y (y · g)) / ‖x‖
 
-- ``"triton"``: one kernel forward and one backward (:mod:`spherenet.kernels.norm_triton`).
+- ``"triton"``: one kernel forward and one backward (:mod:`spherenet.kernels.norm_triton`), for
+  the calls its ``takes`` admits (not float64; q/k of shape ``(B, H, T, d_k)``); the resolver
+  sends the rest to ``"torch"``.
 
 The fused functions follow :mod:`spherenet.manifolds.geodesic` exactly: the same smallest norm
 (``‖x‖`` clamped at 1e-30 in float32, 1e-300 in float64; below it no gradient flows through the
@@ -27,7 +29,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import manifolds
-from ..manifolds.geodesic import TINY, _work_dtype
+from ..manifolds.geodesic import TINY, work_dtype
 from .resolve import Op
 
 __all__ = [
@@ -82,7 +84,7 @@ def norm_backward(grad: torch.Tensor, y: torch.Tensor, norm: torch.Tensor, eps: 
 
 def _normalize_values(x: torch.Tensor, eps: float | None) -> tuple[torch.Tensor, torch.Tensor, float]:
     """``(Norm(x) in x's dtype, the row norms, the smallest norm)``: the fused forward pass."""
-    work = _work_dtype(x)
+    work = work_dtype(x)
     eps = tiny(work, eps)
     y, norm = norm_forward(x.to(work), eps)
     return y.to(x.dtype), norm, eps
@@ -160,6 +162,7 @@ NORMALIZE = Op(
     "normalize",
     implementations={"reference": normalize_reference, "torch": normalize_fused, "triton": _normalize_triton},
     auto={"*": "torch"},
+    takes={"triton": lambda x: x.dtype != torch.float64},  # the kernels compute in float32
 )
 QK_NORMALIZE = Op(
     "qk_normalize",
@@ -169,13 +172,14 @@ QK_NORMALIZE = Op(
         "triton": _scaled_normalize_triton,
     },
     auto={"*": "torch"},
+    takes={"triton": lambda x, scale: x.dtype != torch.float64 and x.ndim == 4},  # per-head scales of (B, H, T, d_k)
 )
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
     """``Norm(x) = x / ‖x‖`` over the last dimension: ``h_A = Norm(ATTN(h))``,
     ``h_M = Norm(MLP(h))`` (Table 1, eq. 10, 11)."""
-    return NORMALIZE.pick(x.device.type)(x)
+    return NORMALIZE(x)
 
 
 def qk_normalize(x: torch.Tensor, s_qk: torch.Tensor, qk_norm: bool = True) -> torch.Tensor:
@@ -183,4 +187,4 @@ def qk_normalize(x: torch.Tensor, s_qk: torch.Tensor, qk_norm: bool = True) -> t
     drops the ``Norm`` (Table 6). ``s_qk`` broadcasts against ``x``."""
     if not qk_norm:
         return x * s_qk
-    return QK_NORMALIZE.pick(x.device.type)(x, s_qk)
+    return QK_NORMALIZE(x, s_qk)

@@ -6,7 +6,8 @@ A program takes a tile of whole rows (:func:`spherenet.kernels._triton.blocks`),
 computes in float32 and stores in the output's dtype; the backward kernel reads what the forward
 saved (the normalized output and one float32 norm per row, as the fused functions do) and writes
 the input gradient in one pass. ``torch.compile(fullgraph=True)`` traces each op as one opaque
-node. Float64 tensors, which the kernels do not compute in, run the fused functions.
+node. Float64 tensors, which the kernels do not compute in, are not sent here (the op's
+``takes`` in :mod:`spherenet.kernels.norm`).
 
 Equation numbers are those of Loshchilov et al., "nGPT" (2024).
 """
@@ -18,7 +19,6 @@ import triton
 import triton.language as tl
 
 from ._triton import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
-from .norm import normalize_fused, scaled_normalize_fused
 
 __all__ = ["normalize", "scaled_normalize"]
 
@@ -89,8 +89,6 @@ _normalize_op.register_autograd(_normalize_grad, setup_context=_normalize_setup)
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
     """``Norm(x)`` over the last dimension (Table 1); reference :func:`spherenet.kernels.norm.normalize_reference`."""
-    if x.dtype == torch.float64:
-        return normalize_fused(x)
     check_device("normalize", x)
     return _normalize_op(x)[0]
 
@@ -180,8 +178,6 @@ def scaled_normalize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``Norm(x) * s_qk`` for q or k of shape ``(B, H, T, d_k)`` with ``s_qk`` of shape
     ``(H, 1, d_k)`` or ``(1,)`` (eq. 15, 16); reference
     :func:`spherenet.kernels.norm.scaled_normalize_reference`."""
-    if x.dtype == torch.float64 or x.ndim != 4:
-        return scaled_normalize_fused(x, scale)
     check_device("scaled_normalize", x)
     heads, d = x.shape[1], x.shape[3]
     per_head = scale.reshape(heads, d) if scale.numel() == heads * d else scale.reshape(1, 1).expand(heads, d)

@@ -27,7 +27,7 @@ import torch.utils.checkpoint
 from torch.autograd.function import once_differentiable
 
 from .. import manifolds
-from ..manifolds.geodesic import _work_dtype
+from ..manifolds.geodesic import work_dtype
 from .norm import norm_backward, norm_forward, tiny
 from .resolve import Op
 
@@ -49,7 +49,7 @@ def _alpha_grad(grad: torch.Tensor, alpha) -> torch.Tensor | None:
 
 def _lerp_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tensor, float]:
     """``(Norm(h + alpha (h_block - h)) in h's dtype, the row norms, the smallest norm)``."""
-    work = _work_dtype(h, h_block, alpha)
+    work = work_dtype(h, h_block, alpha)
     eps = tiny(work, eps)
     alpha_w = alpha.to(work) if isinstance(alpha, torch.Tensor) else alpha
     y, norm = norm_forward(torch.lerp(h.to(work), h_block.to(work), alpha_w), eps)
@@ -58,7 +58,7 @@ def _lerp_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tensor, fl
 
 def _riemannian_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tensor, float]:
     """``(Norm(h - alpha (h (h . h_block) - h_block)) in h's dtype, the row norms, the smallest norm)``."""
-    work = _work_dtype(h, h_block, alpha)
+    work = work_dtype(h, h_block, alpha)
     eps = tiny(work, eps)
     hw, bw = h.to(work), h_block.to(work)
     alpha_w = alpha.to(work) if isinstance(alpha, torch.Tensor) else alpha
@@ -169,17 +169,28 @@ def _riemannian_triton(h, h_block, alpha):
     return residual_triton.riemannian_normalize(h, h_block, alpha)
 
 
+def _triton_takes(h: torch.Tensor, h_block: torch.Tensor, alpha) -> bool:
+    """Whether the Triton kernels take an update: they compute in float32, with ``alpha`` a tensor."""
+    return (
+        torch.float64 not in (h.dtype, h_block.dtype)
+        and isinstance(alpha, torch.Tensor)
+        and alpha.dtype != torch.float64
+    )
+
+
 #: update name -> its op; the references are :mod:`spherenet.manifolds`' definitions.
 UPDATES: dict[str, Op] = {
     "lerp": Op(
         "lerp",
         implementations={"reference": manifolds.lerp, "torch": lerp_normalize, "triton": _lerp_triton},
         auto={"*": "torch"},
+        takes={"triton": _triton_takes},
     ),
     "slerp": Op(
         "slerp",
         implementations={"reference": manifolds.slerp, "torch": slerp_normalize, "triton": _slerp_triton},
         auto={"*": "torch"},
+        takes={"triton": _triton_takes},
     ),
     "riemannian": Op(
         "riemannian",
@@ -189,6 +200,7 @@ UPDATES: dict[str, Op] = {
             "triton": _riemannian_triton,
         },
         auto={"*": "torch"},
+        takes={"triton": _triton_takes},
     ),
 }
 
@@ -198,4 +210,4 @@ def residual_update(update: str, h: torch.Tensor, h_block: torch.Tensor, alpha: 
     learning rates ``alpha``: ``"lerp"`` ``Norm(h + alpha (h_block - h))`` (eq. 10, 11),
     ``"slerp"`` (eq. 6, then ``Norm``) or ``"riemannian"``
     ``Norm(h - alpha (h (h · h_block) - h_block))`` (eq. 24-26)."""
-    return UPDATES[update].pick(h.device.type)(h, h_block, alpha)
+    return UPDATES[update](h, h_block, alpha)

@@ -11,7 +11,8 @@ sums alpha's per-column gradient from per-program partial sums (at most
 rows). SLERP's backward recomputes the angle, sines, tangent and fallback direction. The
 references, antipodal rows and per-dimension ``alpha`` included, are :func:`spherenet.manifolds.lerp`,
 :func:`~spherenet.manifolds.slerp` and :func:`~spherenet.manifolds.riemannian_update`. Float64
-tensors, and a Python float ``alpha``, run the fused functions.
+tensors and a Python float ``alpha`` are not sent here (the ops' ``takes`` in
+:mod:`spherenet.kernels.residual`).
 
 Equation numbers are those of Loshchilov et al., "nGPT" (2024).
 """
@@ -24,9 +25,6 @@ import triton.language as tl
 
 from . import _triton
 from ._triton import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
-from .residual import lerp_normalize as lerp_fused
-from .residual import riemannian_normalize as riemannian_fused
-from .residual import slerp_normalize as slerp_fused
 
 __all__ = ["lerp_normalize", "riemannian_normalize", "slerp_normalize"]
 
@@ -34,13 +32,6 @@ __all__ = ["lerp_normalize", "riemannian_normalize", "slerp_normalize"]
 def _per_column(alpha: torch.Tensor, d: int) -> torch.Tensor:
     """``alpha`` of shape ``(d,)`` or ``(1,)`` as ``d`` contiguous float32 values."""
     return alpha.float().expand(d).contiguous() if alpha.numel() == 1 else alpha.float().reshape(d)
-
-
-def _runs_fused(h: torch.Tensor, h_block: torch.Tensor, alpha) -> bool:
-    """Whether the update runs the fused function: float64, or ``alpha`` not a tensor."""
-    return (
-        torch.float64 in (h.dtype, h_block.dtype) or not isinstance(alpha, torch.Tensor) or alpha.dtype == torch.float64
-    )
 
 
 @triton.jit
@@ -149,9 +140,7 @@ def _residual_grad(ctx, grad, _grad_norm):
 _residual_op.register_autograd(_residual_grad, setup_context=_residual_setup)
 
 
-def _residual(h: torch.Tensor, h_block: torch.Tensor, alpha, riemannian: bool, fused) -> torch.Tensor:
-    if _runs_fused(h, h_block, alpha):
-        return fused(h, h_block, alpha)
+def _residual(h: torch.Tensor, h_block: torch.Tensor, alpha, riemannian: bool) -> torch.Tensor:
     check_device("riemannian_normalize" if riemannian else "lerp_normalize", h, h_block)
     return _residual_op(h, h_block.to(h.dtype), _per_column(alpha, h.shape[-1]), riemannian)[0]
 
@@ -159,13 +148,13 @@ def _residual(h: torch.Tensor, h_block: torch.Tensor, alpha, riemannian: bool, f
 def lerp_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha) -> torch.Tensor:
     """``Norm(h + alpha (h_block - h))`` (eq. 10, 11); reference :func:`spherenet.manifolds.lerp`.
     ``alpha``: a tensor of shape ``(d,)`` or ``(1,)``."""
-    return _residual(h, h_block, alpha, False, lerp_fused)
+    return _residual(h, h_block, alpha, False)
 
 
 def riemannian_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha) -> torch.Tensor:
     """``Norm(h - alpha (h (h · h_block) - h_block))`` (eq. 24-26); reference
     :func:`spherenet.manifolds.riemannian_update`."""
-    return _residual(h, h_block, alpha, True, riemannian_fused)
+    return _residual(h, h_block, alpha, True)
 
 
 # ---------------------------------------------------------------- SLERP (eq. 6)
@@ -368,7 +357,5 @@ def slerp_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha) -> torch.Tens
     """The SLERP residual update (eq. 6, then ``Norm``) with per-dimension ``alpha``, antipodal
     rows included; reference :func:`spherenet.manifolds.slerp`. Keeps what :func:`lerp_normalize` keeps and recomputes
     the angle, sines and tangent in the backward pass."""
-    if _runs_fused(h, h_block, alpha):
-        return slerp_fused(h, h_block, alpha)
     check_device("slerp_normalize", h, h_block)
     return _slerp_op(h, h_block.to(h.dtype), _per_column(alpha, h.shape[-1]))[0]

@@ -26,15 +26,18 @@ A name from 2 or 3 covers every op, so an op that lacks it takes its ``"auto"`` 
 folded into the matmul) on ``"torch"``. ``SPHERENET_KERNELS=reference`` runs every op's plain
 reference; ``=torch`` keeps everything in torch (no C++ build, no Triton). Whether the named
 implementation can run for given tensors (Triton installed, a dtype it computes in, the native
-kernel built) is the op's business: it may fall back, and says so where it does.
+kernel built) is decided here too: an op declares, per implementation, which calls it takes
+(:attr:`Op.takes`, e.g. Triton: no float64), and a call it does not take runs the op's
+``"torch"`` implementation; the row ops do the same tensor by tensor
+(:mod:`spherenet.kernels._choice`). An implementation never falls back on its family's module.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -69,11 +72,14 @@ class Op:
     """An accelerated op: ``implementations`` maps each name of :data:`VALUES` it has (never
     ``"auto"``) to whatever the op runs (a function, or a kernel name the op's code knows);
     ``auto`` maps a device type (``"cpu"``, ``"cuda"``, ...) to the implementation ``"auto"``
-    takes there, ``"*"`` to the one for every other device type."""
+    takes there, ``"*"`` to the one for every other device type. ``takes`` maps an
+    implementation to a predicate on a call's arguments: a call for which it is false runs
+    ``"torch"`` instead (:func:`resolve` with ``args``)."""
 
     name: str
     implementations: Mapping[str, Any]
     auto: Mapping[str, str]
+    takes: Mapping[str, Callable[..., bool]] = field(default_factory=dict)
 
     def __post_init__(self):
         unknown = [k for k in self.implementations if k not in IMPLEMENTATIONS]
@@ -84,25 +90,40 @@ class Op:
         missing = sorted({v for v in self.auto.values() if v not in self.implementations})
         if missing:
             raise ValueError(f"op {self.name}: auto names {missing}, which it does not implement")
+        if self.takes and "torch" not in self.implementations:
+            raise ValueError(f"op {self.name}: its takes table needs a 'torch' implementation to send the rest to")
+        unknown = sorted(k for k in self.takes if k not in self.implementations)
+        if unknown:
+            raise ValueError(f"op {self.name}: takes names {unknown}, which it does not implement")
 
     def pick(self, device_type: str, requested: str | None = None) -> Any:
         """The implementation :func:`resolve` names, from the table."""
         return self.implementations[resolve(self, requested, device_type)]
 
+    def __call__(self, *args):
+        """The op on ``args``: the implementation :func:`resolve` names for them (on the first
+        argument's device type)."""
+        return self.implementations[resolve(self, None, args[0].device.type, args)](*args)
 
-def resolve(op: Op, requested: str | None = None, device_type: str = "cpu") -> str:
+
+def resolve(op: Op, requested: str | None = None, device_type: str = "cpu", args: tuple | None = None) -> str:
     """The name of the implementation of ``op`` to run on tensors of ``device_type``, by the order
-    of the module docstring; ``requested`` is the op's explicit argument."""
+    of the module docstring; ``requested`` is the op's explicit argument. Given the call's
+    ``args``, an implementation whose :attr:`Op.takes` predicate refuses them gives way to
+    ``"torch"``."""
     if requested is not None and requested != "auto":
         if requested not in op.implementations:
             check(requested, f"{op.name}'s implementation")
             raise ValueError(
                 f"{op.name} has no {requested!r} implementation; it has {', '.join(op.implementations)} (or 'auto')"
             )
-        return requested
-    name = _scope or _ENVIRONMENT
-    if name == "auto" or name not in op.implementations:
-        return op.auto.get(device_type, op.auto["*"])
+        name = requested
+    else:
+        name = _scope or _ENVIRONMENT
+        if name == "auto" or name not in op.implementations:
+            name = op.auto.get(device_type, op.auto["*"])
+    if args is not None and name in op.takes and not op.takes[name](*args):
+        return "torch"
     return name
 
 

@@ -1,8 +1,9 @@
-"""One step of Adam on the unit sphere over lists of tensors: :func:`sphere_adam_`.
+"""One step of Adam on the unit sphere over lists of tensors: :func:`sphere_adam_`, and the one
+object that says how it is taken, :class:`SphereAdamOptions`.
 
 Equation numbers are those of Loshchilov et al., "nGPT" (2024); the operation names are
 geoopt's (``proju``, ``retr``, ``transp``). For a parameter ``x`` with gradient ``g``, step
-count ``t``, one step is, in this order (the plain-torch reference below is written so):
+count ``t``, one step is, in this order (:func:`sphere_adam_reference` is written so):
 
 1. ``t <- t + 1``; Adam's bias corrections ``1 - b1^t`` and ``1 - b2^t``;
 2. the gradient the moments see: ``gradient="euclidean"``: ``u = g`` (the paper's optimizer,
@@ -19,21 +20,26 @@ count ``t``, one step is, in this order (the plain-torch reference below is writ
    ``m <- proju(x, m)`` (never with a per-element ``v``: :mod:`spherenet.optim.riemannian_adam`
    says why).
 
-The unit sphere (rows along the last dimension) is the default manifold. Another manifold (the
-whole-matrix sphere of Hyperball) steps through the same reference by handing in its operations:
-an object with ``proju_(xs, us)`` (step 2, in place), ``step_(xs, directions, lr)`` (step 5) and
-``blocks(lists)`` (how the lists may be cut while stepping).
+Implementations, registered in :data:`SPHERE_ADAM` under one signature and computing the same
+step to float rounding:
 
-Implementations, registered below under one signature and computing the same step to float
-rounding: ``"reference"`` (this module's ``_foreach`` passes, any device; also ``"torch"``), ``"native"`` (one fused C++ pass
-per row, CPU; :mod:`spherenet.kernels.native`) and ``"triton"`` (one launch per dtype and row
-length; :mod:`spherenet.kernels.sphere_rows_triton`). ``implementation=None`` lets the
-resolver (:mod:`spherenet.kernels.resolve`) choose.
+- ``"reference"``: :func:`sphere_adam_reference`, the steps above written out, one parameter at a
+  time (as torch's ``_single_tensor_adam``); what the others are tested against;
+- ``"torch"``: the same passes as ``torch._foreach_*`` calls over cache-sized blocks of rows
+  (:func:`spherenet.kernels.sphere_rows.waves`); the one that also steps another manifold (the
+  whole-matrix sphere of Hyperball), handed in as an object with ``proju_(xs, us)`` (step 2, in
+  place), ``step_(xs, directions, lr)`` (step 5) and ``blocks(lists)`` (how the lists may be cut);
+- ``"native"``: one fused C++ pass per row, CPU (:mod:`spherenet.kernels.native`);
+- ``"triton"``: one launch per dtype and row length (:mod:`spherenet.kernels.sphere_rows_triton`).
+
+Which one runs for which tensors is the resolver's (:mod:`spherenet.kernels.resolve`, then the
+per-tensor fallbacks of :mod:`spherenet.kernels._choice`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -41,10 +47,64 @@ from . import _choice
 from .resolve import Op
 from .sphere_rows import ROW_SPHERE, TINY, RowOps
 
-__all__ = ["sphere_adam_", "SPHERE_ADAM", "SECOND_MOMENTS", "GRADIENTS"]
+__all__ = [
+    "sphere_adam_",
+    "sphere_adam_reference",
+    "SphereAdamOptions",
+    "SPHERE_ADAM",
+    "SECOND_MOMENTS",
+    "GRADIENTS",
+    "IMPLEMENTATIONS",
+]
 
 SECOND_MOMENTS = ("element", "row")
 GRADIENTS = ("riemannian", "euclidean")
+#: The values of :attr:`SphereAdamOptions.implementation`: ``"auto"`` and :data:`SPHERE_ADAM`'s names.
+IMPLEMENTATIONS = ("auto", "reference", "torch", "native", "triton")
+#: Old spellings still accepted, with their meaning: ``"foreach"`` (the optimizer's name for the
+#: foreach passes before the resolver named them ``"torch"``).
+ALIASES = {"foreach": "torch"}
+
+
+@dataclass(frozen=True)
+class SphereAdamOptions:
+    """How a sphere-Adam step is taken, checked once here: what the moments see (``gradient``),
+    the shape of the second moment (``second_moment``) and which implementation of
+    :data:`SPHERE_ADAM` runs (``implementation``, one of :data:`IMPLEMENTATIONS`, or
+    ``"foreach"``, kept as ``"torch"``). The numbers (``lr``, betas, ``eps``) are not here: they
+    are a parameter group's, changed by schedules.
+
+    Raises ``ValueError`` naming a bad value and the allowed ones, ``RuntimeError`` when an
+    implementation named explicitly (``"native"``, ``"triton"``) cannot run on this machine."""
+
+    second_moment: str = "element"
+    gradient: str = "euclidean"
+    implementation: str = "auto"
+
+    def __post_init__(self):
+        if self.second_moment not in SECOND_MOMENTS:
+            raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {self.second_moment!r}")
+        if self.gradient not in GRADIENTS:
+            raise ValueError(f"gradient must be one of {GRADIENTS}, got {self.gradient!r}")
+        implementation = ALIASES.get(self.implementation, self.implementation)
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(
+                f"the sphere-Adam implementation (sphere_kernel=) must be one of {', '.join(IMPLEMENTATIONS)} "
+                f"(or 'foreach', the same as 'torch'), got {self.implementation!r}"
+            )
+        object.__setattr__(self, "implementation", implementation)
+        available, reason = _choice.implementation_status(implementation)
+        if not available:
+            raise RuntimeError(f"sphere_kernel={implementation!r} (sphere-Adam implementation): unavailable: {reason}")
+
+    @property
+    def row_second_moment(self) -> bool:
+        return self.second_moment == "row"
+
+    @property
+    def projects_gradient(self) -> bool:
+        return self.gradient == "riemannian"
+
 
 _ROWS = RowOps()  # the scratch of the projected gradients' copies
 
@@ -56,13 +116,34 @@ def _values(steps: list[torch.Tensor]) -> list[float]:
     return [float(s) for s in steps]
 
 
-def _sphere_adam_foreach(
-    params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, second_moment, gradient, manifold
-) -> None:
-    """The reference: steps 1-6 of the module docstring in ``torch._foreach_*`` passes, one
-    cache-sized block of rows at a time on the unit sphere (:func:`spherenet.kernels.sphere_rows.waves`)."""
+def sphere_adam_reference(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, options, manifold=None):  # fmt: skip  # the signature of every implementation
+    """Steps 1-6 of the module docstring, one parameter at a time, each line over all the rows of
+    the parameter at once (a row's step reads that row only; sums are over the last dimension).
+    Computes in at least float32. The unit sphere only (``manifold`` is ``None``)."""
+    row_v, project = options.row_second_moment, options.projects_gradient
+    for param, grad, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+        work = torch.promote_types(param.dtype, torch.float32)
+        x, g, m, v = (t.to(work) for t in (param, grad, exp_avg, exp_avg_sq))
+        step += 1  # 1.
+        t = float(step)
+        bias1, bias2 = 1 - beta1**t, 1 - beta2**t
+        u = g - (x * g).sum(-1, keepdim=True) * x if project else g  # 2. u = proju(x, g), eq. 24
+        m = beta1 * m + (1 - beta1) * u  # 3. eq. 22
+        v = beta2 * v + (1 - beta2) * ((u * u).sum(-1, keepdim=True) if row_v else u * u)
+        d = (m / bias1) / ((v / bias2).sqrt() + eps)  # 4.
+        y = x - lr * d  # 5. x <- retr(x - lr d) = Norm(x - lr d), eq. 25/26
+        x = y / torch.linalg.vector_norm(y, dim=-1, keepdim=True).clamp_min(TINY[work])
+        if row_v and project:
+            m = m - (x * m).sum(-1, keepdim=True) * x  # 6. transp: m <- proju(x, m)
+        for out, value in ((param, x), (exp_avg, m), (exp_avg_sq, v)):
+            out.copy_(value)
+
+
+def _sphere_adam_foreach(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, options, manifold=None):  # fmt: skip  # the signature of every implementation
+    """Steps 1-6 in ``torch._foreach_*`` passes, one cache-sized block of rows at a time (for the
+    unit sphere; another manifold's own blocks)."""
     manifold = ROW_SPHERE if manifold is None else manifold
-    row_v, project = second_moment == "row", gradient == "riemannian"
+    row_v, project = options.row_second_moment, options.projects_gradient
     torch._foreach_add_(steps, 1)  # 1. the step count, then the bias corrections
     t = _values(steps)
     bias1 = [1 - beta1**k for k in t]
@@ -90,57 +171,41 @@ def _sphere_adam_foreach(
             manifold.proju_(xs, ms)  # 6. transp: m projected onto the tangent space at the new x
 
 
-def _bias_corrected_scalars(steps, lr, beta1, beta2) -> tuple[list[float], list[float]]:
-    """Step 1 for the fused kernels: the counts moved, then per tensor ``lr / (1 - b1^t)`` and
-    ``sqrt(1 - b2^t)`` (the arguments the kernels take, as torch's fused Adam)."""
+def _fused_arguments(steps, lr, beta1, beta2, eps, options) -> tuple:
+    """Step 1 for the fused kernels, then their arguments after the tensor lists (the native
+    operator's schema order): per tensor ``lr / (1 - b1^t)`` and ``sqrt(1 - b2^t)`` (as torch's
+    fused Adam), the betas, eps, the smallest norm, row ``v``, projected gradient."""
     torch._foreach_add_(steps, 1)
     t = _values(steps)
-    return [lr / (1 - beta1**k) for k in t], [math.sqrt(1 - beta2**k) for k in t]
+    step_sizes, bias2_sqrts = [lr / (1 - beta1**k) for k in t], [math.sqrt(1 - beta2**k) for k in t]
+    return (step_sizes, bias2_sqrts, beta1, beta2, eps, TINY[torch.float32], options.row_second_moment, options.projects_gradient)  # fmt: skip  # one tuple in the schema's order
 
 
-def _refuse_manifold(manifold, name: str) -> None:
-    if manifold is not None and manifold is not ROW_SPHERE:
-        raise ValueError(f"sphere_adam_: the {name} implementation steps the unit sphere's rows only, not {manifold!r}")
-
-
-def _sphere_adam_native(
-    params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, second_moment, gradient, manifold
-) -> None:
-    _refuse_manifold(manifold, "native")
+def _sphere_adam_native(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, options, manifold=None):  # fmt: skip  # the signature of every implementation
     from . import native
 
-    step_sizes, bias2_sqrts = _bias_corrected_scalars(steps, lr, beta1, beta2)
-    native.sphere_adam_op()(
-        params, grads, exp_avgs, exp_avg_sqs, step_sizes, bias2_sqrts, beta1, beta2, eps,
-        TINY[torch.float32], second_moment == "row", gradient == "riemannian",
-    )  # fmt: skip  # the operator's arguments in its schema's order
+    native.sphere_adam_op()(params, grads, exp_avgs, exp_avg_sqs, *_fused_arguments(steps, lr, beta1, beta2, eps, options))  # fmt: skip  # one call
 
 
-def _sphere_adam_triton(
-    params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, second_moment, gradient, manifold
-) -> None:
-    _refuse_manifold(manifold, "triton")
+def _sphere_adam_triton(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, options, manifold=None):  # fmt: skip  # the signature of every implementation
     from .sphere_rows_triton import sphere_adam_rows_  # imports Triton: only when it is used
 
-    step_sizes, bias2_sqrts = _bias_corrected_scalars(steps, lr, beta1, beta2)
-    sphere_adam_rows_(
-        params, grads, exp_avgs, exp_avg_sqs, step_sizes, bias2_sqrts, beta1, beta2, eps,
-        TINY[torch.float32], second_moment == "row", gradient == "riemannian",
-    )  # fmt: skip  # the native operator's order
+    sphere_adam_rows_(params, grads, exp_avgs, exp_avg_sqs, *_fused_arguments(steps, lr, beta1, beta2, eps, options))
 
 
-#: The op: its implementations, all with :func:`sphere_adam_`'s arguments ("torch" is the reference:
-#: torch's foreach kernels), and what ``"auto"`` takes per device type.
+#: The op: its implementations, all with :func:`sphere_adam_`'s arguments, and what ``"auto"``
+#: takes per device type.
 SPHERE_ADAM = Op(
     "sphere_adam_",
     implementations={
-        "reference": _sphere_adam_foreach,
+        "reference": sphere_adam_reference,
         "torch": _sphere_adam_foreach,
         "native": _sphere_adam_native,
         "triton": _sphere_adam_triton,
     },
     auto={"cpu": "native", "cuda": "triton", "*": "torch"},
 )
+_DEFAULT = SphereAdamOptions()
 
 
 def sphere_adam_(
@@ -154,34 +219,24 @@ def sphere_adam_(
     beta1: float,
     beta2: float,
     eps: float,
-    second_moment: str = "element",
-    gradient: str = "euclidean",
+    options: SphereAdamOptions = _DEFAULT,
     manifold=None,
-    implementation: str | None = None,
 ) -> None:
     """One sphere-Adam step (the module docstring's steps 1-6), in place, on local tensors.
 
     ``params`` are updated, ``grads`` read only, ``exp_avgs`` / ``exp_avg_sqs`` updated
     (``exp_avg_sqs[i]`` of the parameter's shape, or ``shape[:-1] + (1,)`` with
-    ``second_moment="row"``), ``steps`` 0-d float32 counters, each moved by one. ``manifold``:
-    ``None`` for the unit sphere along the last dimension, else another manifold's operations
-    (the module docstring; the reference only). ``implementation``:
-    a name of :data:`spherenet.kernels.VALUES` (``"reference"`` and ``"torch"`` are the foreach
-    reference), or ``None``: the resolver's choice (:mod:`spherenet.kernels.resolve`; native on
-    CPU, Triton on CUDA), the reference for the tensors those cannot take."""
-    if second_moment not in SECOND_MOMENTS:
-        raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
-    if gradient not in GRADIENTS:
-        raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}")
+    ``second_moment="row"``), ``steps`` 0-d float32 counters, each moved by one. ``options``: a
+    :class:`SphereAdamOptions`; with ``implementation="auto"`` the resolver chooses (native on
+    CPU, Triton on CUDA), and the tensors an implementation cannot take run ``"torch"``.
+    ``manifold``: ``None`` for the unit sphere along the last dimension, else another manifold's
+    operations (the module docstring), stepped by ``"torch"``."""
+    if not isinstance(options, SphereAdamOptions):
+        raise TypeError(f"sphere_adam_: options must be a SphereAdamOptions, got {type(options).__name__}")
     lists = (params, grads, exp_avgs, exp_avg_sqs, steps)
     if len({len(lst) for lst in lists}) != 1:
         raise ValueError(f"sphere_adam_: lists of unequal lengths {[len(lst) for lst in lists]}")
-    if not params:
-        return
-    options = dict(
-        lr=float(lr), beta1=float(beta1), beta2=float(beta2), eps=float(eps),
-        second_moment=second_moment, gradient=gradient, manifold=manifold,
-    )  # fmt: skip  # the signature's order
-    if manifold is not None and implementation in (None, "auto"):
-        implementation = "reference"  # the fused kernels step the unit sphere's rows only
-    _choice.run(SPHERE_ADAM, implementation, lists, options, checked=4)
+    scalars = dict(lr=float(lr), beta1=float(beta1), beta2=float(beta2), eps=float(eps), options=options)
+    rows_only = manifold is not None and manifold is not ROW_SPHERE  # only "torch" takes another manifold
+    for implementation, sublists in _choice.assign(SPHERE_ADAM, options.implementation, lists, 4, rows_only):
+        implementation(*sublists, **scalars, manifold=manifold)

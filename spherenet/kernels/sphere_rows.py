@@ -1,5 +1,6 @@
-"""Row operations of the unit sphere over lists of tensors, in plain torch: the reference of the
-sphere optimizers' kernels, and the row ops ``normalize_rows_`` and ``sphere_muon_tail_``.
+"""Row operations of the unit sphere over lists of tensors, in plain torch: the foreach passes of
+the sphere optimizers' ``"torch"`` implementations, and the row ops ``normalize_rows_`` and
+``sphere_muon_tail_``.
 
 Layout: a sphere parameter is a stack of unit vectors along its **last** dimension ("rows").
 FSDP2 shards dim 0, so on every rank each row is whole and every row reduction (dot product,
@@ -247,7 +248,8 @@ def normalize_rows_(xs: list[torch.Tensor], *, implementation: str | None = None
     resolver's choice, :mod:`spherenet.kernels.resolve`)."""
     from . import _choice
 
-    _choice.run(NORMALIZE_ROWS, implementation, (xs,), {}, checked=1)
+    for run, sublists in _choice.assign(NORMALIZE_ROWS, implementation, (xs,), 1):
+        run(*sublists)
 
 
 def _sphere_muon_tail_foreach(xs, updates, ms, step_sizes, *, project_update: bool) -> None:
@@ -278,9 +280,8 @@ def sphere_muon_tail_(xs, updates, ms, step_sizes, *, project_update: bool, impl
     ``implementation`` as for :func:`normalize_rows_`."""
     from . import _choice
 
-    _choice.run(
-        SPHERE_MUON_TAIL, implementation, (xs, updates, ms, step_sizes), {"project_update": project_update}, checked=3
-    )
+    for run, sublists in _choice.assign(SPHERE_MUON_TAIL, implementation, (xs, updates, ms, step_sizes), 3):
+        run(*sublists, project_update=project_update)
 
 
 #: The ops, each with its implementations under its signature ("torch" is the reference) and what

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-__all__ = ["normalize", "tangent", "angle", "lerp", "slerp", "riemannian_update", "TINY"]
+__all__ = ["normalize", "tangent", "angle", "lerp", "slerp", "riemannian_update", "TINY", "work_dtype"]
 
 #: The smallest norm divided by, per dtype (below it ``Norm`` divides by this instead): for the
 #: computations here, in float32 or float64, and for the optimizers' rows in every dtype.
@@ -26,7 +26,9 @@ TINY = {torch.float64: 1e-300, torch.float32: 1e-30, torch.float16: 1e-7, torch.
 _ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 
-def _work_dtype(*tensors) -> torch.dtype:
+def work_dtype(*tensors) -> torch.dtype:
+    """The dtype the updates compute in: float64 if any of ``tensors`` is, else float32 (the
+    fused kernels of :mod:`spherenet.kernels` follow it)."""
     dtypes = [t.dtype for t in tensors if isinstance(t, torch.Tensor)]
     return torch.float64 if torch.float64 in dtypes else torch.float32
 
@@ -45,7 +47,7 @@ def normalize(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     This is the retraction onto the sphere (Section 2.2.2). A zero vector has no direction: it
     maps to zero (the norm is clamped at ``eps``) rather than to NaN.
     """
-    work = _work_dtype(x)
+    work = work_dtype(x)
     xw = x.to(work)
     eps = TINY[work] if eps is None else eps
     return (xw / xw.norm(dim=-1, keepdim=True).clamp_min(eps)).to(x.dtype)
@@ -56,7 +58,7 @@ def tangent(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
     ``a`` must be unit. Idempotent: ``tangent(a, tangent(a, u)) == tangent(a, u)``.
     """
-    work = _work_dtype(a, u)
+    work = work_dtype(a, u)
     aw, uw = a.to(work), u.to(work)
     return (uw - _dot(aw, uw) * aw).to(torch.promote_types(a.dtype, u.dtype))
 
@@ -68,7 +70,7 @@ def angle(a: torch.Tensor, b: torch.Tensor, keepdim: bool = False) -> torch.Tens
     stays accurate near 0 and pi, where arccos loses half the digits and has an infinite
     derivative. Inputs slightly off the sphere are fine.
     """
-    work = _work_dtype(a, b)
+    work = work_dtype(a, b)
     aw, bw = a.to(work), b.to(work)
     theta = 2 * torch.atan2((aw - bw).norm(dim=-1, keepdim=keepdim), (aw + bw).norm(dim=-1, keepdim=keepdim))
     return theta.to(torch.promote_types(a.dtype, b.dtype))
@@ -80,7 +82,7 @@ def lerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     With ``a = h`` and ``b = h_A`` (or ``h_M``), this is the paper's default residual update.
     For a == -b and alpha == 0.5 the sum is zero and so is the result (no direction exists).
     """
-    work = _work_dtype(a, b, alpha)
+    work = work_dtype(a, b, alpha)
     aw, bw = a.to(work), b.to(work)
     return normalize(aw + _up(alpha, work) * (bw - aw)).to(a.dtype)
 
@@ -92,7 +94,7 @@ def riemannian_update(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     at ``a`` (eq. 24); the step is ``Norm(a - alpha g)`` (eq. 25, 26), ``Norm`` being the
     retraction. For a == ±b the projected gradient is zero and the result is ``a``.
     """
-    work = _work_dtype(a, b, alpha)
+    work = work_dtype(a, b, alpha)
     aw, bw = a.to(work), b.to(work)
     g = aw * _dot(aw, bw) - bw
     return normalize(aw - _up(alpha, work) * g).to(a.dtype)
@@ -122,7 +124,7 @@ def slerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     unique geodesic: then the path is the great circle from ``a`` towards a fixed tangent
     direction, that of the coordinate axis least aligned with ``a``; alpha = 1 still gives -a = b.
     """
-    work = _work_dtype(a, b, alpha)
+    work = work_dtype(a, b, alpha)
     aw, bw = a.to(work), b.to(work)
     alpha = _up(alpha, work)
     theta = angle(aw, bw, keepdim=True)

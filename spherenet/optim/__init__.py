@@ -7,7 +7,8 @@
 - :class:`RiemannianAdam`: Adam on the sphere and on registered geometries, AdamW elsewhere;
   ``gradient="euclidean"`` is the paper's Adam + renormalize, ``"riemannian"`` Adam on the
   tangent-projected gradient; ``second_moment="element" | "row"`` (``"row"`` is geoopt's). Its
-  step is :func:`spherenet.kernels.sphere_adam.sphere_adam_`.
+  step is :func:`spherenet.kernels.sphere_adam.sphere_adam_`, its options one
+  :class:`SphereAdamOptions`.
 - :class:`Riemannian`: wraps any torch optimizer the same way.
 - :func:`normalize_`, :func:`add_normalize_hook`: the paper's "Euclidean step, then normalize".
 - :class:`SphericalMuon`: Muon (orthogonalized momentum) on matrices of unit rows;
@@ -22,7 +23,7 @@ from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
 from .muon import SphericalMuon, hidden_matrices, zeropower_via_newton_schulz
 from .normalize import add_normalize_hook, normalize_
-from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
+from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam, SphereAdamOptions
 from .wrapper import MAGNITUDE_STATES, POINT_STATES, VECTOR_STATES, Riemannian
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "param_groups",
     "is_matrix",
     "RiemannianAdam",
+    "SphereAdamOptions",
     "SECOND_MOMENTS",
     "GRADIENTS",
     "SphericalMuon",

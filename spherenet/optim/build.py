@@ -46,6 +46,7 @@ update has AdamW's RMS, so the Adam recipes' learning rate transfers.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -57,7 +58,7 @@ from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, MATRIX_SPHERE, SPHERE, named_sphere_parameters, param_groups, split_fused
 from .muon import SphericalMuon, hidden_matrices
 from .normalize import add_normalize_hook, normalize_
-from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam
+from .riemannian_adam import RiemannianAdam, SphereAdamOptions, sphere_adam_options
 
 __all__ = ["METHODS", "MUON_METHODS", "METHOD_DEFAULTS", "build_optimizer", "WarmupCosine"]
 
@@ -121,6 +122,7 @@ def build_optimizer(
     off_sphere: str = "project",
     fused: bool | None = None,
     sphere_kernel: str = "auto",
+    options: SphereAdamOptions | None = None,
     muon_lr: float | None = None,
     muon_momentum: float = 0.95,
     matrix_lr: float | None = None,
@@ -137,8 +139,9 @@ def build_optimizer(
     transfer from ``"adam_normalize"``; ``"row"``: geoopt's semantics, ``lr`` is then an angle
     per step per row). ``gradient`` too: ``"euclidean"`` (Adam on the raw gradient; with
     ``"element"`` the paper's method) or ``"riemannian"`` (Adam on its tangent projection).
-    ``sphere_kernel`` too (``"auto"``, ``"native"``, ``"triton"``, ``"foreach"``: see
-    :class:`RiemannianAdam`).
+    ``sphere_kernel`` too (``"auto"``, ``"native"``, ``"triton"``, ``"torch"`` or its old name
+    ``"foreach"``, ``"reference"``: see :class:`RiemannianAdam`). The three build one
+    :class:`spherenet.kernels.sphere_adam.SphereAdamOptions`, which ``options`` gives instead.
 
     ``muon_lr`` (``None``: ``lr``) and ``muon_momentum`` apply to the Muon methods only: the
     learning rate and momentum of the Muon part (the hidden matrices: every 2-D weight but the
@@ -177,10 +180,7 @@ def build_optimizer(
         if default_warmup:
             hint = f" (the {method!r} recipe's default, Table 3; pass warmup_steps= for a run this short)"
         raise ValueError(f"warmup_steps ({warmup_steps}){hint} must be < total_steps ({total_steps})")
-    if second_moment not in SECOND_MOMENTS:
-        raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
-    if gradient not in GRADIENTS:
-        raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}")
+    options = sphere_adam_options(options, second_moment, gradient, sphere_kernel, "build_optimizer")
     betas = (float(betas[0]), float(betas[1]))
     if method in HYPERBALL_METHODS:
         matrix_lr = lr if matrix_lr is None else matrix_lr
@@ -196,17 +196,16 @@ def build_optimizer(
     groups = param_groups(model, weight_decay)
     hidden_ids = {id(p) for _, p in hidden}
     adam = dict(lr=lr, betas=betas, eps=eps)
-    sphere_adam = dict(
-        adam, second_moment=second_moment, off_sphere=off_sphere, fused=fused, sphere_kernel=sphere_kernel
-    )
+    sphere_adam = dict(adam, options=options, off_sphere=off_sphere, fused=fused)
 
     if method == "riemannian_adam":
-        optimizer = RiemannianAdam(groups, **sphere_adam, gradient=gradient, model=model)
+        optimizer = RiemannianAdam(groups, **sphere_adam, model=model)
     elif method == "adamh":  # the matrix_sphere group at matrix_lr, AdamW's groups at lr
         for group in groups:
             if group["manifold"] == MATRIX_SPHERE:
                 group["lr"] = matrix_lr
-        optimizer = RiemannianAdam(groups, **adam, gradient=gradient, model=model, fused=fused)
+        hyperball = SphereAdamOptions(gradient=options.gradient)  # the whole-matrix sphere: element v, "torch"
+        optimizer = RiemannianAdam(groups, **adam, options=hyperball, model=model, fused=fused)
     elif method in ("adam_normalize", "adamw"):
         optimizer = torch.optim.AdamW(_split_fused(groups, fused), **adam, fused=fused)
         if method == "adam_normalize":
@@ -217,7 +216,8 @@ def build_optimizer(
         rest = _without(groups, hidden_ids)
         if method == "spherical_muon":
             muon = SphericalMuon([{"params": hidden, "manifold": SPHERE}], lr=muon_lr, momentum=muon_momentum, off_sphere=off_sphere)  # fmt: skip  # one part a line
-            parts = [muon] + ([RiemannianAdam(rest, **sphere_adam)] if rest else [])
+            rest_options = replace(options, gradient="euclidean")  # the gradient option is riemannian_adam's only
+            parts = [muon] + ([RiemannianAdam(rest, **sphere_adam | {"options": rest_options})] if rest else [])
         elif method == "muonh":
             muon = SphericalMuon([{"params": hidden, "manifold": MATRIX_SPHERE}], lr=matrix_lr, momentum=muon_momentum)
             parts = [muon] + ([torch.optim.AdamW(_split_fused(rest, fused), **adam, fused=fused)] if rest else [])

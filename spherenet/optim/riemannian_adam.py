@@ -40,13 +40,14 @@ the paper's method has too.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
-from ..kernels._choice import implementation_status
-from ..kernels.sphere_adam import GRADIENTS, SECOND_MOMENTS, sphere_adam_
+from ..kernels.sphere_adam import ALIASES, GRADIENTS, IMPLEMENTATIONS, SECOND_MOMENTS, SphereAdamOptions, sphere_adam_
 from ..manifolds import GeometryLists, geometry_for
 from ._checks import (
     ModelWatch,
@@ -59,11 +60,10 @@ from ._checks import (
 )
 from .groups import EUCLIDEAN, SPHERE, _names_of, check_groups, describe, known_manifolds, param_groups, split_fused
 
-__all__ = ["RiemannianAdam", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS"]
+__all__ = ["RiemannianAdam", "SphereAdamOptions", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS"]
 
-#: The values of ``sphere_kernel``: the implementation of :func:`spherenet.kernels.sphere_adam_`
-#: (``"foreach"``: its plain-torch reference, the resolver's ``"torch"``).
-SPHERE_KERNELS = ("auto", "native", "triton", "foreach")
+#: The values of ``sphere_kernel``: :attr:`SphereAdamOptions.implementation`'s, and its old spellings.
+SPHERE_KERNELS = (*IMPLEMENTATIONS, *ALIASES)
 
 
 class RiemannianAdam(Optimizer):
@@ -101,9 +101,14 @@ class RiemannianAdam(Optimizer):
         sphere_kernel: the implementation of :func:`spherenet.kernels.sphere_adam_` for the row
             sphere (all compute the same step, to float rounding): ``"native"`` (fused C++, CPU
             tensors; a ``RuntimeError`` if it cannot be built), ``"triton"`` (CUDA, or CPU under
-            ``TRITON_INTERPRET=1``), ``"foreach"`` (the plain-torch reference, any device) or
-            ``"auto"`` (default: native on CPU, Triton on CUDA, the reference elsewhere and for
-            tensors the others cannot take). Registered geometries always take the reference.
+            ``TRITON_INTERPRET=1``), ``"torch"`` (foreach passes, any device; ``"foreach"``, its
+            old name, is the same), ``"reference"`` (the step written out, one parameter at a
+            time: slow, for checking) or ``"auto"`` (default: native on CPU, Triton on CUDA,
+            ``"torch"`` elsewhere and for tensors the others cannot take). Registered geometries
+            always take ``"torch"``.
+        options: a :class:`spherenet.kernels.sphere_adam.SphereAdamOptions` instead of
+            ``second_moment``, ``gradient`` and ``sphere_kernel`` (which build one); a group's
+            own ``"second_moment"`` / ``"gradient"`` override it for that group.
 
     Refusals (``ValueError`` unless said): a geoopt ``ManifoldParameter`` on a sphere in a
     Euclidean group; a declared sphere parameter of ``model`` in no sphere group; weight decay
@@ -130,39 +135,30 @@ class RiemannianAdam(Optimizer):
         fused: bool | None = None,
         check_model: bool = True,
         sphere_kernel: str = "auto",
+        options: SphereAdamOptions | None = None,
     ):
         check_positive_float("lr", lr, allow_zero=True)
         check_positive_float("eps", eps, allow_zero=True)
         check_positive_float("weight_decay", weight_decay, allow_zero=True)
         check_betas(betas)
-        if second_moment not in SECOND_MOMENTS:
-            raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
-        if gradient not in GRADIENTS:
-            raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}")
+        self.options = sphere_adam_options(options, second_moment, gradient, sphere_kernel, type(self).__name__)
         check_off_sphere(off_sphere)
         if fused not in (None, True, False):
             raise ValueError(f"fused must be None, True or False, got {fused!r}")
-        if sphere_kernel not in SPHERE_KERNELS:
-            raise ValueError(f"sphere_kernel must be one of {SPHERE_KERNELS}, got {sphere_kernel!r}")
-        if sphere_kernel in ("native", "triton"):
-            available, reason = implementation_status(sphere_kernel)
-            if not available:
-                raise RuntimeError(f"RiemannianAdam(sphere_kernel={sphere_kernel!r}): unavailable: {reason}")
         if isinstance(params, nn.Module):
             if model is not None and model is not params:
                 raise ValueError("RiemannianAdam: got a module as params and a different model=")
             model = params
             params = param_groups(model, weight_decay)
         self.off_sphere = off_sphere
-        self.sphere_kernel = sphere_kernel
         self._watch = ModelWatch(model if check_model else None)
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
             eps=eps,
             weight_decay=weight_decay,
-            second_moment=second_moment,
-            gradient=gradient,
+            second_moment=self.options.second_moment,
+            gradient=self.options.gradient,
             manifold=EUCLIDEAN,
             fused=fused,
         )
@@ -184,10 +180,7 @@ class RiemannianAdam(Optimizer):
                     f"RiemannianAdam: weight_decay={wd!r} in a {manifold} param group. Weight decay has no meaning "
                     "on a sphere (Norm undoes it; an L2 term is normal to the sphere): use 0 there."
                 )
-        if "second_moment" in param_group and param_group["second_moment"] not in SECOND_MOMENTS:
-            raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {param_group['second_moment']!r}")
-        if "gradient" in param_group and param_group["gradient"] not in GRADIENTS:
-            raise ValueError(f"gradient must be one of {GRADIENTS}, got {param_group['gradient']!r}")
+        self._options_of(param_group)  # a group's own second_moment / gradient, checked
         for key in ("lr", "eps", "weight_decay"):
             if key in param_group:
                 check_positive_float(key, param_group[key], allow_zero=True)
@@ -226,9 +219,27 @@ class RiemannianAdam(Optimizer):
             for group in self.param_groups:
                 if group["manifold"] == EUCLIDEAN:
                     self._euclidean_step(group)
-                else:
-                    self._manifold_step(group)
+                    continue
+                lists, manifold = self._manifold_lists(group)
+                if lists[0]:
+                    b1, b2 = group["betas"]
+                    sphere_adam_(
+                        *lists, lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"],
+                        options=self._options_of(group), manifold=manifold,
+                    )  # fmt: skip  # sphere_adam_'s arguments in its order
         return loss
+
+    def _options_of(self, group: dict) -> SphereAdamOptions:
+        """The step's options for ``group``: the optimizer's, with the group's own second moment
+        and gradient (checked by :class:`SphereAdamOptions`); a registered geometry takes the
+        foreach passes (``"torch"``), the one implementation that steps it."""
+        options = self.options
+        own = {key: group.get(key, getattr(options, key)) for key in ("second_moment", "gradient")}
+        if group.get("manifold", EUCLIDEAN) not in (EUCLIDEAN, SPHERE):
+            own["implementation"] = "torch"
+        if any(getattr(options, key) != value for key, value in own.items()):
+            options = replace(options, **own)
+        return options
 
     def _gather(self, group: dict, row_v: bool):
         """The parameters of ``group`` with a gradient, their local tensors and state (created
@@ -292,36 +303,45 @@ class RiemannianAdam(Optimizer):
                     decoupled_weight_decay=True,
                 )
 
-    def _manifold_step(self, group: dict) -> None:
-        """The row sphere, or a registered geometry asked for its operations (for the
-        whole-matrix sphere that is AdamH, ``W <- R Normalize(W - lr R Normalize(d))`` with Adam's
-        direction ``d`` and ``R`` kept in the state): one call of :func:`spherenet.kernels.sphere_adam_`."""
+    def _manifold_lists(self, group: dict):
+        """The lists :func:`spherenet.kernels.sphere_adam_` steps for a row-sphere group or a
+        registered geometry's (for the whole-matrix sphere that is AdamH,
+        ``W <- R Normalize(W - lr R Normalize(d))`` with Adam's direction ``d`` and ``R`` kept in
+        the state), after the first step's checks; and the manifold (``None``: the row sphere)."""
         on_sphere = group["manifold"] == SPHERE
         if not on_sphere and group["second_moment"] == "row":
             raise ValueError(
                 f"RiemannianAdam: second_moment='row' is for the row sphere; a {group['manifold']} group uses 'element'"
             )
         params, xs, gs, ms, vs, steps, new = self._gather(group, row_v=group["second_moment"] == "row")
-        if not xs:
-            return
-        if on_sphere:
-            manifold, implementation = None, {"foreach": "torch"}.get(self.sphere_kernel, self.sphere_kernel)
-            if new:
-                names = _names_of(self.param_groups)
-                for i in new:
-                    check_sphere_layout(params[i], names.get(id(params[i]), f"of shape {tuple(params[i].shape)}"))
-                ensure_on_sphere(
-                    [params[i] for i in new], [xs[i] for i in new], names, self.off_sphere, "RiemannianAdam"
-                )
-        else:
+        manifold = None
+        if on_sphere and new:
+            names = _names_of(self.param_groups)
+            for i in new:
+                check_sphere_layout(params[i], names.get(id(params[i]), f"of shape {tuple(params[i].shape)}"))
+            ensure_on_sphere([params[i] for i in new], [xs[i] for i in new], names, self.off_sphere, "RiemannianAdam")
+        elif not on_sphere:
             geometry = geometry_for(group["manifold"])
             for p, x in zip(params, xs):
                 if "geometry" not in self.state[p]:
                     self.state[p].update(geometry.init_state(x, like=p), geometry=geometry.name)
-            manifold, implementation = GeometryLists(geometry, [self.state[p] for p in params], params), "reference"
-        b1, b2 = group["betas"]
-        sphere_adam_(
-            xs, gs, ms, vs, steps, lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"],
-            second_moment=group["second_moment"], gradient=group["gradient"], manifold=manifold,
-            implementation=implementation,
-        )  # fmt: skip  # sphere_adam_'s arguments in its order
+            manifold = GeometryLists(geometry, [self.state[p] for p in params], params)
+        return (xs, gs, ms, vs, steps), manifold
+
+
+def sphere_adam_options(
+    options, second_moment: str, gradient: str, sphere_kernel: str, owner: str
+) -> SphereAdamOptions:
+    """``options``, or the one the keywords build; both at once is a ``ValueError``."""
+    keywords = {"second_moment": second_moment, "gradient": gradient, "sphere_kernel": sphere_kernel}
+    if options is None:
+        return SphereAdamOptions(second_moment=second_moment, gradient=gradient, implementation=sphere_kernel)
+    if not isinstance(options, SphereAdamOptions):
+        raise TypeError(f"{owner}: options must be a SphereAdamOptions, got {type(options).__name__}")
+    given = [key for key, value in keywords.items() if value != _KEYWORD_DEFAULTS[key]]
+    if given:
+        raise ValueError(f"{owner}: got options= and {', '.join(given)}=; give the options object alone")
+    return options
+
+
+_KEYWORD_DEFAULTS = {"second_moment": "element", "gradient": "euclidean", "sphere_kernel": "auto"}

@@ -52,6 +52,49 @@ def test_refusals_name_the_value_and_the_allowed_ones():
         Op("bad", implementations={"foreach": 0}, auto={"*": "foreach"})
 
 
+def test_a_call_the_named_implementation_does_not_take_runs_torch():
+    """The fallbacks are the resolver's: an op's ``takes`` predicate refuses a call, and the call
+    runs "torch", whether the implementation was named or chosen."""
+    op = Op("demo", {"reference": 0, "torch": 1, "triton": 2}, {"*": "triton"}, takes={"triton": lambda x: x > 0})
+    assert resolve(op, None, "cpu", (1,)) == "triton"
+    assert resolve(op, None, "cpu", (-1,)) == "torch"
+    assert resolve(op, "triton", "cpu", (-1,)) == "torch"
+    assert resolve(op, None, "cpu") == "triton"  # without the call's arguments: the table's choice
+    with use("reference"):
+        assert resolve(op, None, "cpu", (-1,)) == "reference"  # takes only speaks for its own names
+    with pytest.raises(ValueError, match=r"takes names \['native'\]"):
+        Op("bad", {"torch": 0}, {"*": "torch"}, takes={"native": bool})
+    with pytest.raises(ValueError, match="needs a 'torch' implementation"):
+        Op("bad", {"reference": 0}, {"*": "reference"}, takes={"reference": bool})
+
+
+def test_the_layer_ops_send_what_triton_does_not_take_to_torch(monkeypatch):
+    """float64, a Python float alpha, broadcast SwiGLU inputs and q/k not of 4 dimensions never reach a
+    Triton module (which imports no family module back to fall back on): under use("triton") they
+    run the fused torch functions, with their values."""
+    from spherenet.kernels import activation, norm, residual
+
+    ran = []
+    for module, ops in ((norm, ("NORMALIZE", "QK_NORMALIZE")), (activation, ("SWIGLU", "RELU2"))):
+        for name in ops:
+            op = getattr(module, name)
+            monkeypatch.setattr(
+                module, name, Op(op.name, {**op.implementations, "triton": ran.append}, op.auto, op.takes)
+            )
+    monkeypatch.setattr(residual, "UPDATES", {k: Op(op.name, {**op.implementations, "triton": ran.append}, op.auto, op.takes) for k, op in residual.UPDATES.items()})  # fmt: skip  # one table
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with use("triton"):
+        assert torch.equal(kernels.normalize(x), norm.normalize_fused(x))
+        assert torch.equal(kernels.qk_normalize(x.float(), torch.ones(8)), norm.scaled_normalize_fused(x.float(), torch.ones(8)))  # fmt: skip  # one check
+        assert torch.equal(kernels.relu2(x), activation.relu2_fused(x))
+        assert torch.equal(kernels.swiglu(x.float(), x[:1].float()), activation.swiglu_fused(x.float(), x[:1].float()))
+        h = norm.normalize_fused(x.float())
+        assert torch.equal(
+            kernels.residual_update("lerp", h, h.flip(0), 0.5), residual.lerp_normalize(h, h.flip(0), 0.5)
+        )
+    assert ran == []
+
+
 def _in_subprocess(code: str, value: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SPHERENET_KERNELS": value}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -1,15 +1,16 @@
-"""spherenet.kernels.sphere_adam_: its plain-torch reference against Adam and the retraction
-written out here in float64, for both second moments, both gradients and the whole-matrix
-geometry; its refusals."""
+"""spherenet.kernels.sphere_adam_: its reference (and its foreach passes) against Adam and the
+retraction written out here in float64, for both second moments, both gradients and the
+whole-matrix geometry; its options object and its refusals."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
 import torch
 
-from spherenet.kernels.sphere_adam import sphere_adam_
+from spherenet.kernels.sphere_adam import SphereAdamOptions, sphere_adam_
 from spherenet.manifolds import GeometryLists, MatrixSphere
 
 LR, B1, B2, EPS = 2e-2, 0.9, 0.95, 1e-8
@@ -33,9 +34,10 @@ def unit_rows(gen, *shape):
     return x / x.norm(dim=-1, keepdim=True)
 
 
+@pytest.mark.parametrize("implementation", ["reference", "torch"])
 @pytest.mark.parametrize("second_moment", ["element", "row"])
 @pytest.mark.parametrize("gradient", ["euclidean", "riemannian"])
-def test_reference_is_adam_then_the_retraction_written_out(second_moment, gradient):
+def test_reference_is_adam_then_the_retraction_written_out(second_moment, gradient, implementation):
     gen = torch.Generator().manual_seed(0)
     shapes = [(7, 12), (3, 2, 5), (1, 9)]
     xs = [unit_rows(gen, *s) for s in shapes]
@@ -46,10 +48,8 @@ def test_reference_is_adam_then_the_retraction_written_out(second_moment, gradie
     for t in range(1, 26):
         gs = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
         before = [g.clone() for g in gs]
-        sphere_adam_(
-            xs, gs, ms, vs, steps, lr=LR, beta1=B1, beta2=B2, eps=EPS,
-            second_moment=second_moment, gradient=gradient, implementation="reference",
-        )  # fmt: skip  # the function's arguments in its order
+        options = SphereAdamOptions(second_moment, gradient, implementation)
+        sphere_adam_(xs, gs, ms, vs, steps, lr=LR, beta1=B1, beta2=B2, eps=EPS, options=options)
         want = [written_out_step(x, g, m, v, t, second_moment, gradient) for (x, m, v), g in zip(want, gs)]
         assert all(torch.equal(g, b) for g, b in zip(gs, before))  # gradients are read only
         assert [float(s) for s in steps] == [t] * len(shapes)
@@ -78,8 +78,8 @@ def test_reference_steps_the_whole_matrix_sphere_through_its_operations(gradient
     for t in range(1, 11):
         gs = [torch.randn(w.shape, generator=gen, dtype=torch.float64) for w in ws]
         sphere_adam_(
-            ws, gs, ms, vs, steps, lr=LR, beta1=B1, beta2=B2, eps=EPS, gradient=gradient,
-            manifold=GeometryLists(sphere, states, ws),
+            ws, gs, ms, vs, steps, lr=LR, beta1=B1, beta2=B2, eps=EPS,
+            options=SphereAdamOptions(gradient=gradient), manifold=GeometryLists(sphere, states, ws),
         )  # fmt: skip  # the function's arguments in its order
         stepped = []
         for (w, m, v), g, radius in zip(want, gs, radii):
@@ -97,18 +97,30 @@ def test_reference_steps_the_whole_matrix_sphere_through_its_operations(gradient
         assert math.isclose(float(w.norm()), radius, rel_tol=1e-14)
 
 
+def test_options_are_checked_once_with_one_error_per_bad_value():
+    assert SphereAdamOptions() == SphereAdamOptions("element", "euclidean", "auto")
+    assert SphereAdamOptions(implementation="foreach").implementation == "torch"  # the old name, same meaning
+    with pytest.raises(ValueError, match=r"^second_moment must be one of \('element', 'row'\), got 'column'$"):
+        SphereAdamOptions(second_moment="column")
+    with pytest.raises(ValueError, match=r"^gradient must be one of \('riemannian', 'euclidean'\), got 'paper'$"):
+        SphereAdamOptions(gradient="paper")
+    with pytest.raises(
+        ValueError, match=r"implementation \(sphere_kernel=\) must be one of auto, reference, .*'cuda'$"
+    ):
+        SphereAdamOptions(implementation="cuda")
+    with pytest.raises(Exception, match="cannot assign"):  # frozen: checked values stay checked
+        SphereAdamOptions().gradient = "paper"
+
+
 def test_refusals_name_the_problem():
     x = torch.nn.functional.normalize(torch.randn(3, 4), dim=-1)
     args = ([x], [torch.zeros_like(x)], [torch.zeros_like(x)], [torch.zeros_like(x)], [torch.zeros(())])
-    options = dict(lr=LR, beta1=B1, beta2=B2, eps=EPS)
-    with pytest.raises(ValueError, match="second_moment must be one of"):
-        sphere_adam_(*args, **options, second_moment="column")
-    with pytest.raises(ValueError, match="gradient must be one of"):
-        sphere_adam_(*args, **options, gradient="paper")
+    scalars = dict(lr=LR, beta1=B1, beta2=B2, eps=EPS)
+    with pytest.raises(TypeError, match="options must be a SphereAdamOptions, got dict"):
+        sphere_adam_(*args, **scalars, options={"gradient": "riemannian"})
     with pytest.raises(ValueError, match="lists of unequal lengths"):
-        sphere_adam_(*args[:4], [], **options)
-    with pytest.raises(ValueError, match="sphere_adam_ has no 'cuda' implementation|must be one of"):
-        sphere_adam_(*args, **options, implementation="cuda")
+        sphere_adam_(*args[:4], [], **scalars)
     geometry = GeometryLists(MatrixSphere(), [{"radius": 1.0}], [x])
-    with pytest.raises(ValueError, match="steps the unit sphere's rows only"):
-        sphere_adam_(*args, **options, manifold=geometry, implementation="triton")
+    for name in ("reference",) + (("triton",) if importlib.util.find_spec("triton") else ()):
+        with pytest.raises(ValueError, match=f"the {name} implementation steps the unit sphere's rows only"):
+            sphere_adam_(*args, **scalars, options=SphereAdamOptions(implementation=name), manifold=geometry)

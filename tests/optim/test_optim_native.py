@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spherenet.kernels import native as _native
+from spherenet.kernels.sphere_adam import SphereAdamOptions, sphere_adam_reference
 from spherenet.layers import SphereLinear
 from spherenet.models import from_preset
 from spherenet.optim import RiemannianAdam, normalize_
@@ -29,16 +30,14 @@ OP = _native.sphere_adam_op()
 
 
 def reference_step(x, g, m, v, lr, b1, b2, eps, t, row_v, euclidean=False):
-    """The steps of spherenet.kernels.sphere_adam_ in plain float64 PyTorch (no spherenet code)."""
-    x, g, m, v = (a.double() for a in (x, g, m, v))
-    u = g if euclidean else g - (x * g).sum(-1, keepdim=True) * x
-    m = b1 * m + (1 - b1) * u
-    v = b2 * v + (1 - b2) * ((u * u).sum(-1, keepdim=True) if row_v else u * u)
-    bc1, bc2 = 1 - b1**t, 1 - b2**t
-    y = x - lr / bc1 * m / ((v / bc2).sqrt() + eps)
-    x = y / y.norm(dim=-1, keepdim=True)
-    if row_v and not euclidean:  # transport (never with a per-element v)
-        m = m - (x * m).sum(-1, keepdim=True) * x
+    """Step ``t`` of :func:`spherenet.kernels.sphere_adam.sphere_adam_reference` in float64, on
+    copies: ``(x, m, v)`` after it. (The reference itself is checked against the equations written
+    out in tests/kernels/test_kernels_sphere_adam.py.)"""
+    x, g, m, v = (a.double().clone() for a in (x, g, m, v))
+    options = SphereAdamOptions("row" if row_v else "element", "euclidean" if euclidean else "riemannian", "reference")
+    sphere_adam_reference(
+        [x], [g], [m], [v], [torch.tensor(t - 1.0)], lr=lr, beta1=b1, beta2=b2, eps=eps, options=options
+    )
     return x, m, v
 
 
@@ -272,14 +271,14 @@ def test_build_optimizer_passes_the_kernel_choice():
     from spherenet.optim import build_optimizer
 
     opt, _ = build_optimizer(ngpt(torch.float32), "riemannian_adam", lr=1e-3, total_steps=10, sphere_kernel="foreach")
-    assert opt.sphere_kernel == "foreach"
-    with pytest.raises(ValueError, match="sphere_kernel must be one of"):
+    assert opt.options.implementation == "torch"  # "foreach", the old name, means the foreach passes
+    with pytest.raises(ValueError, match=r"implementation \(sphere_kernel=\) must be one of .*got 'gpu'"):
         build_optimizer(ngpt(torch.float32), "riemannian_adam", lr=1e-3, total_steps=10, sphere_kernel="gpu")
 
 
 def test_sphere_kernel_option_is_checked():
-    assert SPHERE_KERNELS == ("auto", "native", "triton", "foreach")
-    with pytest.raises(ValueError, match="sphere_kernel must be one of"):
+    assert SPHERE_KERNELS == ("auto", "reference", "torch", "native", "triton", "foreach")
+    with pytest.raises(ValueError, match=r"implementation \(sphere_kernel=\) must be one of .*got 'cuda'"):
         RiemannianAdam(ngpt(torch.float32), sphere_kernel="cuda")
 
 
@@ -323,6 +322,7 @@ import math, sys, torch
 sys.path.insert(0, "tests/optim")
 from test_optim_native import random_state, reference_step
 from spherenet.kernels import native as _native
+from spherenet.kernels.sphere_adam import SphereAdamOptions, sphere_adam_reference
 print(torch.backends.cpu.get_cpu_capability())
 op = _native.sphere_adam_op()
 assert op is not None, _native.native_status()[1]

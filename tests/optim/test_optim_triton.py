@@ -1,7 +1,7 @@
-"""The Triton sphere-Adam kernel (spherenet.kernels.sphere_rows_triton) against a float64 reference of
-the step written out here, over many steps in every mode, and against the native CPU kernel of
-the same signature. Without a GPU it runs under Triton's interpreter (tests/conftest.py), in
-float32: the interpreter has no bf16 arithmetic."""
+"""The Triton sphere-Adam kernel (spherenet.kernels.sphere_rows_triton) against the float64
+reference step (spherenet.kernels.sphere_adam.sphere_adam_reference) over many steps in every
+mode, and against the native CPU kernel of the same signature. Without a GPU it runs under
+Triton's interpreter (tests/conftest.py), in float32: the interpreter has no bf16 arithmetic."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("triton")
 
 from spherenet.kernels import sphere_rows_triton as triton_kernel  # noqa: E402
+from spherenet.kernels.sphere_adam import SphereAdamOptions, sphere_adam_reference  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MODES = [(row_v, euclidean) for row_v in (False, True) for euclidean in (True, False)]
@@ -21,20 +22,10 @@ LR, BETAS, EPS, TINY = 1e-2, (0.9, 0.95), 1e-8, 1e-30
 
 
 def reference_step(x, g, m, v, t, row_v, euclidean, lr=LR):
-    """One step in float64, as docs/paper.md states it (in place)."""
-    b1, b2 = BETAS
-    u = g if euclidean else g - (x * g).sum(-1, keepdim=True) * x  # tangent projection
-    m.mul_(b1).add_((1 - b1) * u)
-    if row_v:
-        v.mul_(b2).add_((1 - b2) * (u * u).sum(-1))
-        denom = (v.sqrt() / math.sqrt(1 - b2**t) + EPS)[..., None]
-    else:
-        v.mul_(b2).add_((1 - b2) * u * u)
-        denom = v.sqrt() / math.sqrt(1 - b2**t) + EPS
-    y = x - (lr / (1 - b1**t)) * m / denom
-    x.copy_(y / y.norm(dim=-1, keepdim=True))
-    if row_v and not euclidean:
-        m.sub_((x * m).sum(-1, keepdim=True) * x)  # transport by projection
+    """Step ``t`` of ``sphere_adam_reference``, in place (with ``row_v``, ``v`` of shape ``x.shape[:-1]``)."""
+    options = SphereAdamOptions("row" if row_v else "element", "euclidean" if euclidean else "riemannian", "reference")
+    lists = [x], [g], [m], [v[..., None] if row_v else v], [torch.tensor(t - 1.0)]
+    sphere_adam_reference(*lists, lr=lr, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, options=options)
 
 
 def kernel_step(x, g, m, v, t, row_v, euclidean, kernel=triton_kernel.sphere_adam_rows_):

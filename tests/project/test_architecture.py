@@ -120,11 +120,8 @@ def module_import_cycles() -> list[list[str]]:
             name = name.rpartition(".")[0]
         return name or None
 
-    # A kernel family loads its Triton module on first use (Triton is optional), and that module
-    # falls back on the family's fused functions for what its kernels do not take (float64): an
-    # edge from ``x`` to ``x_triton`` is that plug-in, not a circle of ideas, and is left out.
     graph = {
-        name: {m for n, _ in imported_names(name, path) if (m := module_of(n)) and m not in (name, name + "_triton")}
+        name: {m for n, _ in imported_names(name, path) if (m := module_of(n)) and m != name}
         for name, path in modules.items()
     }
     cycles, done = [], set()
@@ -161,6 +158,69 @@ def test_import_cycle_check_finds_a_function_level_cycle(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "LIBRARY", fake)
     assert module_import_cycles() == [["spherenet.models.hub", "spherenet.models.ngpt", "spherenet.models.hub"]]
+
+
+def test_import_cycle_check_finds_a_kernel_family_and_its_triton_module(tmp_path, monkeypatch):
+    """A family that loads its Triton module on first use (a function-level import) and a Triton
+    module that imports the family back (module level) for a fallback: a circle, whatever its
+    reason (the resolver decides fallbacks, spherenet.kernels.resolve)."""
+    fake = tmp_path / "spherenet"
+    (fake / "kernels").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "kernels" / "__init__.py").write_text("")
+    (fake / "kernels" / "norm.py").write_text("def f(x):\n    from . import norm_triton\n")
+    (fake / "kernels" / "norm_triton.py").write_text("from .norm import f\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "LIBRARY", fake)
+    assert module_import_cycles() == [
+        ["spherenet.kernels.norm", "spherenet.kernels.norm_triton", "spherenet.kernels.norm"]
+    ]
+    with pytest.raises(AssertionError, match="import cycles: spherenet.kernels.norm -> spherenet.kernels.norm_triton"):
+        test_no_module_imports_one_that_imports_it_back()
+
+
+def private_imports_across_packages() -> list[str]:
+    """``path:line imports name`` for every import of a private name or module (a part after
+    ``spherenet`` starting with ``_``, dunders aside) from another package than the importer's
+    (the root package counts as another): what a package does not export is its own business."""
+    found = []
+    for module, path in library_modules():
+        own = spherenet_package(module)
+        for name, line in imported_names(module, path):
+            parts = name.split(".")
+            if parts[0] != "spherenet" or spherenet_package(name) == own and own is not None:
+                continue
+            private = [p for p in parts[1:] if p.startswith("_") and not (p.startswith("__") and p.endswith("__"))]
+            if private:
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    return found
+
+
+def test_no_package_imports_another_packages_private_names():
+    found = private_imports_across_packages()
+    assert not found, "private names imported across packages (make them public or move them):\n" + "\n".join(found)
+
+
+def test_private_import_check_finds_names_and_modules_and_spares_the_own_package(tmp_path, monkeypatch):
+    fake = tmp_path / "spherenet"
+    for package in ("manifolds", "kernels", "optim"):
+        (fake / package).mkdir(parents=True)
+        (fake / package / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "manifolds" / "geodesic.py").write_text("def _work_dtype(): ...\n")
+    (fake / "kernels" / "_choice.py").write_text("def run(): ...\n")
+    (fake / "kernels" / "norm.py").write_text(
+        "from .. import __version__\nfrom ._choice import run\nfrom ..manifolds.geodesic import _work_dtype\n"
+    )
+    (fake / "optim" / "adam.py").write_text("def step():\n    from ..kernels._choice import run\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "LIBRARY", fake)
+    assert private_imports_across_packages() == [
+        "spherenet/kernels/norm.py:3 imports spherenet.manifolds.geodesic._work_dtype",
+        "spherenet/optim/adam.py:2 imports spherenet.kernels._choice.run",
+    ]
+    with pytest.raises(AssertionError, match="private names imported across packages"):
+        test_no_package_imports_another_packages_private_names()
 
 
 @pytest.mark.parametrize("module", ["spherenet.models.hub", "spherenet.models.ngpt", "spherenet.models.gpt"])
