@@ -25,7 +25,7 @@ from recipes.run_directory import (  # the run directory's side of resuming, re-
 from spherenet.checkpoint import CheckpointError, CheckpointManager, VerifiedCheckpoint
 from spherenet.data import DataError
 from spherenet.models import model_class_of
-from spherenet.train.config import ConfigError, RunConfig, model_config, resolved
+from spherenet.train.config import ConfigError, RunConfig, resolved
 from spherenet.train.tracking import flatten_config
 
 __all__ = [
@@ -78,7 +78,7 @@ class ResumePlan:
 
 
 def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[str, Any]]:
-    config = model_config(cfg, vocab_size)
+    config = cfg.model.build(vocab_size)
     return model_class_of(config).architecture, dataclasses.asdict(config)
 
 
