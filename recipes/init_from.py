@@ -32,7 +32,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["adopt_published_model", "check_init_from_target", "init_from_weights"]
+__all__ = ["adopt_published_model", "check_init_from_target", "init_from_weights", "start_weights"]
+
+
+def start_weights(model: torch.nn.Module, tokenizer, train, resuming: bool, is_main: bool) -> None:
+    """The run's starting weights, into the model just built (before sharding: whole tensors):
+    ``train.init_from``'s, unless the run resumes (its own checkpoint holds its weights) or
+    ``train.init_from`` is empty (the model's random initialization)."""
+    if train.init_from and not resuming:
+        init_from_weights(model, tokenizer, train.init_from, is_main)
 
 
 def check_init_from_target(source: str | None, out_dir: Path, overwrite: bool) -> None:

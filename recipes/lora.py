@@ -20,7 +20,20 @@ from torch import nn
 from spherenet import install_hint
 from spherenet.train.config import ConfigError
 
-__all__ = ["LoraTraining"]
+__all__ = ["LoraTraining", "lora_training", "checkpoint_models"]
+
+
+def lora_training(model: nn.Module, train, is_main: bool = True) -> LoraTraining | None:
+    """The run's LoRA adapters on ``model`` (in place) when ``train.lora_rank`` asks for them,
+    else ``None`` (every weight trains)."""
+    return LoraTraining(model, train, is_main) if train.lora_rank else None
+
+
+def checkpoint_models(model: nn.Module, lora: LoraTraining | None) -> dict[str, object]:
+    """The checkpoint's model entries: ``{"model": model}``, or, fine-tuning with LoRA, the merged
+    model as ``model`` (what export, evaluation and sampling read) and the adapted one as ``lora``
+    (what ``--resume`` continues)."""
+    return {"model": lora.merged, "lora": lora} if lora is not None else {"model": model}
 
 
 class LoraTraining:

@@ -1,7 +1,8 @@
 """The resume policy of ``recipes.train``: what ``--resume`` (or a torchrun restart) continues
 from, which changed settings it accepts, reports or refuses, and how the data position and the
-learning-rate schedule are carried over (whose run directory it is: ``recipes.run_directory``). Everything here runs before the data or the model is
-built, so a refused resume costs nothing and changes nothing."""
+learning-rate schedule are carried over (whose run directory it is: ``recipes.run_directory``).
+``recipes.train`` calls one entry, :class:`Resumption`. The plan is checked before the data or the
+model is built, so a refused resume costs nothing and changes nothing."""
 
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ from recipes.run_directory import (  # the run directory's side of resuming, re-
     release_claims,
     run_in_directory,
 )
-from spherenet.checkpoint import CheckpointError, VerifiedCheckpoint
+from spherenet.checkpoint import CheckpointError, CheckpointManager, VerifiedCheckpoint
 from spherenet.data import DataError
 from spherenet.models import model_class_of
-from spherenet.train.config import ConfigError, RunConfig, model_config, resolved
+from spherenet.train.config import ConfigError, RunConfig, resolved
 from spherenet.train.tracking import flatten_config
 
 __all__ = [
     "RESUMABLE_CHANGES",
+    "Resumption",
     "ResumePlan",
     "check_resumable",
     "plan_resume",
@@ -76,7 +78,7 @@ class ResumePlan:
 
 
 def _effective_model_config(cfg: RunConfig, vocab_size: int) -> tuple[str, dict[str, Any]]:
-    config = model_config(cfg, vocab_size)
+    config = cfg.model.build(vocab_size)
     return model_class_of(config).architecture, dataclasses.asdict(config)
 
 
@@ -258,3 +260,61 @@ def extend_schedule(scheduler, saved_state: dict) -> None:
     scheduler.load_state_dict(saved_state)
     scheduler.last_epoch -= 1
     scheduler.step()  # recomputes every group's lr at last_epoch with the new function
+
+
+@dataclasses.dataclass
+class Resumption:
+    """What this invocation continues: ``plan`` (``None``: it starts at step 0), found by
+    :meth:`find` before the data or the model is built, then :meth:`check_data` on the prepared
+    data and :meth:`restore` into the run's state once it is built."""
+
+    cfg: RunConfig
+    plan: ResumePlan | None
+    restarted: bool  # a torchrun restart of the job that wrote the run directory
+    data_changed: bool = False
+
+    @classmethod
+    def find(cls, ckpt: CheckpointManager, cfg: RunConfig, world_size: int, wanted: bool, restarted: bool):
+        """The newest sound checkpoint's plan when ``--resume`` (``wanted``) or a restart asks
+        for one and there is one; refused (ConfigError, CheckpointError) while that costs nothing."""
+        found = ckpt.latest_verified() if wanted or restarted else None
+        return cls(cfg, plan_resume(found, cfg, world_size) if found is not None else None, restarted)
+
+    @property
+    def resuming(self) -> bool:
+        return self.plan is not None
+
+    @property
+    def notes(self) -> list[str]:
+        """The accepted changes, printed and logged."""
+        return self.plan.notes if self.plan is not None else []
+
+    def check_data(self, data, accept_change: bool) -> None:
+        """:func:`check_data` when resuming."""
+        if self.plan is not None:
+            self.data_changed = check_data(self.plan, data, accept_change)
+
+    def restore(self, ckpt: CheckpointManager, state: dict, model, is_main: bool) -> int:
+        """Load the checkpoint into ``state`` (the model, optimizer, scheduler and data position
+        of the run, built), check what it records against this run, and report it; returns the
+        step the run continues after (0 for a fresh start)."""
+        plan = self.plan
+        if plan is None:
+            if self.restarted and is_main:  # a restart before the first checkpoint: from the start again
+                print(f"restart: no checkpoint in {ckpt.directory} yet, starting from step 0", flush=True)
+            return 0
+        # The data position and (with another train.steps) the schedule are restored below.
+        skip = {"train_windows"} | ({"scheduler"} if plan.steps_changed else set())
+        loaded = ckpt.load(plan.checkpoint, {k: v for k, v in state.items() if k not in skip})
+        check_resumable(loaded.extra, self.cfg, model_class_name(model), dataclasses.asdict(model.config), loaded.path)
+        start, scheduler = loaded.step, state["scheduler"]
+        restore_position(state["train_windows"], plan, self.data_changed)
+        if plan.steps_changed:
+            extend_schedule(scheduler, loaded.extra["scheduler"])
+        if is_main:
+            print(f"resumed from {loaded.path} at step {start}", flush=True)
+            for note in plan.notes:
+                print(f"resume: {note}", flush=True)
+            if plan.steps_changed and start < self.cfg.train.steps:
+                print(f"resume: learning rate at step {start + 1}: {scheduler.get_last_lr()[0]:.3e}", flush=True)
+        return start

@@ -16,6 +16,10 @@ import signal
 import socket
 import sys
 
+import torch
+
+from spherenet.train.distributed import all_reduce_max
+
 __all__ = ["StopOnSignal", "ABORT_EXIT_CODE"]
 
 #: The exit code of a run aborted by a second Ctrl-C (the shell's 128 + SIGINT).
@@ -133,3 +137,15 @@ class StopOnSignal:
     def describe(self) -> str:
         """The signal's name, or where the request came from when it was not this process's."""
         return signal.Signals(self.signal).name if self.signal is not None else "on another rank"
+
+    def agreed(self, distributed: bool) -> bool:
+        """Whether the loop stops after this step: a stop requested here or, ``distributed``, on
+        any rank (a collective every rank calls at every step, so that all leave at the same step)."""
+        stop = self.requested
+        if distributed:
+            stop = bool(all_reduce_max(torch.tensor(float(stop))) > 0)
+        return stop
+
+    def saved_at(self, step: int) -> str:
+        """The line that reports the stop, once its checkpoint is saved at ``step``."""
+        return f"stop requested ({self.describe()}): checkpoint saved at step {step}; continue with --resume"

@@ -156,7 +156,7 @@ def test_a_run_halted_before_its_first_validation_reports_no_val_loss(tmp_path, 
 
 
 def test_the_progress_bar_shows_a_val_loss_once_there_is_one():
-    from recipes.train import report_step
+    from recipes.train_loop import report_step
 
     class Bar:
         def set_postfix(self, **postfix):

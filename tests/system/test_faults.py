@@ -32,6 +32,7 @@ import pytest
 import torch
 
 import recipes.train
+import recipes.train_loop
 import spherenet.train.loop as loop
 from recipes.train import cli
 from spherenet.checkpoint import CheckpointManager, CheckpointWarning
@@ -539,7 +540,7 @@ def test_too_many_skips_in_a_row_stop_with_exit_3(tmp_path, cache, text_file, mo
 def test_nan_weights_are_never_checkpointed(tmp_path, cache, text_file, monkeypatch, capsys):
     """Weights turned NaN behind the loop's back (finite loss and gradient at that step): the
     next checkpoint refuses them, exit code 3, the previous checkpoint stays the newest."""
-    out, real = tmp_path / "run", recipes.train.train_step
+    out, real = tmp_path / "run", recipes.train_loop.train_step
     calls = [0]
 
     def train_step(model, *a, **kw):
@@ -550,7 +551,7 @@ def test_nan_weights_are_never_checkpointed(tmp_path, cache, text_file, monkeypa
                 next(model.parameters()).view(-1)[0] = float("nan")
         return result
 
-    monkeypatch.setattr(recipes.train, "train_step", train_step)
+    monkeypatch.setattr(recipes.train_loop, "train_step", train_step)
     rc = cli(args(out, cache, text_file, f"train.steps={STEPS}", f"train.checkpoint_every={EVERY}"))
     err = capsys.readouterr().err
     assert rc == 3, err
