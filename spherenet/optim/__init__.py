@@ -23,7 +23,7 @@ from .combined import CombinedOptimizer
 from .groups import EUCLIDEAN, SPHERE, is_matrix, named_sphere_parameters, param_groups, sphere_parameters
 from .muon import SphericalMuon, hidden_matrices, zeropower_via_newton_schulz
 from .normalize import add_normalize_hook, normalize_
-from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, RiemannianAdam, SphereAdamOptions
+from .riemannian_adam import GRADIENTS, SECOND_MOMENTS, SPHERE_KERNELS, RiemannianAdam, SphereAdamOptions
 from .wrapper import MAGNITUDE_STATES, POINT_STATES, VECTOR_STATES, Riemannian
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "RiemannianAdam",
     "SphereAdamOptions",
     "SECOND_MOMENTS",
+    "SPHERE_KERNELS",
     "GRADIENTS",
     "SphericalMuon",
     "zeropower_via_newton_schulz",

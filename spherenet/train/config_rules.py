@@ -8,8 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..optim import GRADIENTS, METHODS, SECOND_MOMENTS
-from ..optim.riemannian_adam import SPHERE_KERNELS
+from ..optim import GRADIENTS, METHODS, SECOND_MOMENTS, SPHERE_KERNELS
 
 __all__ = [
     "ConfigError",
