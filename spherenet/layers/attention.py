@@ -278,6 +278,13 @@ class Attention(nn.Module):
         """What happens to k after RoPE: nothing here (the baseline)."""
         return x
 
+    def _project(self, x: torch.Tensor, offset: int, positions: torch.Tensor | None):
+        """Queries ``(B, n_heads, T, d_k)``, keys and values ``(B, n_kv_heads, T, d_k)`` of ``x``:
+        q and k after RoPE and ``_scale_q`` / ``_scale_k``."""
+        q = self._scale_q(self.rope(self._split_heads(self.w_q(x)), offset, positions))
+        k = self._scale_k(self.rope(self._split_heads(self.w_k(x)), offset, positions))
+        return q, k, self._split_heads(self.w_v(x))
+
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, heads * head_dim)`` -> ``(B, heads, T, head_dim)``: queries (n_heads) or keys
         and values (n_kv_heads)."""
@@ -311,9 +318,7 @@ class Attention(nn.Module):
         self._check_input(x)
         causal = self.causal if causal is None else causal
         offset = 0 if cache is None else cache.length
-        q = self._scale_q(self.rope(self._split_heads(self.w_q(x)), offset, positions))
-        k = self._scale_k(self.rope(self._split_heads(self.w_k(x)), offset, positions))
-        v = self._split_heads(self.w_v(x))
+        q, k, v = self._project(x, offset, positions)
         if cache is not None:
             k, v = cache.append(k, v)
         n_queries, n_keys = q.shape[-2], k.shape[-2]

@@ -120,6 +120,35 @@ class NGPTAttention(Folding, Attention):
         s_qk = self._s_qk()
         return (s_qk * s_qk, None) if self.grouped else (s_qk, s_qk)
 
+    def _project(self, x: torch.Tensor, offset: int, positions: torch.Tensor | None):
+        """q, k, v (eq. 15, 16). In eval mode without gradients, with plain weights: one matmul
+        for all three (``[W_q; W_k; W_v]``, folded once), RoPE and ``Norm(.) * s_qk`` once over
+        the query and key heads together (the keys' factor is 1 with grouped heads); the same
+        element-wise operations as the general path, fewer calls per token."""
+        weights = (self.w_q, self.w_k, self.w_v)
+        fast = self.qk_norm and folding(self) and self.fold_weights and all(is_plain(w) for w in weights)
+        if not fast or x.ndim != 3 or x.shape[-1] != self.d_model:
+            return super()._project(x, offset, positions)
+        scales = cached(self, "qk rows", (self.s_qk.source,), self._qk_scale_rows)
+        if x.dtype != scales.dtype:  # e.g. autocast: the keys' dtype would change
+            return super()._project(x, offset, positions)
+        sources = tuple(w.weight for w in weights)
+        qkv_weight = cached(self, "qkv", sources, lambda: torch.cat([w.matrix() for w in weights]))
+        heads, kv_heads = self.n_heads, self.n_kv_heads
+        qkv = F.linear(x, qkv_weight).unflatten(-1, (heads + 2 * kv_heads, self.head_dim)).transpose(1, 2)
+        qk = kernels.qk_normalize(self.rope(qkv[:, : heads + kv_heads], offset, positions), scales)
+        q, k = qk.split((heads, kv_heads), dim=1)
+        return q, k, qkv[:, heads + kv_heads :]
+
+    def _qk_scale_rows(self) -> torch.Tensor:
+        """The queries' and the keys' factors (:meth:`_qk_scales`) as one ``(n_heads + n_kv_heads,
+        1, d_k)`` tensor; ones for grouped keys."""
+        q_scale, k_scale = self._compute_qk_scales()
+        d = self.head_dim
+        q_rows = torch.broadcast_to(q_scale, (self.n_heads, 1, d))
+        k_rows = torch.ones_like(q_rows[:1]).expand(self.n_kv_heads, 1, d) if k_scale is None else k_scale
+        return torch.cat((q_rows, torch.broadcast_to(k_rows, (self.n_kv_heads, 1, d))))
+
     def _scale_q(self, x: torch.Tensor) -> torch.Tensor:
         """eq. 15 for q of shape (B, H, T, d_k): ``Norm(q) * s_qk``; ``Norm(q) * s_qk**2`` with
         grouped key/value heads."""
