@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from .fold import cached
@@ -59,11 +58,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     Computed in float32 at least and cast back to ``x.dtype``.
     """
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xw = x.to(work)
-    cos, sin = cos.to(work), sin.to(work)
+    xw, cos, sin = (t if t.dtype == work else t.to(work) for t in (x, cos, sin))  # no call where it is one
     x1, x2 = xw.chunk(2, dim=-1)
     rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return rotated.to(x.dtype)
+    return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -288,7 +286,7 @@ class Attention(nn.Module):
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, heads * head_dim)`` -> ``(B, heads, T, head_dim)``: queries (n_heads) or keys
         and values (n_kv_heads)."""
-        return rearrange(x, "b t (h d) -> b h t d", d=self.head_dim)
+        return x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
 
     def _check_input(self, x: torch.Tensor) -> None:
         if x.ndim != 3 or x.shape[-1] != self.d_model:
@@ -303,7 +301,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.softmax_scale, enable_gqa=self.grouped
         )
-        return self.w_o(rearrange(out, "b h t d -> b t (h d)"))
+        return self.w_o(out.transpose(1, 2).flatten(2))  # (B, H, T, d) -> (B, T, H d)
 
     def forward(
         self,

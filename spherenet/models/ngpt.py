@@ -29,6 +29,7 @@ from einops import rearrange
 from torch import nn
 
 from .. import kernels
+from ..kernels.residual import normalized_update
 from ..layers import KVCache, NGPTConfig, RotaryEmbedding, Scale, ScaleSpec, SphereEmbedding, SphereLinear
 from ..layers.attention import Attention
 from ..layers.config import S_QK, S_U, S_UV, S_V, ngpt_softmax_scale
@@ -297,10 +298,8 @@ class NGPTBlock(nn.Module):
     ) -> torch.Tensor:
         update = self.config.update
         attn = self.attn(h, cache=cache, attn_mask=attn_mask, positions=positions)
-        h_attn = kernels.normalize(attn)  # h_A = Norm(ATTN(h))
-        h = kernels.residual_update(update, h, h_attn, self.residual_attn.alpha())  # eq. 10
-        h_mlp = kernels.normalize(self.mlp(h))  # h_M = Norm(MLP(h))
-        return kernels.residual_update(update, h, h_mlp, self.residual_mlp.alpha())  # eq. 11
+        h = normalized_update(update, h, attn, self.residual_attn.alpha())  # h_A = Norm(ATTN(h)), eq. 10
+        return normalized_update(update, h, self.mlp(h), self.residual_mlp.alpha())  # h_M = Norm(MLP(h)), eq. 11
 
 
 # ---------------------------------------------------------------------------------------------
