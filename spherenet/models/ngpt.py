@@ -43,6 +43,7 @@ __all__ = [
     "NGPTMLP",
     "NGPTReLU2MLP",
     "ngpt_mlp",
+    "project_down",
     "ngpt_attention",
     "residual_alpha",
     "NGPTBlock",
@@ -218,13 +219,13 @@ class NGPTMLP(Folding, nn.Module):
         if plain and folding(self) and self.fold_weights:
             sources = (self.w_u.weight, self.w_v.weight, self.s_u.source, self.s_v.source)
             u, v = F.linear(h, cached(self, "up", sources, self._folded_up)).chunk(2, dim=-1)
-            return self.w_o(kernels.swiglu(u, v))
+            return project_down(self, kernels.swiglu(u, v))
         u = scaled(self.w_u, h, self.s_u)  # eq. 20
         v = scaled(self.w_v, h, self.s_v, math.sqrt(self.d_model))  # eq. 21
         return self.w_o(kernels.swiglu(u, v))  # eq. 19
 
 
-class NGPTReLU2MLP(nn.Module):
+class NGPTReLU2MLP(Folding, nn.Module):
     """nGPT's squared-ReLU MLP, without a gate (not in the paper; the layout of NVIDIA's
     released normalized models). ``W_u`` is unit along its d_model-sized input side, so ``u`` is
     a cosine similarity, rescaled as the gate of eq. 21 is::
@@ -247,7 +248,20 @@ class NGPTReLU2MLP(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         u = scaled(self.w_u, h, self.s_uv, math.sqrt(self.d_model))
-        return self.w_o(kernels.relu2(u))
+        return project_down(self, kernels.relu2(u))
+
+
+def project_down(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x W_o_mlp`` for an nGPT MLP's activations ``x``. Decoding a single token (one row) in
+    eval mode with weight folding on, from a contiguous ``(d_model, d_mlp)`` copy of ``W_o_mlp``
+    made once (:mod:`spherenet.layers.fold`): a matrix-vector product streams it faster than the
+    stored transposed layout (another summation order: equal to float rounding). More rows (a
+    prompt, a batch) are as fast either way and keep the stored layout."""
+    w_o = mlp.w_o
+    one_row = x.numel() == x.shape[-1] == getattr(w_o, "in_features", None)
+    if one_row and is_plain(w_o) and folding(mlp) and mlp.fold_weights:
+        return F.linear(x, cached(mlp, "down", (w_o.weight,), lambda: w_o.matrix().contiguous()))
+    return w_o(x)
 
 
 def ngpt_mlp(config: NGPTConfig) -> nn.Module:

@@ -349,3 +349,24 @@ def test_eval_decoding_follows_the_kernel_choice(implementation):
         steps = [_folded(model, ids[:, :6], kv_caches=caches)]
         steps += [_folded(model, ids[:, t : t + 1], kv_caches=caches) for t in range(6, 10)]
     _close(torch.cat(steps, dim=1), reference)
+
+
+@pytest.mark.parametrize("variant", ["mha", "relu2"])
+def test_single_token_decoding_reads_a_contiguous_down_projection(variant):
+    """Decoding one row, the MLPs' W_o is read from a contiguous copy (folded once); the logits
+    stay those of the unfolded path, and follow an edit of W_o."""
+    model = _model(**VARIANTS[variant])
+    ids = _ids(batch=1, length=10)
+
+    def decode():
+        caches = [KVCache() for _ in model.blocks]
+        steps = [_folded(model, ids[:, :6], kv_caches=caches)]
+        steps += [_folded(model, ids[:, t : t + 1], kv_caches=caches) for t in range(6, 10)]
+        return torch.cat(steps, dim=1)
+
+    decoded = decode()
+    assert "down" in model.blocks[0].mlp._folded.values  # the single-row path was taken
+    _close(decoded, _unfolded(model, ids))
+    with torch.no_grad():
+        model.blocks[1].mlp.w_o.weight.mul_(-1.0)
+    _close(decode(), _unfolded(model, ids))
