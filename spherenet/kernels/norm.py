@@ -60,6 +60,11 @@ def scaled_normalize_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Te
 # ---------------------------------------------------------------- fused autograd
 
 
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)``, skipping the call where ``x`` has it already (decoding makes many)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def tiny(work: torch.dtype, eps: float | None) -> float:
     """The smallest norm divided by in ``work`` (``eps`` when given)."""
     return TINY[work] if eps is None else float(eps)
@@ -86,8 +91,8 @@ def _normalize_values(x: torch.Tensor, eps: float | None) -> tuple[torch.Tensor,
     """``(Norm(x) in x's dtype, the row norms, the smallest norm)``: the fused forward pass."""
     work = work_dtype(x)
     eps = tiny(work, eps)
-    y, norm = norm_forward(x.to(work), eps)
-    return y.to(x.dtype), norm, eps
+    y, norm = norm_forward(as_dtype(x, work), eps)
+    return as_dtype(y, x.dtype), norm, eps
 
 
 class _Normalize(torch.autograd.Function):

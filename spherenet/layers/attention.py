@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from .fold import cached
@@ -59,11 +58,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     Computed in float32 at least and cast back to ``x.dtype``.
     """
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xw = x.to(work)
-    cos, sin = cos.to(work), sin.to(work)
+    xw, cos, sin = (t if t.dtype == work else t.to(work) for t in (x, cos, sin))  # no call where it is one
     x1, x2 = xw.chunk(2, dim=-1)
     rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return rotated.to(x.dtype)
+    return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -278,10 +276,17 @@ class Attention(nn.Module):
         """What happens to k after RoPE: nothing here (the baseline)."""
         return x
 
+    def _project(self, x: torch.Tensor, offset: int, positions: torch.Tensor | None):
+        """Queries ``(B, n_heads, T, d_k)``, keys and values ``(B, n_kv_heads, T, d_k)`` of ``x``:
+        q and k after RoPE and ``_scale_q`` / ``_scale_k``."""
+        q = self._scale_q(self.rope(self._split_heads(self.w_q(x)), offset, positions))
+        k = self._scale_k(self.rope(self._split_heads(self.w_k(x)), offset, positions))
+        return q, k, self._split_heads(self.w_v(x))
+
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, heads * head_dim)`` -> ``(B, heads, T, head_dim)``: queries (n_heads) or keys
         and values (n_kv_heads)."""
-        return rearrange(x, "b t (h d) -> b h t d", d=self.head_dim)
+        return x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
 
     def _check_input(self, x: torch.Tensor) -> None:
         if x.ndim != 3 or x.shape[-1] != self.d_model:
@@ -296,7 +301,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.softmax_scale, enable_gqa=self.grouped
         )
-        return self.w_o(rearrange(out, "b h t d -> b t (h d)"))
+        return self.w_o(out.transpose(1, 2).flatten(2))  # (B, H, T, d) -> (B, T, H d)
 
     def forward(
         self,
@@ -311,9 +316,7 @@ class Attention(nn.Module):
         self._check_input(x)
         causal = self.causal if causal is None else causal
         offset = 0 if cache is None else cache.length
-        q = self._scale_q(self.rope(self._split_heads(self.w_q(x)), offset, positions))
-        k = self._scale_k(self.rope(self._split_heads(self.w_k(x)), offset, positions))
-        v = self._split_heads(self.w_v(x))
+        q, k, v = self._project(x, offset, positions)
         if cache is not None:
             k, v = cache.append(k, v)
         n_queries, n_keys = q.shape[-2], k.shape[-2]

@@ -12,8 +12,9 @@ counters). Folding happens only where it cannot change training: in eval mode, w
 disabled, outside ``torch.compile`` (:func:`folding`); ``train()`` drops the cached values.
 
 The folded weights are copies (``W_u * s_u``...): in eval mode a model holds its MLP's up
-projections and ``E_out`` twice. ``set_weight_folding(model, False)`` keeps the scalings folded
-but not the weights.
+projections and ``E_out`` twice, its attention's ``W_q``, ``W_k``, ``W_v`` (one ``[W_q; W_k;
+W_v]``) and, once it decodes a single token, its MLP's ``W_o`` (contiguous) too.
+``set_weight_folding(model, False)`` keeps the scalings folded but not the weights.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from einops import rearrange
 from torch import nn
 
 from .. import kernels
+from ..kernels.residual import normalized_update
 from ..layers import KVCache, NGPTConfig, RotaryEmbedding, Scale, ScaleSpec, SphereEmbedding, SphereLinear
 from ..layers.attention import Attention
 from ..layers.config import S_QK, S_U, S_UV, S_V, ngpt_softmax_scale
@@ -42,6 +43,7 @@ __all__ = [
     "NGPTMLP",
     "NGPTReLU2MLP",
     "ngpt_mlp",
+    "project_down",
     "ngpt_attention",
     "residual_alpha",
     "NGPTBlock",
@@ -120,6 +122,35 @@ class NGPTAttention(Folding, Attention):
         s_qk = self._s_qk()
         return (s_qk * s_qk, None) if self.grouped else (s_qk, s_qk)
 
+    def _project(self, x: torch.Tensor, offset: int, positions: torch.Tensor | None):
+        """q, k, v (eq. 15, 16). In eval mode without gradients, with plain weights: one matmul
+        for all three (``[W_q; W_k; W_v]``, folded once), RoPE and ``Norm(.) * s_qk`` once over
+        the query and key heads together (the keys' factor is 1 with grouped heads); the same
+        element-wise operations as the general path, fewer calls per token."""
+        weights = (self.w_q, self.w_k, self.w_v)
+        fast = self.qk_norm and folding(self) and self.fold_weights and all(is_plain(w) for w in weights)
+        if not fast or x.ndim != 3 or x.shape[-1] != self.d_model:
+            return super()._project(x, offset, positions)
+        scales = cached(self, "qk rows", (self.s_qk.source,), self._qk_scale_rows)
+        if x.dtype != scales.dtype:  # e.g. autocast: the keys' dtype would change
+            return super()._project(x, offset, positions)
+        sources = tuple(w.weight for w in weights)
+        qkv_weight = cached(self, "qkv", sources, lambda: torch.cat([w.matrix() for w in weights]))
+        heads, kv_heads = self.n_heads, self.n_kv_heads
+        qkv = F.linear(x, qkv_weight).unflatten(-1, (heads + 2 * kv_heads, self.head_dim)).transpose(1, 2)
+        qk = kernels.qk_normalize(self.rope(qkv[:, : heads + kv_heads], offset, positions), scales)
+        q, k = qk.split((heads, kv_heads), dim=1)
+        return q, k, qkv[:, heads + kv_heads :]
+
+    def _qk_scale_rows(self) -> torch.Tensor:
+        """The queries' and the keys' factors (:meth:`_qk_scales`) as one ``(n_heads + n_kv_heads,
+        1, d_k)`` tensor; ones for grouped keys."""
+        q_scale, k_scale = self._compute_qk_scales()
+        d = self.head_dim
+        q_rows = torch.broadcast_to(q_scale, (self.n_heads, 1, d))
+        k_rows = torch.ones_like(q_rows[:1]).expand(self.n_kv_heads, 1, d) if k_scale is None else k_scale
+        return torch.cat((q_rows, torch.broadcast_to(k_rows, (self.n_kv_heads, 1, d))))
+
     def _scale_q(self, x: torch.Tensor) -> torch.Tensor:
         """eq. 15 for q of shape (B, H, T, d_k): ``Norm(q) * s_qk``; ``Norm(q) * s_qk**2`` with
         grouped key/value heads."""
@@ -188,13 +219,13 @@ class NGPTMLP(Folding, nn.Module):
         if plain and folding(self) and self.fold_weights:
             sources = (self.w_u.weight, self.w_v.weight, self.s_u.source, self.s_v.source)
             u, v = F.linear(h, cached(self, "up", sources, self._folded_up)).chunk(2, dim=-1)
-            return self.w_o(kernels.swiglu(u, v))
+            return project_down(self, kernels.swiglu(u, v))
         u = scaled(self.w_u, h, self.s_u)  # eq. 20
         v = scaled(self.w_v, h, self.s_v, math.sqrt(self.d_model))  # eq. 21
         return self.w_o(kernels.swiglu(u, v))  # eq. 19
 
 
-class NGPTReLU2MLP(nn.Module):
+class NGPTReLU2MLP(Folding, nn.Module):
     """nGPT's squared-ReLU MLP, without a gate (not in the paper; the layout of NVIDIA's
     released normalized models). ``W_u`` is unit along its d_model-sized input side, so ``u`` is
     a cosine similarity, rescaled as the gate of eq. 21 is::
@@ -217,7 +248,20 @@ class NGPTReLU2MLP(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         u = scaled(self.w_u, h, self.s_uv, math.sqrt(self.d_model))
-        return self.w_o(kernels.relu2(u))
+        return project_down(self, kernels.relu2(u))
+
+
+def project_down(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x W_o_mlp`` for an nGPT MLP's activations ``x``. Decoding a single token (one row) in
+    eval mode with weight folding on, from a contiguous ``(d_model, d_mlp)`` copy of ``W_o_mlp``
+    made once (:mod:`spherenet.layers.fold`): a matrix-vector product streams it faster than the
+    stored transposed layout (another summation order: equal to float rounding). More rows (a
+    prompt, a batch) are as fast either way and keep the stored layout."""
+    w_o = mlp.w_o
+    one_row = x.numel() == x.shape[-1] == getattr(w_o, "in_features", None)
+    if one_row and is_plain(w_o) and folding(mlp) and mlp.fold_weights:
+        return F.linear(x, cached(mlp, "down", (w_o.weight,), lambda: w_o.matrix().contiguous()))
+    return w_o(x)
 
 
 def ngpt_mlp(config: NGPTConfig) -> nn.Module:
@@ -268,10 +312,8 @@ class NGPTBlock(nn.Module):
     ) -> torch.Tensor:
         update = self.config.update
         attn = self.attn(h, cache=cache, attn_mask=attn_mask, positions=positions)
-        h_attn = kernels.normalize(attn)  # h_A = Norm(ATTN(h))
-        h = kernels.residual_update(update, h, h_attn, self.residual_attn.alpha())  # eq. 10
-        h_mlp = kernels.normalize(self.mlp(h))  # h_M = Norm(MLP(h))
-        return kernels.residual_update(update, h, h_mlp, self.residual_mlp.alpha())  # eq. 11
+        h = normalized_update(update, h, attn, self.residual_attn.alpha())  # h_A = Norm(ATTN(h)), eq. 10
+        return normalized_update(update, h, self.mlp(h), self.residual_mlp.alpha())  # h_M = Norm(MLP(h)), eq. 11
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ VARIANTS = {
     "gqa": {"n_kv_heads": 2},
     "relu2": {"mlp": "relu2"},
     "scalar": {"s_qk": {"mode": "scalar"}, "s_z": {"mode": "fixed", "init": 2.0}},
+    "mqa": {"n_kv_heads": 1, "head_dim": 12, "s_qk": {"mode": "scalar"}},
+    "no_qk_norm": {"qk_norm": False},
 }
 
 
@@ -73,7 +75,7 @@ def test_eval_logits_equal_the_unfolded_path(update, variant, dtype):
     _close(_folded(model, ids), reference)  # the second forward reads the folded values
 
 
-@pytest.mark.parametrize("variant", ["mha", "gqa", "relu2"])
+@pytest.mark.parametrize("variant", ["mha", "gqa", "relu2", "mqa"])
 def test_kv_cached_decoding_equals_the_unfolded_full_forward(variant):
     model = _model(**VARIANTS[variant])
     ids = _ids(length=10)
@@ -300,3 +302,71 @@ def test_a_wrapped_linear_is_not_folded_past():
     shifted_out.load_state_dict(model.embed_out.state_dict())
     model.embed_out = shifted_out
     _close(_folded(model, ids), _unfolded(model, ids))
+
+
+def test_the_attention_projections_are_folded_into_one_matmul_and_follow_their_weights():
+    model = _model(n_kv_heads=2)
+    ids = _ids()
+    _folded(model, ids)
+    assert {"qkv", "qk rows"} <= set(model.blocks[0].attn._folded.values)  # the eval path was taken
+    with torch.no_grad():
+        model.blocks[0].attn.w_q.weight.mul_(-1.0)
+        model.blocks[1].attn.w_k.weight.copy_(model.blocks[0].attn.w_k.weight)
+        model.blocks[1].attn.w_v.weight.mul_(0.5)
+    _close(_folded(model, ids), _unfolded(model, ids))
+    state = _model(n_kv_heads=2, seed=5).state_dict()
+    model.load_state_dict(state)
+    _close(_folded(model, ids), _unfolded(model, ids))
+
+
+def test_a_wrapped_attention_projection_is_not_folded_past():
+    from spherenet.layers import SphereLinear
+
+    class Shifted(SphereLinear):
+        def forward(self, x, out_scale=None):
+            return super().forward(x, out_scale) + 0.5
+
+    model = _model()
+    ids = _ids()
+    shifted = Shifted(32, 32)
+    shifted.load_state_dict(model.blocks[0].attn.w_k.state_dict())
+    model.blocks[0].attn.w_k = shifted
+    _close(_folded(model, ids), _unfolded(model, ids))
+    assert "qkv" not in model.blocks[0].attn.__dict__.get("_folded").values
+
+
+@pytest.mark.parametrize("implementation", ["reference", "torch"])
+def test_eval_decoding_follows_the_kernel_choice(implementation):
+    """The eval path's fused calls go through the resolver: a ``use(...)`` block is obeyed (the
+    reference's values, not the fused forward's) and the logits stay those of the unfolded path."""
+    from spherenet import kernels
+
+    model = _model(**VARIANTS["gqa"])
+    ids = _ids(length=10)
+    with kernels.use(implementation):
+        reference = _unfolded(model, ids)
+        caches = [KVCache() for _ in model.blocks]
+        steps = [_folded(model, ids[:, :6], kv_caches=caches)]
+        steps += [_folded(model, ids[:, t : t + 1], kv_caches=caches) for t in range(6, 10)]
+    _close(torch.cat(steps, dim=1), reference)
+
+
+@pytest.mark.parametrize("variant", ["mha", "relu2"])
+def test_single_token_decoding_reads_a_contiguous_down_projection(variant):
+    """Decoding one row, the MLPs' W_o is read from a contiguous copy (folded once); the logits
+    stay those of the unfolded path, and follow an edit of W_o."""
+    model = _model(**VARIANTS[variant])
+    ids = _ids(batch=1, length=10)
+
+    def decode():
+        caches = [KVCache() for _ in model.blocks]
+        steps = [_folded(model, ids[:, :6], kv_caches=caches)]
+        steps += [_folded(model, ids[:, t : t + 1], kv_caches=caches) for t in range(6, 10)]
+        return torch.cat(steps, dim=1)
+
+    decoded = decode()
+    assert "down" in model.blocks[0].mlp._folded.values  # the single-row path was taken
+    _close(decoded, _unfolded(model, ids))
+    with torch.no_grad():
+        model.blocks[1].mlp.w_o.weight.mul_(-1.0)
+    _close(decode(), _unfolded(model, ids))
