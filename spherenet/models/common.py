@@ -262,7 +262,7 @@ def generate(
 
     Stops early when every row has produced ``eos_token_id`` (a row that did goes on with
     ``eos_token_id``), or when ``stop(ids)`` (the ids so far) returns True. ``model`` is an NGPT
-    or GPT (anything with ``config``, ``blocks`` and ``forward(ids, kv_caches=...)``).
+    or GPT (anything with ``config``, ``blocks`` and ``forward(ids, kv_caches=..., logits_to_keep=...)``).
     """
     config = model.config
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
@@ -284,7 +284,7 @@ def generate(
     for _ in range(max_new_tokens):
         if caches is None or len(caches[0]) >= window:
             caches = [KVCache() for _ in model.blocks]  # (re)build from the last `window` tokens
-            logits = model(ids[:, -window:], kv_caches=caches)[:, -1, :]
+            logits = model(ids[:, -window:], kv_caches=caches, logits_to_keep=1)[:, -1, :]  # the last position only
         next_ids = sample_next_token(logits, temperature, top_k, generator).to(ids.dtype)
         if eos_token_id is not None:
             next_ids = torch.where(finished[:, None], eos_token_id, next_ids)
