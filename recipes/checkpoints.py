@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,9 @@ class Trained:
     config: dict[str, Any]  # the run's config (RunConfig.to_dict()); {} for an exported model
     step: int | None  # None for an exported model
     path: Path
+    #: The checkpoint's own tokenizer files (name -> bytes, hash-verified), read while the
+    #: checkpoint was pinned: a live run may prune it once it has been read. {} for an export.
+    tokenizer_files: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def exported(self) -> bool:
@@ -137,11 +140,12 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Traine
     place), its tokenizer and run config. A damaged newest checkpoint is skipped with a warning
     (see :func:`find_checkpoint`); when none is sound, ``CheckpointCorruptError`` names the
     directory and what is wrong with each. Read beside a live run, the checkpoint being read can
-    be pruned under it: then the newest remaining one is read (a ``step_*`` directory named
-    explicitly is never replaced: its removal is reported as a failed read)."""
+    be pruned under it before it is pinned: then the newest remaining one is read (a ``step_*``
+    directory named explicitly is never replaced: its removal is reported as a failed read).
+    Once verified it is pinned, and the run's pruning passes over it until it has been read."""
     path = Path(path)
     for _ in range(READ_TRIES):
-        ckpt = find_checkpoint(path)
+        ckpt = find_checkpoint(path)  # pinned: a live run's pruning passes over it until it is read
         try:
             return _load_trained(ckpt, device)
         except (OSError, CheckpointError) as exc:
@@ -152,6 +156,8 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Traine
                     f"cannot read {ckpt.path}: it was deleted while it was read (a live run prunes its "
                     "checkpoints to train.keep_last)"
                 ) from None
+        finally:
+            ckpt.release()
     raise CheckpointError(
         f"cannot read a checkpoint of {path}: {READ_TRIES} in a row were deleted while they were read (a live run "
         "prunes its checkpoints to train.keep_last); raise train.keep_last, or read after the run ends"
@@ -172,11 +178,15 @@ def _load_trained(ckpt: VerifiedCheckpoint, device: str | torch.device) -> Train
         model = model_cls(saved_model_config(class_name, config))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{ckpt.path}: the recorded {class_name} config does not build a model: {exc}") from None
+    tokenizer = _tokenizer(ckpt, values)  # read before load() releases the checkpoint's pin
+    stored = ckpt.path / TOKENIZER_DIR
+    tokenizer_files = (
+        {f.name: f.read_bytes() for f in sorted(stored.iterdir()) if f.is_file()} if stored.is_dir() else {}
+    )
     CheckpointManager(ckpt.path.parent).load(ckpt, {"model": model}, restore_rng=False)
     check_finite_weights(model, str(ckpt.path))  # nothing trains from, samples or exports NaN weights
-    tokenizer = _tokenizer(ckpt, values)
     model.to(device).eval()
-    return Trained(model, tokenizer, values.get("config", {}), ckpt.step, ckpt.path)
+    return Trained(model, tokenizer, values.get("config", {}), ckpt.step, ckpt.path, tokenizer_files)
 
 
 def is_exported(path: str | Path) -> bool:

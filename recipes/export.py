@@ -292,7 +292,10 @@ def export(trained: Trained, out: str | Path, overwrite: bool = False) -> list[P
     try:
         trained.model.save_pretrained(tmp)
         stored = trained.path / TOKENIZER_DIR
-        if stored.is_dir():  # the checkpoint's own, hash-verified tokenizer files
+        if trained.tokenizer_files:  # the checkpoint's own, hash-verified tokenizer files
+            for name, content in trained.tokenizer_files.items():
+                (tmp / name).write_bytes(content)
+        elif stored.is_dir():
             for f in sorted(stored.iterdir()):
                 if f.is_file():
                     shutil.copy2(f, tmp / f.name)

@@ -28,15 +28,82 @@ _TRASH_PREFIX = ".trash-"
 _HASH_CHUNK = 1 << 20
 
 
+class _Pin:
+    """A shared ``flock`` on a checkpoint directory, held while a reader verifies and reads it:
+    pruning (:func:`claim_for_delete`) passes over a pinned checkpoint, so a reader beside a live
+    run is not raced. A no-op where ``fcntl`` is missing (Windows)."""
+
+    def __init__(self, fd: int | None = None):
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the lock
+            self.fd = None
+
+    def __del__(self):
+        self.release()
+
+
+def pin_directory(path: Path) -> _Pin | None:
+    """Pin the checkpoint directory ``path`` for reading; ``None`` when it is gone (pruned
+    before, or while, the lock was taken)."""
+    try:
+        import fcntl
+    except ImportError:
+        return _Pin()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    pin = _Pin(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a prune that holds it: then the directory is gone
+        if os.stat(path).st_ino != os.fstat(fd).st_ino:
+            raise FileNotFoundError(path)
+    except OSError:
+        pin.release()
+        return None
+    return pin
+
+
+def claim_for_delete(path: Path) -> _Pin | None:
+    """An exclusive ``flock`` on the checkpoint directory ``path`` before it is pruned; ``None``
+    while a reader pins it (pruning then waits for a later save)."""
+    try:
+        import fcntl
+    except ImportError:
+        return _Pin()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return _Pin()  # unreadable: let the rename report it
+    claim = _Pin(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        claim.release()
+        return None
+    return claim
+
+
 @dataclass(frozen=True)
 class VerifiedCheckpoint:
     """A checkpoint whose manifest and file hashes were checked (by
     :meth:`CheckpointManager.verify` or :meth:`~CheckpointManager.latest_verified`): its files
-    can be read, and :meth:`CheckpointManager.load` restores it without hashing again."""
+    can be read, and :meth:`CheckpointManager.load` restores it without hashing again. It pins
+    its directory (a shared lock that a live run's pruning passes over) until :meth:`release`,
+    which :meth:`CheckpointManager.load` calls once it has restored it."""
 
     step: int
     path: Path
     manifest: dict[str, Any] = field(default_factory=dict)
+    pin: _Pin | None = field(default=None, repr=False, compare=False)
+
+    def release(self) -> None:
+        """Let pruning delete this checkpoint again (its files are not read after this)."""
+        if self.pin is not None:
+            self.pin.release()
 
     def has_file(self, name: str) -> bool:
         """Whether ``name`` (relative, e.g. ``"model.json"``) is one of the checkpoint's files."""

@@ -36,6 +36,8 @@ from .format import (
     _torch_save_synced,
     _write_manifest,
     _write_synced,
+    claim_for_delete,
+    pin_directory,
     verify_directory,
 )
 from .rng import _rng_state, _set_rng_state
@@ -248,10 +250,16 @@ class CheckpointManager:
         older = [p for s, p in all_ckpts if s < step]
         keep = self.keep_last - 1
         for p in older[: max(len(older) - keep, 0)]:
+            claim = claim_for_delete(p)
+            if claim is None:  # a reader (an export, a sample) holds it: pruned by a later save
+                continue
             # Renamed first, so that a crash mid-delete leaves a leftover no load reads.
             trash = self.directory / f"{_TRASH_PREFIX}{p.name}-{uuid.uuid4().hex[:8]}"
-            os.rename(p, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            try:
+                os.rename(p, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            finally:
+                claim.release()
 
     # ---------------------------------------------------------------- load
 
@@ -262,7 +270,10 @@ class CheckpointManager:
         doc). Raises :class:`CheckpointCorruptError` or :class:`CheckpointMismatchError`. A
         :class:`VerifiedCheckpoint` is restored without hashing its files again."""
         verified = path if isinstance(path, VerifiedCheckpoint) else self.verify(path)
-        return self._restore(verified.path, verified.manifest, state, restore_rng)
+        try:
+            return self._restore(verified.path, verified.manifest, state, restore_rng)
+        finally:
+            verified.release()
 
     def load_latest(self, state: Mapping[str, Any], *, restore_rng: bool = True) -> LoadedCheckpoint | None:
         """Restore the newest sound checkpoint (:meth:`latest_verified`); ``None`` when there
@@ -270,14 +281,24 @@ class CheckpointManager:
         verified = self.latest_verified()
         if verified is None:
             return None
-        return self._restore(verified.path, verified.manifest, state, restore_rng)
+        try:
+            return self._restore(verified.path, verified.manifest, state, restore_rng)
+        finally:
+            verified.release()
 
     def verify(self, path: str | os.PathLike) -> VerifiedCheckpoint:
         """Check the manifest and every file's size and sha256 (collective; the verdict is the
-        same on every rank). Raises :class:`CheckpointCorruptError` naming what is wrong."""
+        same on every rank). Raises :class:`CheckpointCorruptError` naming what is wrong. The
+        result pins the directory until it is loaded or released (see :class:`VerifiedCheckpoint`)."""
         path = Path(path)
-        manifest = verify_directory(path, self.process_group)
-        return VerifiedCheckpoint(step=int(manifest["step"]), path=path, manifest=manifest)
+        pin = pin_directory(path)  # before hashing: a live run's pruning passes over it from here on
+        try:
+            manifest = verify_directory(path, self.process_group)
+        except BaseException:
+            if pin is not None:
+                pin.release()
+            raise
+        return VerifiedCheckpoint(step=int(manifest["step"]), path=path, manifest=manifest, pin=pin)
 
     def latest_verified(self) -> VerifiedCheckpoint | None:
         """The newest checkpoint that passes :meth:`verify`; ``None`` when there is none at

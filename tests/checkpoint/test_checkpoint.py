@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import sys
 import warnings
 
 import numpy as np
@@ -333,6 +334,37 @@ def test_keep_last_prunes_only_after_new_one(tmp_path, monkeypatch):
     mgr.save(6, state_of(model, opt, sched))
     assert seen == [True]
     assert [s for s, _ in mgr.checkpoints()] == [5, 6]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pins are flock locks: POSIX only")
+def test_pruning_passes_over_a_checkpoint_a_reader_holds(tmp_path):
+    """A reader's verified checkpoint (an export beside a live run) survives the run's pruning
+    until it is loaded; the next save after that prunes it."""
+    mgr, snaps, (model, opt, sched) = saved_run(tmp_path, steps=(1,), keep_last=1)
+    reader = CheckpointManager(tmp_path / "ckpt", keep_last=None)
+    held = reader.latest_verified()
+    assert held.step == 1
+    mgr.save(2, state_of(model, opt, sched))
+    mgr.save(3, state_of(model, opt, sched))
+    assert [s for s, _ in mgr.checkpoints()] == [1, 3]  # 2 pruned, 1 pinned
+    fresh, _, _ = make()
+    reader.load(held, {"model": fresh}, restore_rng=False)  # readable, and released by load
+    for name, value in fresh.state_dict().items():
+        assert torch.equal(value, snaps[1][name]), name
+    mgr.save(4, state_of(model, opt, sched))
+    assert [s for s, _ in mgr.checkpoints()] == [4]
+
+
+def test_a_released_or_dropped_pin_lets_pruning_go_on(tmp_path):
+    mgr, _, (model, opt, sched) = saved_run(tmp_path, steps=(1,), keep_last=1)
+    held = mgr.verify(mgr.path_for(1))
+    held.release()
+    held.release()  # twice is harmless
+    mgr.save(2, state_of(model, opt, sched))
+    assert [s for s, _ in mgr.checkpoints()] == [2]
+    mgr.verify(mgr.path_for(2))  # dropped at once: nothing holds it
+    mgr.save(3, state_of(model, opt, sched))
+    assert [s for s, _ in mgr.checkpoints()] == [3]
 
 
 def test_keep_all_and_validation(tmp_path):
