@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from model_references import unit
 
 from spherenet import kernels
 from spherenet.kernels import activation, norm, residual
@@ -26,10 +27,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors
 
 def _gen(seed):
     return torch.Generator().manual_seed(seed)
-
-
-def unit(*shape, dtype=torch.float64, seed=0):
-    return normalize(torch.randn(*shape, dtype=dtype, generator=_gen(seed)))
 
 
 def alphas(d, dtype):

@@ -7,12 +7,11 @@ layers' code paths (explicit rotation matrices, explicit masks and softmax).
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_references import rotation_matrix, unit
 
 from spherenet import kernels
 from spherenet.layers import NGPTConfig, RMSNorm, RotaryEmbedding, Scale, ScaleSpec
@@ -20,34 +19,6 @@ from spherenet.manifolds import angle, normalize
 from spherenet.models import NGPTBlock
 
 SETTINGS = settings(max_examples=15, deadline=None)
-
-
-def unit(*shape, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return normalize(torch.randn(*shape, dtype=dtype, generator=g))
-
-
-def rotation_matrix(position: float, head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """The documented RoPE convention as an explicit (head_dim x head_dim) rotation: pair i is
-    coordinates (i, i + head_dim/2), turned by position * base^(-2i/head_dim)."""
-    half = head_dim // 2
-    R = torch.zeros(head_dim, head_dim, dtype=torch.float64)
-    for i in range(half):
-        theta = position * base ** (-2 * i / head_dim)
-        c, s = math.cos(theta), math.sin(theta)
-        R[i, i], R[i, i + half] = c, -s
-        R[i + half, i], R[i + half, i + half] = s, c
-    return R
-
-
-def randomize_scales(module: torch.nn.Module, seed: int = 0) -> None:
-    """Move every 1-D (scaling) parameter away from its constant init, so that a wrong
-    reshape or broadcast of a per-element scaling shows up in the outputs."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.ndim == 1:
-                p.mul_(1 + 0.5 * torch.rand(p.shape, generator=g, dtype=p.dtype))
 
 
 # ------------------------------------------------------------------------------------- RoPE

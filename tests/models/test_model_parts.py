@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from model_references import randomize_scales, rotation_matrix, unit
 
 from spherenet.layers import GPTConfig, KVCache, NGPTConfig, ScaleSpec
 from spherenet.manifolds import normalize
@@ -22,34 +23,6 @@ from spherenet.models import (
     NGPTBlock,
     NGPTCrossAttention,
 )
-
-
-def unit(*shape, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return normalize(torch.randn(*shape, dtype=dtype, generator=g))
-
-
-def rotation_matrix(position: float, head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """RoPE as an explicit (head_dim x head_dim) rotation: pair i is coordinates (i, i +
-    head_dim/2), turned by position * base^(-2i/head_dim) (as in tests/layers/test_layers.py)."""
-    half = head_dim // 2
-    R = torch.zeros(head_dim, head_dim, dtype=torch.float64)
-    for i in range(half):
-        theta = position * base ** (-2 * i / head_dim)
-        c, s = math.cos(theta), math.sin(theta)
-        R[i, i], R[i, i + half] = c, -s
-        R[i + half, i], R[i + half, i + half] = s, c
-    return R
-
-
-def randomize_scales(module: torch.nn.Module, seed: int = 0) -> None:
-    """Move every 1-D (scaling) parameter away from its constant init, so that a wrong
-    reshape or broadcast of a per-element scaling shows up in the outputs."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.ndim == 1:
-                p.mul_(1 + 0.5 * torch.rand(p.shape, generator=g, dtype=p.dtype))
 
 
 def ngpt_config(d_model=16, n_heads=2, d_mlp=32, **fields) -> NGPTConfig:
