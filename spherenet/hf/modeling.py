@@ -136,6 +136,13 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         """Nothing: spherenet's modules initialize themselves when built (unit rows, the
         paper's scalings; transformers' generic init would break both)."""
 
+    def train(self, mode: bool = True):
+        """``nn.Module.train``, which also sets spherenet's model's own flag (its modules are
+        this model's children already, the model itself is not)."""
+        super().train(mode)
+        self.spherenet_model.training = mode
+        return self
+
     @property
     def spherenet_model(self):
         """spherenet's own model (NGPT / GPT), sharing every module and parameter with this one."""

@@ -405,3 +405,15 @@ def test_transformers_config_declares_every_field_of_spherenets(hf_class, config
 
     declared = {f.name for f in dataclasses.fields(hf_class)} - {f.name for f in dataclasses.fields(PretrainedConfig)}
     assert declared - {"use_cache", "tie_word_embeddings"} == {f.name for f in dataclasses.fields(config_class)}
+
+
+@pytest.mark.parametrize("cls", [NGPT, GPT])
+def test_train_and_eval_reach_the_spherenet_model_and_every_module(cls):
+    """``model.train()`` / ``.eval()`` on the transformers class (Trainer and pipelines call them)
+    set spherenet's model's own flag too, not only the modules the two share."""
+    hf_class = SpherenetNGPTForCausalLM if cls is NGPT else SpherenetGPTForCausalLM
+    model = hf_class.from_spherenet(tiny(cls))
+    for mode in (True, False, True):
+        assert model.train(mode) is model
+        assert model.spherenet_model.training is mode
+        assert all(m.training is mode for m in model.spherenet_model.modules())
