@@ -35,7 +35,7 @@ from spherenet.checkpoint import (
 from spherenet.data import DataError, Tokenizer, build_tokenizer
 from spherenet.data.tokenizer import SPEC_FILE, TOKENIZER_JSON, load_tokenizer
 from spherenet.models import MODEL_CLASSES
-from spherenet.models.hub import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError
+from spherenet.models.hub import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError
 from spherenet.models.published import is_published_directory, load_saved
 
 MODEL_FILE = "model.json"
@@ -195,13 +195,15 @@ def is_exported(path: str | Path) -> bool:
 
 
 def load_exported(path: str | Path, device: str | torch.device = "cpu") -> Trained:
-    """The model and tokenizer of a directory written by ``recipes.export`` (``config.json``,
-    ``model.safetensors`` and the tokenizer's files). ``CheckpointError`` names what is missing."""
+    """The model and tokenizer of a directory written by ``recipes.export`` or ``save_pretrained``
+    (``config.json``, ``model.safetensors`` or its shards and their index, and the tokenizer's
+    files). ``CheckpointError`` names what is missing."""
     path = Path(path).expanduser()
     published = is_published_directory(path)  # its weights may be sharded: the converter reads them
-    if not published and not (path / WEIGHTS_NAME).is_file():
+    if not published and not any((path / name).is_file() for name in (WEIGHTS_NAME, INDEX_NAME)):
         raise CheckpointError(
-            f"{path} holds {CONFIG_NAME} but no {WEIGHTS_NAME}: not a model written by recipes.export"
+            f"{path} holds {CONFIG_NAME} but no {WEIGHTS_NAME} (nor the {INDEX_NAME} of shards): not a model "
+            "written by recipes.export or save_pretrained"
         )
     tokenizer_dir = next((d for d in (path, path / TOKENIZER_DIR) if (d / SPEC_FILE).is_file()), None)
     if tokenizer_dir is None and (path / TOKENIZER_JSON).is_file():

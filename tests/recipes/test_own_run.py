@@ -129,6 +129,23 @@ def test_load_weights_reads_runs_and_exports_alike(run_and_export):
         assert torch.equal(a.model(ids), b.model(ids))
 
 
+def test_a_sharded_save_pretrained_directory_is_read_by_the_recipes(run_and_export, tmp_path, capsys):
+    """save_pretrained with max_shard_size writes shards and their index, no model.safetensors:
+    the recipes that take an exported directory read it all the same."""
+    run, exported = run_and_export
+    reference = load_weights(exported)
+    sharded = tmp_path / "sharded"
+    reference.model.save_pretrained(sharded, max_shard_size="20KB")
+    reference.tokenizer.save(sharded)
+    assert not (sharded / "model.safetensors").exists() and (sharded / "model.safetensors.index.json").is_file()
+    loaded = load_weights(sharded)
+    ids = torch.randint(0, 256, (1, 16))
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids), reference.model(ids))
+    assert sample.main([str(sharded), "--tokens", "5", "--device", "cpu"]) == 0
+    assert "(exported NGPT)" in capsys.readouterr().err
+
+
 # -- Hugging Face habits -----------------------------------------------------------------------
 
 
