@@ -15,8 +15,8 @@ budget (default 100, 400 and 1600 steps of ``--tokens-per-step`` tokens). Every 
 own cosine run (GPT arms: warmup 5% of the budget) at its own learning rate, chosen as
 ``benchmarks/scaling.py`` chooses it: a grid of three rates a factor 3 apart, grown until the best
 is bracketed, then the best rate for every seed, and a runner-up within ``--tie-margin`` nats of
-it on the sweep seed too, the lower mean over the seeds picked (recorded in each ledger's
-``picks.jsonl``). A budget's grid is centred on the arm's rate
+it on the sweep seed too, the lower mean over the seeds picked and bracketed in turn (recorded
+in each ledger's ``picks.jsonl``). A budget's grid is centred on the arm's rate
 chosen at the budget before it, since the best rate moves with the budget. Validation runs
 ``--evals`` times per run, the last at its final step.
 

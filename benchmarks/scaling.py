@@ -21,9 +21,11 @@ For each arm at each point:
    within ``--tie-margin`` nats of the best's (default 0.02, the small end of the seed spreads the
    tiny studies saw, std 0.004-0.12 over seeds: one seed cannot order two such rates), the
    runner-up runs on every seed too and the lower mean final loss over the seeds is the chosen
-   rate. The decision is recorded in ``RESULTS/picks.jsonl`` (the candidates, their means, the
-   pick), so that the report and a resumed study read the same rate; a ledger written before the
-   rule gets its tied runner-ups' seeds on its next start.
+   rate. When the tie's winner sits at an edge of the rates tried, the sweep grows one step past
+   it and the rule runs again, so that the chosen rate is bracketed there too. The decision is
+   recorded in ``RESULTS/picks.jsonl`` (the candidates, their means, the rates tried, the pick),
+   so that the report and a resumed study read the same rate; a ledger written before the rule
+   (or before ties were bracketed) gets the runs it lacks on its next start.
 
 The metrics are ``benchmarks/convergence.py``'s: per seed, the common target (the lowest
 validation loss both GPT and the arm reach), and the ratio GPT's steps to it / the arm's steps
@@ -270,17 +272,20 @@ class Study:
                         if cands
                         else f"  {point} {arm}: no finite run"
                     )
-                jobs = [
-                    (arm, lr, s)
-                    for arm in group
-                    for lr, s in decide(self.ledger, str(point), arm, self.args.seeds, seed0, margin)[1]
-                ]
-                if self.bar is not None:
-                    self.bar.total = max(self.bar.total, self.bar.n + len(jobs))
-                run_all(jobs)
+                while True:  # a tie picked at the sweep's edge grows the sweep: the rule runs again
+                    jobs = [
+                        (arm, lr, s)
+                        for arm in group
+                        for lr, s in decide(self.ledger, str(point), arm, self.args.seeds, seed0, margin)[1]
+                    ]
+                    if not jobs:
+                        break
+                    if self.bar is not None:
+                        self.bar.total = max(self.bar.total, self.bar.n + len(jobs))
+                    run_all(jobs)
                 for arm in group:
                     pick, _ = decide(self.ledger, str(point), arm, self.args.seeds, seed0, margin)
-                    if pick is not None and (str(point), arm) not in self.ledger.picks:
+                    if pick is not None and pick is not self.ledger.picks.get((str(point), arm)):
                         with self.lock:
                             self.ledger.add_pick({**pick, "date": datetime.date.today().isoformat()})
 

@@ -139,29 +139,58 @@ def seed_mean(ledger: Ledger, point: str, arm: str, lr: float, seeds: list[int])
     return sum(losses) / len(losses)
 
 
+#: The most rates a sweep may hold once :func:`decide` grows it past a tie's pick (the grid of
+#: three, ``--max-extend`` growths of the sweep stage, and a few more).
+MAX_SWEEP_RATES = 9
+
+
+def _at_edge(lr: float, rates) -> int:
+    """-1 / +1 when ``lr`` is the smallest / largest of ``rates`` (nothing tried past it), else 0."""
+    rates = sorted(rates)
+    return -1 if lr == rates[0] else +1 if lr == rates[-1] else 0
+
+
+def _stands(recorded: dict, finals: dict[float, float]) -> bool:
+    """A recorded pick stands, unless it was written before ties were bracketed and a tie put it
+    at an edge of the sweep (then :func:`decide` takes it up again)."""
+    return "bracketed" in recorded or len(recorded["candidates"]) < 2 or not _at_edge(recorded["picked"], finals)
+
+
 def decide(ledger: Ledger, point: str, arm: str, seeds: list[int], sweep_seed: int, margin: float = TIE_MARGIN):
     """The rate rule, after the sweep on ``sweep_seed``: the best rate runs on every seed; when
     the runner-up ties with it (:func:`candidates`), the runner-up runs on every seed too and the
-    lower mean final loss over the seeds wins (equal means: the sweep's best). Returns (the
-    decision to record in ``picks.jsonl``, or None while runs are missing; the runs (lr, seed)
-    still missing). A decision already recorded stands."""
+    lower mean final loss over the seeds wins (equal means: the sweep's best). When the tie puts
+    the pick at an edge of the sweep, the sweep grows one ladder step past it (a run on the sweep
+    seed) and the rule runs again on the wider sweep, so that the pick ends bracketed (up to
+    :data:`MAX_SWEEP_RATES` rates); in a tie every rate already run on all seeds competes by its
+    mean. Returns (the decision to record in ``picks.jsonl``, or None
+    while runs are missing; the runs (lr, seed) still missing). A decision already recorded
+    stands (see :func:`_stands`)."""
     recorded = ledger.picks.get((point, arm))
-    if recorded is not None:
-        return recorded, []
     finals = sweep_finals(ledger, point, arm, sweep_seed)
+    if recorded is not None and _stands(recorded, finals):
+        return recorded, []
     cands = candidates(finals, margin)
     if not cands:
         return None, []
     missing = [(lr, s) for lr in cands for s in seeds if (point, arm, float(lr), s) not in ledger.rows]
     if missing:
         return None, missing
-    means = {lr: seed_mean(ledger, point, arm, lr, seeds) for lr in cands}
-    picked = min(cands, key=lambda lr: (means[lr], cands.index(lr)))
+    # every rate run on all seeds competes by its mean (a candidate before the sweep grew stays one)
+    full = [lr for lr in sorted(finals) if lr not in cands and all((point, arm, lr, s) in ledger.rows for s in seeds)]
+    contenders = [*cands, *full] if len(cands) > 1 else cands
+    means = {lr: seed_mean(ledger, point, arm, lr, seeds) for lr in contenders}
+    picked = min(contenders, key=lambda lr: (means[lr], contenders.index(lr)))
+    edge = _at_edge(picked, finals)
+    if len(cands) > 1 and edge and len(finals) < MAX_SWEEP_RATES:
+        return None, [(ladder(picked, edge), sweep_seed)]
     pick = {
         "point": point,
         "arm": arm,
         "picked": picked,
-        "candidates": [{"lr": lr, "sweep_final": finals[lr], "mean": means[lr]} for lr in cands],
+        "candidates": [{"lr": lr, "sweep_final": finals[lr], "mean": means[lr]} for lr in contenders],
+        "tried": sorted(finals),
+        "bracketed": not edge,
         "seeds": list(seeds),
         "sweep_seed": sweep_seed,
         "tie_margin": margin,

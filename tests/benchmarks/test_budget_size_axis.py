@@ -130,11 +130,14 @@ def test_pending_lists_the_seed_runs_the_rate_rule_still_needs(budget, tmp_path,
     # once the runner-up has run on seed 1 the study decides; the report shows the tie and how it went
     ledger = budget.scaling.Ledger(tmp_path / "r" / "steps0040" / "runs.jsonl")
     ledger.add({**ledger.rows[("tiny@32", "gpt", 0.003, 0)], "seed": 1, "val_loss": [3.0]})
+    # 0.003 wins (mean 3.005 against 3.05) at the sweep's lower edge: one run past it first
+    assert budget.scaling.decide(ledger, "tiny@32", "gpt", [0, 1], 0) == (None, [(0.001, 0)])
+    ledger.add({**ledger.rows[("tiny@32", "gpt", 0.003, 0)], "lr": 0.001, "val_loss": [3.4]})
     pick, missing = budget.scaling.decide(ledger, "tiny@32", "gpt", [0, 1], 0)
-    assert missing == [] and pick["picked"] == 0.003  # mean 3.005 against 3.05
+    assert missing == [] and pick["picked"] == 0.003 and pick["bracketed"]
     ledger.add_pick(pick)
     assert budget.main([*argv, "--report-only"]) == 0
     table = (tmp_path / "r" / "budget.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| tiny@32 | 40 |"))
-    assert "| **0.003** (0.003, 0.01, 0.03; tie: mean 0.01 3.0500, 0.003 3.0050 over 2 seeds) |" in row
+    assert "| **0.003** (0.001, 0.003, 0.01, 0.03; tie: mean 0.01 3.0500, 0.003 3.0050 over 2 seeds) |" in row
     assert "within 0.02 nats of the best's" in table
