@@ -268,6 +268,7 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -289,6 +290,9 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
             ax.scatter([p[0] for p in ext], [p[1] for p in ext], s=110, facecolors="none", edgecolors=color, zorder=3)
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xscale("log")
+    ax.set_xticks(sorted({round(p[0], 1) for pts in lines.values() for p in pts}))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("tokens per parameter")
     ax.set_ylabel("compute multiplier over GPT")
     ax.set_title(f"{args.corpus_label}\nopen circle: extrapolated beyond GPT's budgets", fontsize=9)
@@ -400,24 +404,41 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
+def size_axis_curves(entries: list[dict]) -> dict[tuple[int, str, str], list[tuple[float, float, float]]]:
+    """The plot's lines, (study, point, arm) -> [(tokens per parameter, mean multiplier, std)]:
+    where some context is planned at two sizes or more, only the arms planned at two sizes or
+    more at such a context (the rest say nothing about size); else every arm."""
+    sizes: dict[tuple[int, str], set[str]] = {}  # (context, arm) -> the sizes that plan it
+    for e in entries:
+        sizes.setdefault((e["point"].context, e["arm"]), set()).add(e["point"].size)
+    compared = {key for key, held in sizes.items() if len(held) > 1}
+    lines: dict[tuple[int, str, str], list] = {}  # (study, point, arm): a point two studies hold, twice
+    for e in entries:
+        r = e["row"]
+        finite = [m for m, _ in r["multipliers"] if math.isfinite(m)] if r is not None else []
+        if e["arm"] == BASELINE or not finite or (compared and (e["point"].context, e["arm"]) not in compared):
+            continue
+        m, s = mean_std(finite)
+        lines.setdefault((e["study"], str(e["point"]), e["arm"]), []).append((e["tokens_per_param"], m, s))
+    return lines
+
+
 def plot_size_axis(entries: list[dict], path: Path, names: list[str]) -> None:
-    """One line per study, point and arm (colour: arm; style: point); ``names``: the studies' labels."""
+    """One line per study, point and arm (colour: arm; style: point) of :func:`size_axis_curves`;
+    ``names``: the studies' labels."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
     except ImportError:
         return
-    lines: dict[tuple[int, str, str], list] = {}  # (study, point, arm): a point two studies hold, twice
-    for e in entries:
-        r = e["row"]
-        finite = [m for m, _ in r["multipliers"] if math.isfinite(m)] if r is not None else []
-        if e["arm"] != BASELINE and finite:
-            m, s = mean_std(finite)
-            lines.setdefault((e["study"], str(e["point"]), e["arm"]), []).append((e["tokens_per_param"], m, s))
+    lines = size_axis_curves(entries)
     curves = [
-        (study, point) for _, study, point in sorted({(e["params"], e["study"], str(e["point"])) for e in entries})
+        (study, point)
+        for _, study, point in sorted({(e["params"], e["study"], str(e["point"])) for e in entries})
+        if any(key[:2] == (study, point) for key in lines)
     ]
     shared = {p for _, p in curves if sum(q == p for _, q in curves) > 1}
     arms = sorted({a for *_, a in lines})
@@ -431,9 +452,12 @@ def plot_size_axis(entries: list[dict], path: Path, names: list[str]) -> None:
                     label=f"{arm} @ {where}")  # fmt: skip  # one call, its style beside it
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xscale("log")
+    ax.set_xticks(sorted({round(x, 1) for pts in lines.values() for x, _, _ in pts}))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("tokens per parameter")
     ax.set_ylabel("compute multiplier over GPT")
-    ax.set_title("colour: arm; line style: point (size@context)", fontsize=9)
+    ax.set_title("colour: arm; line style: point (size@context); each mean ± std over seeds", fontsize=9)
     if lines:
         ax.legend(fontsize=7)
     fig.tight_layout()

@@ -141,3 +141,32 @@ def test_pending_lists_the_seed_runs_the_rate_rule_still_needs(budget, tmp_path,
     row = next(line for line in table.splitlines() if line.startswith("| tiny@32 | 40 |"))
     assert "| **0.003** (0.001, 0.003, 0.01, 0.03; tie: mean 0.01 3.0500, 0.003 3.0050 over 2 seeds) |" in row
     assert "within 0.02 nats of the best's" in table
+
+
+def test_the_size_axis_plot_keeps_the_arms_two_sizes_share_at_a_context(budget):
+    """Where a context is planned at two sizes, the plot shows only the arms both plan there
+    (a point at another context, or an arm at one size only, says nothing about size)."""
+    from budget_report import size_axis_curves
+
+    Point = budget.scaling.Point
+
+    def entry(point, arm, tokens, multipliers, study):
+        row = {"multipliers": [(m, False) for m in multipliers]}
+        return {"point": Point.parse(point), "arm": arm, "tokens_per_param": tokens, "row": row, "study": study}
+
+    entries = [
+        entry("tiny@256", "gpt", 2.5, [1.0, 1.0], 0),
+        entry("tiny@256", "ngpt", 2.5, [2.0, 1.8], 0),
+        entry("tiny@256", "gpt-muon", 2.5, [3.0, 3.0], 0),  # at one size only
+        entry("tiny@1024", "ngpt", 2.5, [2.4, 2.4], 0),  # another context
+        entry("cpu@256", "gpt", 2.5, [1.0, 1.0], 1),
+        entry("cpu@256", "ngpt", 2.5, [1.5, 1.7], 1),
+        entry("cpu@1024", "gpt-muon", 10.0, [float("inf")], 1),  # at one size only, nothing finite
+        {**entry("cpu@256", "ngpt", 10.0, [], 1), "row": None},  # not run
+    ]
+    curves = size_axis_curves(entries)
+    assert set(curves) == {(0, "tiny@256", "ngpt"), (1, "cpu@256", "ngpt")}
+    assert curves[1, "cpu@256", "ngpt"] == [(2.5, pytest.approx(1.6), pytest.approx(2**0.5 * 0.1))]
+    # one size only: every arm but GPT
+    assert set(size_axis_curves(entries[:4])) == {(0, "tiny@256", "ngpt"), (0, "tiny@256", "gpt-muon"),
+                                                   (0, "tiny@1024", "ngpt")}  # fmt: skip  # one set
