@@ -59,6 +59,10 @@ def pin_directory(path: Path) -> _Pin | None:
     pin = _Pin(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a prune that holds it: then the directory is gone
+    except OSError:  # a filesystem without flock (some network mounts): read unpinned
+        pin.release()
+        return _Pin()
+    try:
         if os.stat(path).st_ino != os.fstat(fd).st_ino:
             raise FileNotFoundError(path)
     except OSError:
@@ -81,9 +85,12 @@ def claim_for_delete(path: Path) -> _Pin | None:
     claim = _Pin(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         claim.release()
         return None
+    except OSError:  # a filesystem without flock (some network mounts): prune as before pins existed
+        claim.release()
+        return _Pin()
     return claim
 
 

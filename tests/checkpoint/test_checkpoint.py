@@ -367,6 +367,23 @@ def test_a_released_or_dropped_pin_lets_pruning_go_on(tmp_path):
     assert [s for s, _ in mgr.checkpoints()] == [3]
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="pins are flock locks: POSIX only")
+def test_without_flock_pruning_and_reading_go_on_unpinned(tmp_path, monkeypatch):
+    """A filesystem that refuses flock (ENOLCK on some network mounts) must not stop pruning."""
+    import errno
+    import fcntl
+
+    def refuse(fd, op):
+        raise OSError(errno.ENOLCK, "no locks available")
+
+    mgr, _, (model, opt, sched) = saved_run(tmp_path, steps=(1,), keep_last=1)
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    held = mgr.verify(mgr.path_for(1))
+    assert held.step == 1
+    mgr.save(2, state_of(model, opt, sched))
+    assert [s for s, _ in mgr.checkpoints()] == [2]
+
+
 def test_keep_all_and_validation(tmp_path):
     mgr, _, _ = saved_run(tmp_path, steps=(1, 2, 3, 4), keep_last=None)
     assert [s for s, _ in mgr.checkpoints()] == [1, 2, 3, 4]
