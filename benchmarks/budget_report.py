@@ -160,19 +160,34 @@ def spent_core_hours(args: argparse.Namespace) -> tuple[float, int]:
 
 
 def estimate_text(args: argparse.Namespace) -> str:
+    """The cost paragraph: the estimate made before the first run, beside the time the ledgers'
+    runs took, and what is left at that measured time."""
     path = args.results / "estimate.json"
     if not path.is_file():
         return "No estimate yet (`--estimate-only` writes one).\n\n"
     est = json.loads(path.read_text())
-    lines = ["| point | arm | s / step | start-up s |", "|---|---|---|---|"]
-    total = 0.0
+    books = ledgers(args)
+    planned = RUNS_PER_SWEEP + len(args.seeds) - 1
+    lines = [
+        "| point | arm | s / step | start-up s | measured s / step (runs) |",
+        "|---|---|---|---|---|",
+    ]
+    total = left = 0.0
     for pt in args.points:
         for arm in args.arms:
             m = est["timings"].get(f"{pt}|{arm}")
             if m is None:
                 continue
-            lines.append(f"| {pt} | {arm} | {m['s_per_step']:.3f} | {m['startup_s']:.1f} |")
+            done = {b: [r for (p, a, _, _), r in books[b].rows.items() if (p, a) == (str(pt), arm)] for b in books}
+            steps = sum(b * len(rows) for b, rows in done.items())
+            measured = sum(r.get("wall_s", 0.0) for rows in done.values() for r in rows) / steps if steps else None
+            shown = f"{measured:.3f} ({sum(map(len, done.values()))})" if measured is not None else "-"
+            lines.append(f"| {pt} | {arm} | {m['s_per_step']:.3f} | {m['startup_s']:.1f} | {shown} |")
             total += run_seconds(args, m, budgets_of(args, pt))
+            for b in budgets_of(args, pt):
+                runs_left = max(0, planned - len(done.get(b, [])))
+                one = b * measured if measured is not None else run_seconds(args, m, [b]) / planned
+                left += runs_left * one
     core_h = total * args.threads / 3600
     spent, runs = spent_core_hours(args)
     return (
@@ -181,9 +196,13 @@ def estimate_text(args: argparse.Namespace) -> str:
         f"assuming {RUNS_PER_SWEEP} sweep runs per arm and budget (the grid of three and one growth) plus "
         f"{len(args.seeds) - 1} more seeds, each run its start-up plus its steps and validation batches "
         f"(one validation batch counted as {EVAL_BATCH_COST:.2g} of a step) at the time per step measured "
-        f"with {args.jobs} runs at a time:\n\n"
+        f"with {args.jobs} runs at a time. Measured: the ledgers' runs, wall time over steps (start-up, "
+        "validation and whatever else loaded the machine included):\n\n"
         + "\n".join(lines)
-        + f"\n\nSpent so far: {spent:.1f} core-hours in {runs} runs.\n\n"
+        + f"\n\nSpent so far: {spent:.1f} core-hours in {runs} runs. Left, at the measured time per step "
+        f"(the estimate where an arm has no run yet) and {planned} runs per arm and budget: "
+        f"{left * args.threads / 3600:.1f} core-hours, {left / args.jobs / 3600:.1f} h wall at {args.jobs} runs "
+        "at a time.\n\n"
     )
 
 

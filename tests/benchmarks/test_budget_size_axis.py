@@ -170,3 +170,27 @@ def test_the_size_axis_plot_keeps_the_arms_two_sizes_share_at_a_context(budget):
     # one size only: every arm but GPT
     assert set(size_axis_curves(entries[:4])) == {(0, "tiny@256", "ngpt"), (0, "tiny@256", "gpt-muon"),
                                                    (0, "tiny@1024", "ngpt")}  # fmt: skip  # one set
+
+
+def test_the_cost_paragraph_gives_the_measured_time_per_step_and_what_is_left(budget, tmp_path):
+    from budget_report import EVAL_BATCH_COST, RUNS_PER_SWEEP, estimate_text
+
+    # gpt: three sweep runs and one seed run at 40 steps (1 s each: 0.025 s a step); nothing at 160
+    finals = {("tiny@32", 40, "gpt", lr, 0): 3.0 for lr in (0.003, 0.01, 0.03)} | {("tiny@32", 40, "gpt", 0.01, 1): 3.1}
+    results = tmp_path / "r"
+    write_study(results, "python benchmarks/budget.py", finals)
+    estimate = {"timings": {"tiny@32|gpt": {"s_per_step": 0.5, "startup_s": 2.0},
+                            "tiny@32|ngpt": {"s_per_step": 0.4, "startup_s": 0.0}},
+                "date": "2026-01-01", "command": "python benchmarks/budget.py --estimate-only"}  # fmt: skip  # one file
+    (results / "estimate.json").write_text(json.dumps(estimate))
+    args = budget.parse(["--points", "tiny@32", "--arms", "gpt", "ngpt", "--budgets", "40", "160", "--seeds", "0", "1",
+                         "--evals", "2", "--results", str(results), "--out", str(tmp_path / "out")])  # fmt: skip  # a command line
+    text = estimate_text(args)
+    assert "| tiny@32 | gpt | 0.500 | 2.0 | 0.025 (4) |" in text
+    assert "| tiny@32 | ngpt | 0.400 | 0.0 | - |" in text
+    assert "Spent so far: 0.0 core-hours in 4 runs." in text
+    # left: gpt 1 run at 40 steps and 5 at 160 at 0.025 s a step; ngpt 5 + 5 runs at the estimate
+    planned = RUNS_PER_SWEEP + 1
+    evals = 2 * args.eval_batches * EVAL_BATCH_COST
+    left = 1 * 40 * 0.025 + planned * 160 * 0.025 + planned * sum((b + evals) * 0.4 for b in (40, 160))
+    assert f"{left * args.threads / 3600:.1f} core-hours, {left / args.jobs / 3600:.1f} h wall" in text
