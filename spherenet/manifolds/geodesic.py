@@ -139,7 +139,12 @@ def slerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     ratio = alpha * sinc(alpha * theta_safe) / sinc(theta_safe)  # sin(alpha theta)/sin(theta)
     regular = torch.cos(alpha * theta) * aw + ratio * u
 
-    # Antipodal branch: rotate by alpha*theta towards the fallback direction.
+    # Antipodal branch: rotate by alpha*theta towards the fallback direction. On CPU, where the
+    # check costs no synchronization, it is skipped when no row needs it (a third of the op's
+    # time, forward and backward; the result and gradients are the same, since torch.where would
+    # select the regular branch everywhere and send the other zeros).
+    if a.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(antipodal.any()):
+        return normalize(regular).to(a.dtype)
     along = torch.cos(alpha * theta) * aw + torch.sin(alpha * theta) * _fallback_direction(aw)
     out = torch.where(antipodal, along, regular)
     return normalize(out).to(a.dtype)

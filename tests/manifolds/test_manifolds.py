@@ -136,6 +136,24 @@ def test_slerp_antipodal_is_a_half_great_circle(dtype):
     assert torch.equal(slerp(a, b, 0.5), slerp(a, b, 0.5))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_slerp_rows_are_the_same_whether_or_not_another_row_is_antipodal(dtype):
+    """A batch with no antipodal row skips that branch; its rows' values and gradients are those
+    the full two-branch evaluation gives them, bit for bit."""
+    a, b = points(8, 6, 0, dtype), points(8, 6, 1, dtype)
+    alpha = torch.linspace(0.05, 0.4, 8, dtype=dtype)
+    b_mixed = torch.cat([b, -a[:1]])  # one antipodal row forces the full evaluation
+    a_mixed = torch.cat([a, a[:1]])
+    results = []
+    for x, y in ((a, b), (a_mixed, b_mixed)):
+        x, y, w = x.clone().requires_grad_(), y.clone().requires_grad_(), alpha.clone().requires_grad_()
+        out = slerp(x, y, w)
+        (out[:6] * torch.arange(1.0, 9.0, dtype=dtype)).sum().backward()
+        results.append((out[:6].detach(), x.grad[:6], y.grad[:6]))
+    for skipped, full in zip(*results):
+        assert torch.equal(skipped, full)
+
+
 @pytest.mark.parametrize("gap", [1e-2, 1e-4])
 def test_slerp_near_pi_stays_on_geodesic(gap):
     a = points(16, 3, 5)
