@@ -423,8 +423,9 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
-def size_axis_curves(entries: list[dict]) -> dict[tuple[int, str, str], list[tuple[float, float, float]]]:
-    """The plot's lines, (study, point, arm) -> [(tokens per parameter, mean multiplier, std)]:
+def size_axis_curves(entries: list[dict]) -> dict[tuple[int, str, str], list[tuple[float, float, float, int]]]:
+    """The plot's lines, (study, point, arm) -> [(tokens per parameter, mean multiplier, std,
+    seeds with a finite multiplier)]:
     where some context is planned at two sizes or more, only the arms planned at two sizes or
     more at such a context (the rest say nothing about size); else every arm."""
     sizes: dict[tuple[int, str], set[str]] = {}  # (context, arm) -> the sizes that plan it
@@ -438,7 +439,7 @@ def size_axis_curves(entries: list[dict]) -> dict[tuple[int, str, str], list[tup
         if e["arm"] == BASELINE or not finite or (compared and (e["point"].context, e["arm"]) not in compared):
             continue
         m, s = mean_std(finite)
-        lines.setdefault((e["study"], str(e["point"]), e["arm"]), []).append((e["tokens_per_param"], m, s))
+        lines.setdefault((e["study"], str(e["point"]), e["arm"]), []).append((e["tokens_per_param"], m, s, len(finite)))
     return lines
 
 
@@ -461,22 +462,29 @@ def plot_size_axis(entries: list[dict], path: Path, names: list[str]) -> None:
     ]
     shared = {p for _, p in curves if sum(q == p for _, q in curves) > 1}
     arms = sorted({a for *_, a in lines})
+    most_seeds = max((p[3] for pts in lines.values() for p in pts), default=0)
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
     for (study, point, arm), pts in sorted(lines.items()):
         pts.sort()
         where = f"{point} ({names[study]})" if point in shared else point
+        color = f"C{arms.index(arm) % 10}"
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
-                    color=f"C{arms.index(arm) % 10}", ls=styles[curves.index((study, point)) % len(styles)],
+                    color=color, ls=styles[curves.index((study, point)) % len(styles)],
                     label=f"{arm} @ {where}")  # fmt: skip  # one call, its style beside it
+        few = [p for p in pts if p[3] < most_seeds]
+        if few:  # fewer seeds than the rest: an open ring around the point
+            ax.scatter([p[0] for p in few], [p[1] for p in few], s=140, facecolors="none", edgecolors=color, zorder=3)
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xscale("log")
-    ax.set_xticks(sorted({round(x, 1) for pts in lines.values() for x, _, _ in pts}))
+    ax.set_xticks(sorted({round(p[0], 1) for pts in lines.values() for p in pts}))
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("tokens per parameter")
     ax.set_ylabel("compute multiplier over GPT")
-    ax.set_title("colour: arm; line style: point (size@context); each mean ± std over seeds", fontsize=9)
+    ax.set_title(
+        f"colour: arm; line style: point (size@context); mean ± std over {most_seeds} seeds (ring: fewer)", fontsize=9
+    )
     if lines:
         ax.legend(fontsize=7)
     fig.tight_layout()

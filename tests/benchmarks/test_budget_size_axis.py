@@ -166,7 +166,7 @@ def test_the_size_axis_plot_keeps_the_arms_two_sizes_share_at_a_context(budget):
     ]
     curves = size_axis_curves(entries)
     assert set(curves) == {(0, "tiny@256", "ngpt"), (1, "cpu@256", "ngpt")}
-    assert curves[1, "cpu@256", "ngpt"] == [(2.5, pytest.approx(1.6), pytest.approx(2**0.5 * 0.1))]
+    assert curves[1, "cpu@256", "ngpt"] == [(2.5, pytest.approx(1.6), pytest.approx(2**0.5 * 0.1), 2)]
     # one size only: every arm but GPT
     assert set(size_axis_curves(entries[:4])) == {(0, "tiny@256", "ngpt"), (0, "tiny@256", "gpt-muon"),
                                                    (0, "tiny@1024", "ngpt")}  # fmt: skip  # one set
