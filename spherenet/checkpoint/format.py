@@ -45,25 +45,39 @@ class _Pin:
         self.release()
 
 
-def pin_directory(path: Path) -> _Pin | None:
-    """Pin the checkpoint directory ``path`` for reading; ``None`` when it is gone (pruned
-    before, or while, the lock was taken)."""
+def _flock_directory(path: Path, exclusive: bool) -> _Pin | OSError:
+    """A ``flock`` on the directory ``path`` (exclusive: without waiting): the held lock; a no-op
+    :class:`_Pin` where locks are not to be had (no ``fcntl``, or a filesystem without flock, as
+    some network mounts); the ``OSError`` when the directory cannot be opened, or
+    ``BlockingIOError`` when another process holds it."""
     try:
         import fcntl
     except ImportError:
         return _Pin()
     try:
         fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return exc
+    held = _Pin(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
+    except BlockingIOError as exc:
+        held.release()
+        return exc
     except OSError:
-        return None
-    pin = _Pin(fd)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a prune that holds it: then the directory is gone
-    except OSError:  # a filesystem without flock (some network mounts): read unpinned
-        pin.release()
+        held.release()
         return _Pin()
+    return held
+
+
+def pin_directory(path: Path) -> _Pin | None:
+    """Pin the checkpoint directory ``path`` for reading; ``None`` when it is gone (pruned
+    before, or while, the lock was taken: the shared lock waits out a prune that holds it)."""
+    pin = _flock_directory(path, exclusive=False)
+    if isinstance(pin, OSError):
+        return None
     try:
-        if os.stat(path).st_ino != os.fstat(fd).st_ino:
+        if pin.fd is not None and os.stat(path).st_ino != os.fstat(pin.fd).st_ino:
             raise FileNotFoundError(path)
     except OSError:
         pin.release()
@@ -73,25 +87,12 @@ def pin_directory(path: Path) -> _Pin | None:
 
 def claim_for_delete(path: Path) -> _Pin | None:
     """An exclusive ``flock`` on the checkpoint directory ``path`` before it is pruned; ``None``
-    while a reader pins it (pruning then waits for a later save)."""
-    try:
-        import fcntl
-    except ImportError:
-        return _Pin()
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return _Pin()  # unreadable: let the rename report it
-    claim = _Pin(fd)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        claim.release()
+    while a reader pins it (pruning then waits for a later save). Where no lock can be had,
+    pruning goes on unclaimed (an unreadable directory: the rename reports it)."""
+    claim = _flock_directory(path, exclusive=True)
+    if isinstance(claim, BlockingIOError):
         return None
-    except OSError:  # a filesystem without flock (some network mounts): prune as before pins existed
-        claim.release()
-        return _Pin()
-    return claim
+    return claim if isinstance(claim, _Pin) else _Pin()
 
 
 @dataclass(frozen=True)
