@@ -9,6 +9,7 @@ import os
 import platform
 import shlex
 import sys
+from pathlib import Path
 
 import torch
 
@@ -111,6 +112,34 @@ def header(title: str, device: torch.device, argv: list[str] | None) -> str:
     script = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "benchmarks/?"
     command = " ".join(["python", script, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     return f"### {title}\n\n{datetime.date.today()}; {machine(device)}\n\n`{command}`\n"
+
+
+# Options that name where a run's scratch files go: they do not change a result, and a
+# recorded command keeps only what reproduces it.
+SCRATCH_OPTIONS = ("--out",)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def portable_command(command: str) -> str:
+    """``command`` as a results file records it: scratch options dropped, and absolute paths
+    inside this checkout written relative to its root (where the scripts run from)."""
+    words, kept = shlex.split(command), []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        if word in SCRATCH_OPTIONS:
+            skip = True
+            continue
+        if word.split("=", 1)[0] in SCRATCH_OPTIONS:
+            continue
+        option, sep, value = word.rpartition("=") if word.startswith("--") and "=" in word else ("", "", word)
+        path = Path(value)
+        if path.is_absolute() and path.resolve().is_relative_to(REPO):
+            value = str(path.resolve().relative_to(REPO)) or "."
+        kept.append(option + sep + value)
+    return shlex.join(kept)
 
 
 def emit(text: str, markdown_path: str | None) -> None:

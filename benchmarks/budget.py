@@ -70,6 +70,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import convergence  # noqa: E402  (benchmarks/ is on sys.path)
 import scaling  # noqa: E402
+from _machine import portable_command  # noqa: E402
 from budget_report import (  # noqa: E402
     BASELINE,
     RUNS_PER_SWEEP,
@@ -292,7 +293,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = compare.parse_args_with_overrides(p, argv)
     if args.gpu_plan or args.size_axis:
         return args
-    args.command = "python benchmarks/budget.py" + ("" if not argv else " " + shlex.join(argv))
+    args.command = portable_command(shlex.join(["python", "benchmarks/budget.py", *argv]))
     args.points = [scaling.Point.parse(t) for t in args.points]
     args.budgets = sorted(set(args.budgets))
     if BASELINE not in args.arms:
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = args.results / "study.json"  # the first start's date and command stay: the header does not churn
     if meta.is_file():
         first = json.loads(meta.read_text())
-        args.date, args.command = first["started"], first["command"]
+        args.date, args.command = first["started"], portable_command(first["command"])
     else:
         args.date = datetime.date.today().isoformat()
         meta.write_text(json.dumps({"started": args.date, "command": args.command}, indent=1) + "\n")

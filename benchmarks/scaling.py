@@ -69,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import convergence  # noqa: E402  (benchmarks/ is on sys.path)
+from _machine import portable_command  # noqa: E402
 from scaling_ledger import (  # noqa: E402
     BASELINE,
     TIE_MARGIN,
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             max_extend=1,
         )
     args = compare.parse_args_with_overrides(p, argv)
-    args.command = "python benchmarks/scaling.py" + ("" if not argv else " " + shlex.join(argv))
+    args.command = portable_command(shlex.join(["python", "benchmarks/scaling.py", *argv]))
     args.points = [Point.parse(t) for t in args.points]
     args.update_point = Point.parse(args.update_point) if args.update_point else None
     if BASELINE not in args.arms:

@@ -181,9 +181,25 @@ def test_study_sweeps_each_budget_from_the_last_rate_reports_the_multiplier_and_
         if line.startswith("| tiny@32 | 40 |") and "| ngpt |" in line
     )
     assert "| 1 |" in row40 and "| 2.00 (2.00) |" in row40 and "-0.2500 |" in row40 and "±" not in row40
+    # the recorded command is what reproduces the results: the scratch directory left out
+    i = argv.index("--out")
     assert json.loads((results / "study.json").read_text())["command"] == "python benchmarks/budget.py " + " ".join(
-        argv
+        argv[:i] + argv[i + 2 :]
     )
+
+
+def test_a_recorded_command_leaves_out_scratch_and_names_checkout_paths_from_its_root(budget):
+    root = budget.ROOT
+    command = (
+        f"python benchmarks/budget.py --points cpu@256 --out /scratch/runs --results {root}/benchmarks/results/x "
+        f"--out=/elsewhere --data ../shared/data/input.txt --data-label 'two words' --results={root}/r/y"
+    )
+    assert budget.portable_command(command) == (
+        "python benchmarks/budget.py --points cpu@256 --results benchmarks/results/x "
+        "--data ../shared/data/input.txt --data-label 'two words' --results=r/y"
+    )
+    # a path outside the checkout stays as it was: it is where the data are
+    assert budget.portable_command("python x.py --data /data/corpus.txt") == "python x.py --data /data/corpus.txt"
 
 
 def test_a_single_budget_is_refused(budget, tmp_path):
