@@ -5,29 +5,10 @@ rule still needs), all on small synthetic ledgers: nothing trains."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-BUDGET = ROOT / "benchmarks" / "budget.py"
-
-
-@pytest.fixture(scope="module")
-def budget():
-    sys.path.insert(0, str(BUDGET.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("budget_size_axis", BUDGET)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop("budget_size_axis", None)
-        sys.path.remove(str(BUDGET.parent))
 
 
 def params(budget, point: str) -> int:

@@ -6,30 +6,11 @@ loss, so the study's logic runs in seconds; the real trainings are ``convergence
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-BUDGET = ROOT / "benchmarks" / "budget.py"
-
-
-@pytest.fixture(scope="module")
-def budget():
-    sys.path.insert(0, str(BUDGET.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("budget_study", BUDGET)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop("budget_study", None)
-        sys.path.remove(str(BUDGET.parent))
 
 
 @pytest.fixture(scope="module")

@@ -5,30 +5,10 @@ the report agree. The trainings are replaced by a function that writes a known f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCALING = ROOT / "benchmarks" / "scaling.py"
-
-
-@pytest.fixture(scope="module")
-def scaling():
-    sys.path.insert(0, str(SCALING.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("scaling_rate_rule", SCALING)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop("scaling_rate_rule", None)
-        sys.path.remove(str(SCALING.parent))
 
 
 def row(point: str, arm: str, lr: float, seed: int, final: float) -> dict:

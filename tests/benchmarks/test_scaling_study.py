@@ -6,31 +6,12 @@ test_study_tools.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCALING = ROOT / "benchmarks" / "scaling.py"
-
-
-@pytest.fixture(scope="module")
-def scaling():
-    sys.path.insert(0, str(SCALING.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("scaling_study", SCALING)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclass looks itself up there
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop("scaling_study", None)
-        sys.path.remove(str(SCALING.parent))
 
 
 @pytest.fixture(scope="module")

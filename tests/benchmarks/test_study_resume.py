@@ -5,27 +5,10 @@ and starts afresh when the checkpoint's settings differ; long runs checkpoint ev
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-CONVERGENCE = ROOT / "benchmarks" / "convergence.py"
-
-
-@pytest.fixture(scope="module")
-def convergence():
-    sys.path.insert(0, str(CONVERGENCE.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("convergence_resume", CONVERGENCE)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(CONVERGENCE.parent))
 
 
 def run_args(tmp_path: Path, runs: str, overrides: list[str]) -> argparse.Namespace:

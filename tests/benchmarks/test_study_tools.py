@@ -4,7 +4,6 @@ data they used, and their training processes stop with them on SIGTERM / Ctrl-C.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -20,18 +19,6 @@ from recipes import compare
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERGENCE = ROOT / "benchmarks" / "convergence.py"
-
-
-@pytest.fixture(scope="module")
-def convergence():
-    sys.path.insert(0, str(CONVERGENCE.parent))  # the script imports benchmarks/_machine.py
-    try:
-        spec = importlib.util.spec_from_file_location("convergence_study", CONVERGENCE)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(CONVERGENCE.parent))
 
 
 @pytest.fixture(scope="module")
