@@ -67,6 +67,7 @@ from recipes.compare_variants import (
     variants_help,
 )
 from recipes.progress import progress_bar
+from recipes.run_data import source_kind
 from recipes.train import DEFAULT_CONFIG, resolve_config
 from spherenet.data import DataError, resolve_source
 from spherenet.train.config import ConfigError, load_config
@@ -158,9 +159,10 @@ def check_data_paths(config: str | Path, variants: list[tuple[str, list[str]]], 
             ("data.tokenizer", cfg.data.tokenizer),
             ("train.init_from", cfg.train.init_from),
         ):
-            if (key, value) in seen:
+            checked = (key, value, cfg.data.format if key == "data.source" else None)  # the format reads the file
+            if checked in seen:
                 continue
-            seen.add((key, value))
+            seen.add(checked)
             problem = _data_path_problem(key, value, cfg)
             if problem is not None:
                 where = f"variant {name}: " if name is not None else ""
@@ -171,7 +173,7 @@ def _data_path_problem(key: str, value: str, cfg) -> str | None:
     """What is wrong with one data path, the way ``recipes.train`` will read it; None when sound."""
     if key == "data.source":
         try:
-            resolve_source(value, text_field=cfg.data.text_field, text_unit=cfg.data.text_unit)
+            resolve_source(value, kind=source_kind(cfg), text_field=cfg.data.text_field, text_unit=cfg.data.text_unit)
         except DataError as exc:
             return str(exc)
         return None

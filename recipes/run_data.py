@@ -9,7 +9,7 @@ from spherenet.data import prepare_dataset
 from spherenet.train.config import ConfigError, RunConfig
 from spherenet.train.distributed import barrier
 
-__all__ = ["batch_geometry", "prepare_data", "run_windows"]
+__all__ = ["batch_geometry", "prepare_data", "run_windows", "source_kind"]
 
 
 def batch_geometry(cfg: RunConfig, world_size: int) -> tuple[int, int]:
@@ -27,12 +27,18 @@ def batch_geometry(cfg: RunConfig, world_size: int) -> tuple[int, int]:
     return micro, per_rank // micro
 
 
+def source_kind(cfg: RunConfig) -> str | None:
+    """The ``kind`` that ``data.format`` names for local source files (None: from the extension)."""
+    return None if cfg.data.format == "auto" else cfg.data.format
+
+
 def prepare_data(cfg: RunConfig, is_main: bool):
     """The run's :class:`~spherenet.data.PreparedData`, in ``data.cache_dir`` (default: a
     ``data_cache`` beside ``train.out_dir``)."""
     d = cfg.data
     cache = Path(d.cache_dir) if d.cache_dir else Path(cfg.train.out_dir).parent / "data_cache"
     kwargs = dict(
+        kind=source_kind(cfg),
         text_field=d.text_field,
         text_unit=d.text_unit,
         hub_config=d.subset or None,

@@ -281,8 +281,8 @@ def _local_source(paths: list[str], kind: str | None, text_field: str, text_unit
         k = kind or _EXTENSIONS.get(p.suffix.lower())
         if k is None:
             raise DataError(
-                f"cannot tell the format of {p} from its extension {p.suffix or '(none)'!r}: pass "
-                "kind='text', 'json' or 'parquet'"
+                f"cannot tell the format of {p} from its extension {p.suffix or '(none)'!r}: name it with "
+                "kind='text', 'json' or 'parquet' (in a run config: data.format=text, json or parquet)"
             )
         kinds.add(k)
         resolved.append(str(p.resolve()))

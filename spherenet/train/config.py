@@ -85,6 +85,9 @@ class ModelSection:
 class DataSection:
     source: str = "stdlib"  # "stdlib" (embedded), a local text/json/jsonl/parquet file, or a hub dataset
     tokenizer: str = "byte"  # "byte", "bpe:<vocab size or tokenizer.json>", "hf:<name or tokenizer.json>"
+    # local files: "auto" (from the extension: .txt/.md text, .json/.jsonl json, .parquet), or
+    # "text" | "json" | "parquet" for a file whose extension does not say
+    format: str = "auto"
     text_field: str = "text"
     text_unit: str = "paragraph"  # text files: a document is a "paragraph" (between blank lines), "line" or "document"
     split: str = "train"  # hub datasets: which split to read

@@ -31,6 +31,7 @@ class ConfigError(ValueError):
 LOGGERS = ("jsonl", "tensorboard", "wandb")
 # The [optim] choices are the optimizers' own (spherenet.optim), listed once there.
 CHOICES = {
+    ("data", "format"): ("auto", "text", "json", "parquet"),
     ("data", "text_unit"): ("paragraph", "line", "document"),
     ("optim", "method"): METHODS,
     ("optim", "second_moment"): SECOND_MOMENTS,

@@ -631,3 +631,9 @@ def test_a_variants_own_data_path_is_checked_and_named(monkeypatch, tmp_path, ca
     _fake_runs(monkeypatch)  # a hub id and the embedded corpus pass without a download
     assert compare.main(["--variants", "gpt", "--out", str(tmp_path / "ok"), "train.steps=30"]) == 0
     assert compare.check_data_paths(compare.DEFAULT_CONFIG, [], ["data.source=hf:owner/name"]) is None
+    # a file without an extension: checked with the format each variant names
+    (tmp_path / "plain").write_text("some text\n\nmore text\n")
+    source = f"data.source={tmp_path / 'plain'}"
+    assert compare.check_data_paths(compare.DEFAULT_CONFIG, [("gpt", [])], [source, "data.format=text"]) is None
+    with pytest.raises(SystemExit, match=r"^error: variant auto: data.source=.*plain: .*data.format=text"):
+        compare.check_data_paths(compare.DEFAULT_CONFIG, [("auto", ["data.format=auto"])], [source, "data.format=text"])

@@ -231,6 +231,22 @@ def test_missing_data_file(tmp_path, cache, capsys):
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
+def test_a_file_whose_extension_does_not_say_its_format_trains_once_data_format_names_it(
+    tmp_path, cache, text_file, capsys
+):
+    corpus = tmp_path / "corpus"  # no extension
+    corpus.write_bytes(text_file.read_bytes())
+    assert run(tmp_path / "r", cache, "train.steps=2", f"data.source={corpus}") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "data.format=text" in err and str(corpus) in err
+    assert not (tmp_path / "r" / "checkpoints").exists()
+    assert run(tmp_path / "r", cache, "train.steps=2", f"data.source={corpus}", "data.format=text") == 0
+    assert sorted(losses(tmp_path / "r")) == [1, 2]
+    # a format the file is not in is refused by what it finds, not trained on
+    assert run(tmp_path / "j", cache, "train.steps=2", f"data.source={corpus}", "data.format=json") == 2
+    assert "json" in capsys.readouterr().err
+
+
 def test_empty_data_file(tmp_path, cache, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
