@@ -260,12 +260,18 @@ def _process_alive(pid: int) -> bool:
 
 def refuse_non_empty(out: str | Path) -> None:
     """CheckpointError when ``out`` exists and is not an empty directory (export never mixes its
-    files with others, nor replaces an earlier export unasked)."""
+    files with others, nor replaces an earlier export unasked). The message offers ``--overwrite``
+    only where it would be taken: over an earlier export."""
     out = Path(out)
     if out.is_dir() and any(out.iterdir()):
-        raise CheckpointError(
-            f"{out} is not empty; pass --overwrite to replace the earlier export there, or export elsewhere"
-        )
+        if _manifest_files(out) is not None:
+            raise CheckpointError(
+                f"{out} is not empty; pass --overwrite to replace the earlier export there, or export elsewhere"
+            )
+        found = holds_run(out)
+        if found is not None:
+            raise CheckpointError(f"{out} holds a training run ({found}); export elsewhere")
+        raise CheckpointError(f"{out} is not empty and holds no earlier export ({MANIFEST_NAME}); export elsewhere")
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out} exists and is not a directory; export into a new directory")
 

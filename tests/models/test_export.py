@@ -375,6 +375,11 @@ def test_export_into_a_non_empty_directory_needs_overwrite(safetensors_torch, bp
         f"error: {out} is not empty; pass --overwrite to replace the earlier export there, or export elsewhere"
     ]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+    # --overwrite is offered only where it would be taken
+    for directory, why in ((bpe_run, "holds a training run (checkpoints)"), (bpe_run / "checkpoints", "holds a training run (step_* checkpoints)"), (bpe_run.parent, "holds no earlier export")):  # fmt: skip  # a table
+        assert export.main([str(bpe_run), str(directory)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0] and "--overwrite" not in err[0], err
 
     (out / "stray.txt").write_text("left from before")  # not the export's: --overwrite keeps its hands off
     assert export.main([str(bpe_run), str(out), "--overwrite"]) == 2
