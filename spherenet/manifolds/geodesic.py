@@ -33,6 +33,33 @@ def work_dtype(*tensors) -> torch.dtype:
     return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
+def _broadcast(x: tuple, y: tuple) -> tuple | None:
+    """The shape ``x`` and ``y`` broadcast to, None when they do not (no exception: traceable)."""
+    n = max(len(x), len(y))
+    x, y = (1,) * (n - len(x)) + tuple(x), (1,) * (n - len(y)) + tuple(y)
+    if any(i != j and 1 not in (i, j) for i, j in zip(x, y)):
+        return None
+    return tuple(max(i, j) if 1 in (i, j) else i for i, j in zip(x, y))
+
+
+def _check_shapes(op: str, a: torch.Tensor, b: torch.Tensor, alpha=None, names: str = "a, b") -> None:
+    """A ValueError naming the shapes when ``a`` and ``b`` are not vectors of one size that
+    broadcast, or a tensor ``alpha`` does not broadcast to them (instead of torch's size message
+    from inside the arithmetic)."""
+    first, second = names.split(", ")
+    shape = _broadcast(a.shape, b.shape) if a.dim() and b.dim() and a.shape[-1] == b.shape[-1] else None
+    if shape is None:
+        raise ValueError(
+            f"{op}: {first} has shape {tuple(a.shape)} and {second} {tuple(b.shape)}: both must be vectors along "
+            "the last dimension, of one size, whose leading dimensions broadcast"
+        )
+    if isinstance(alpha, torch.Tensor) and _broadcast(alpha.shape, shape) != shape:
+        raise ValueError(
+            f"{op}: alpha has shape {tuple(alpha.shape)}, which does not broadcast to the points' {shape} "
+            "(a scalar, or one per dimension: the last dimension's size)"
+        )
+
+
 def _up(x, dtype):
     return x.to(dtype) if isinstance(x, torch.Tensor) else x
 
@@ -58,6 +85,7 @@ def tangent(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
     ``a`` must be unit. Idempotent: ``tangent(a, tangent(a, u)) == tangent(a, u)``.
     """
+    _check_shapes("tangent", a, u, names="a, u")
     work = work_dtype(a, u)
     aw, uw = a.to(work), u.to(work)
     return (uw - _dot(aw, uw) * aw).to(torch.promote_types(a.dtype, u.dtype))
@@ -70,6 +98,7 @@ def angle(a: torch.Tensor, b: torch.Tensor, keepdim: bool = False) -> torch.Tens
     stays accurate near 0 and pi, where arccos loses half the digits and has an infinite
     derivative. Inputs slightly off the sphere are fine.
     """
+    _check_shapes("angle", a, b)
     work = work_dtype(a, b)
     aw, bw = a.to(work), b.to(work)
     theta = 2 * torch.atan2((aw - bw).norm(dim=-1, keepdim=keepdim), (aw + bw).norm(dim=-1, keepdim=keepdim))
@@ -82,6 +111,7 @@ def lerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     With ``a = h`` and ``b = h_A`` (or ``h_M``), this is the paper's default residual update.
     For a == -b and alpha == 0.5 the sum is zero and so is the result (no direction exists).
     """
+    _check_shapes("lerp", a, b, alpha)
     work = work_dtype(a, b, alpha)
     aw, bw = a.to(work), b.to(work)
     return normalize(aw + _up(alpha, work) * (bw - aw)).to(a.dtype)
@@ -94,6 +124,7 @@ def riemannian_update(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     at ``a`` (eq. 24); the step is ``Norm(a - alpha g)`` (eq. 25, 26), ``Norm`` being the
     retraction. For a == ±b the projected gradient is zero and the result is ``a``.
     """
+    _check_shapes("riemannian_update", a, b, alpha)
     work = work_dtype(a, b, alpha)
     aw, bw = a.to(work), b.to(work)
     g = aw * _dot(aw, bw) - bw
@@ -124,6 +155,7 @@ def slerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     unique geodesic: then the path is the great circle from ``a`` towards a fixed tangent
     direction, that of the coordinate axis least aligned with ``a``; alpha = 1 still gives -a = b.
     """
+    _check_shapes("slerp", a, b, alpha)
     work = work_dtype(a, b, alpha)
     aw, bw = a.to(work), b.to(work)
     alpha = _up(alpha, work)

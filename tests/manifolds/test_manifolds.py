@@ -80,6 +80,33 @@ def test_updates_broadcast_leading_dims(name):
     assert torch.allclose(out, UPDATES[name](a, b, 0.3), atol=1e-6)
 
 
+@pytest.mark.parametrize("name", sorted(UPDATES))
+@pytest.mark.parametrize(
+    "a_shape, b_shape, alpha_shape, needle",
+    [
+        ((4, 8), (4, 7), None, "a has shape (4, 8) and b (4, 7)"),
+        ((4, 8), (3, 8), None, "a has shape (4, 8) and b (3, 8)"),
+        ((), (4, 8), None, "a has shape () and b (4, 8)"),
+        ((4, 8), (4, 8), (5,), "alpha has shape (5,), which does not broadcast to the points' (4, 8)"),
+        ((4, 8), (4, 8), (2, 4, 8), "alpha has shape (2, 4, 8)"),  # would change the result's shape
+    ],
+)
+def test_updates_name_shapes_that_do_not_fit(name, a_shape, b_shape, alpha_shape, needle):
+    alpha = 0.3 if alpha_shape is None else torch.full(alpha_shape, 0.3)
+    with pytest.raises(ValueError, match=f"^{UPDATES[name].__name__}: ") as raised:
+        UPDATES[name](torch.ones(a_shape), torch.ones(b_shape), alpha)
+    assert needle in str(raised.value)
+
+
+def test_tangent_and_angle_name_shapes_that_do_not_fit():
+    with pytest.raises(ValueError, match=r"^tangent: a has shape \(4, 8\) and u \(8, 4\)"):
+        tangent(torch.ones(4, 8), torch.ones(8, 4))
+    with pytest.raises(ValueError, match=r"^angle: a has shape \(3,\) and b \(2,\)"):
+        angle(torch.ones(3), torch.ones(2))
+    # a single point against a batch still broadcasts
+    assert angle(torch.ones(8), torch.ones(4, 8)).shape == (4,)
+
+
 # --- slerp: endpoints and the geodesic ------------------------------------------------------
 
 
