@@ -6,6 +6,7 @@ tokens per parameter.
     python benchmarks/budget.py --report-only         # rewrite budget.md and the plots from the ledgers
     python benchmarks/budget.py --gpu-plan            # the GPU version's command and its cost (6 N D), no training
     python benchmarks/budget.py --pending             # the seed runs the rate rule still needs, no training
+    python benchmarks/budget.py --status --out DIR    # runs done, runs under way in DIR and their time to go
     python benchmarks/budget.py --quick               # a smoke run of the pipeline (minutes)
     python benchmarks/budget.py --points cpu@256 --budgets 677 2707 --results benchmarks/results/budget/default_corpus_cpu
     python benchmarks/budget.py --size-axis benchmarks/results/budget/default_corpus benchmarks/results/budget/default_corpus_cpu
@@ -83,6 +84,7 @@ from budget_report import (  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
+from recipes.run_directory import live_trainer  # noqa: E402
 
 ARMS = ["gpt", "ngpt", "gpt-muon", "gpt-adamh", "gpt-muonh", "ngpt-slerp", "ngpt-riemannian", "ngpt-tangent"]
 POINTS = ["tiny@256", "tiny@1024"]
@@ -129,6 +131,49 @@ def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
                     continue
                 _, missing = scaling.decide(book, str(pt), arm, args.seeds, args.sweep_seed, args.tie_margin)
                 out += [(str(pt), b, arm, lr, s) for lr, s in missing]
+    return out
+
+
+def status(args: argparse.Namespace) -> list[str]:
+    """Where a study stands: per budget, the runs in its ledger and the seed runs the rate rule
+    still needs (:func:`pending`), then every run in ``--out`` that is not in a ledger yet: its
+    last logged step, whether a trainer holds it now, and the time to its end at its last logged
+    speed. Read from the files alone; nothing starts or stops."""
+    todo = pending(args)
+    lines = []
+    for b, book in ledgers(args).items():
+        waiting = sum(1 for t in todo if t[1] == b)
+        lines.append(f"{b} steps: {len(book.rows)} run(s) in the ledger, {waiting} seed run(s) the rate rule needs")
+        finished = {(p, f"{arm}_lr{convergence.lr_tag(lr)}", seed) for p, arm, lr, seed in book.rows}
+        for run in sorted((args.out / f"steps{b}" / "runs").glob("*/*/seed*")):
+            point, name, seed = run.parent.parent.name, run.parent.name, run.name.removeprefix("seed")
+            if not seed.isdigit() or (point, name, int(seed)) in finished:
+                continue
+            logged = [r for r in _records(run / "metrics.jsonl") if "step" in r]
+            last = logged[-1] if logged else {}
+            step, speed = last.get("step", 0), last.get("tok_per_s")
+            holder = live_trainer(run)
+            state = "running" if holder else ("finished, not yet in the ledger" if step >= b else "stopped")
+            left = ""
+            if speed and step < b:
+                seconds = (b - step) * args.tokens_per_step / speed
+                left = f", about {seconds / 60:.0f} min to go at {args.tokens_per_step / speed:.2f} s a step"
+            lines.append(f"  {point} {name} seed {seed}: logged step {step} of {b} ({state}{left})")
+    return lines
+
+
+def _records(path: Path) -> list[dict]:
+    """The JSON lines of a run's ``metrics.jsonl`` (a half-written last line left out)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
     return out
 
 
@@ -247,6 +292,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--report-only", action="store_true", help="rewrite the tables and plots from the ledgers, train nothing"
     )
     p.add_argument("--pending", action="store_true", help="list the seed runs the rate rule still needs, train nothing")
+    p.add_argument(
+        "--status",
+        action="store_true",
+        help="where the study stands: runs per ledger, the runs in --out under way and their time to go; train nothing",
+    )
     p.add_argument(
         "--size-axis",
         nargs="+",
@@ -379,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         for point, b, arm, lr, seed in todo:
             print(f"  {point} {b} steps {arm} lr {lr:g} seed {seed}")
         print(f"{len(todo)} run(s) pending", flush=True)
+        return 0
+    if args.status:
+        print("\n".join(status(args)), flush=True)
         return 0
     if args.report_only:
         write_results(args)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from recipes.checkpoints import TOKENIZER_DIR, Trained, is_exported, load_trained
 from recipes.cli import prog
-from recipes.run_directory import LOCK_FILE
+from recipes.run_directory import LOCK_FILE, live_trainer
 from spherenet.checkpoint import MANIFEST, CheckpointError, CheckpointManager, describe_os_error
 from spherenet.data import DataError
 from spherenet.data.tokenizer import TOKENIZER_JSON
@@ -157,21 +157,6 @@ def holds_run(directory: Path) -> str | None:
     return None
 
 
-def _live_trainer(directory: Path) -> str | None:
-    """The trainer holding ``directory``'s lock (its pid and host), or None when none does."""
-    import fcntl
-
-    try:
-        with (directory / LOCK_FILE).open("r") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return lock.read().strip() or "a process that wrote no name"
-    except OSError:
-        pass
-    return None
-
-
 def check_destination(out: str | Path, source: str | Path, overwrite: bool) -> None:
     """The rule of every command that replaces a directory: it replaces only what it wrote.
     Without ``overwrite`` OUT must be empty or absent (:func:`refuse_non_empty`). With it, OUT
@@ -192,7 +177,7 @@ def check_destination(out: str | Path, source: str | Path, overwrite: bool) -> N
             f"--overwrite would replace {out}, which contains the source {source}; export into a directory outside it"
         )
     for directory in (real_out, *real_out.parents):
-        holder = _live_trainer(directory)
+        holder = live_trainer(directory)
         if holder is not None:
             raise CheckpointError(
                 f"--overwrite refused: {out} is in use by a live trainer ({holder}); export elsewhere"

@@ -19,6 +19,7 @@ __all__ = [
     "RunDirectory",
     "check_resume_target",
     "claim_run_directory",
+    "live_trainer",
     "move_run_aside",
     "open_run_directory",
     "release_claims",
@@ -52,6 +53,22 @@ def check_resume_target(out_dir: Path, ckpt: CheckpointManager, claimed: bool) -
 
 
 LOCK_FILE = "train.lock"
+
+
+def live_trainer(directory: Path) -> str | None:
+    """The trainer holding ``directory``'s lock (its pid and host, as it wrote them), or None
+    when none does (no lock file, or one no process holds)."""
+    import fcntl
+
+    try:
+        with (directory / LOCK_FILE).open("r") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return lock.read().strip() or "a process that wrote no name"
+    except OSError:
+        pass
+    return None
 
 
 def run_in_directory(out_dir: Path) -> str | None:

@@ -175,3 +175,38 @@ def test_the_cost_paragraph_gives_the_measured_time_per_step_and_what_is_left(bu
     evals = 2 * args.eval_batches * EVAL_BATCH_COST
     left = 1 * 40 * 0.025 + planned * 160 * 0.025 + planned * sum((b + evals) * 0.4 for b in (40, 160))
     assert f"{left * args.threads / 3600:.1f} core-hours, {left / args.jobs / 3600:.1f} h wall" in text
+
+
+def test_status_shows_the_runs_under_way_and_their_time_to_go(budget, tmp_path, capsys):
+    import fcntl
+
+    finals = {("tiny@32", 40, "gpt", 0.01, 0): 3.00, ("tiny@32", 40, "gpt", 0.003, 0): 3.01,
+              ("tiny@32", 40, "gpt", 0.03, 0): 3.5, ("tiny@32", 40, "gpt", 0.01, 1): 3.1}  # fmt: skip  # one ledger
+    write_study(tmp_path / "r", "python benchmarks/budget.py", finals)
+    out = tmp_path / "out"
+    argv = ["--points", "tiny@32", "--arms", "gpt", "--budgets", "40", "160", "--seeds", "0", "1",
+            "--tokens-per-step", "256", "--results", str(tmp_path / "r"), "--out", str(out)]  # fmt: skip  # a command line
+
+    def run_dir(budget_steps: int, name: str, seed: int, logged: list[dict]) -> Path:
+        d = out / f"steps{budget_steps}" / "runs" / "tiny@32" / name / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged) + '{"step": 1')  # cut off
+        return d
+
+    run_dir(40, "gpt_lr1e-2", 0, [{"step": 40, "tok_per_s": 512.0}])  # in the ledger: not listed
+    live = run_dir(160, "gpt_lr1e-2", 0, [{"step": 40, "tok_per_s": 100.0}, {"step": 100, "tok_per_s": 512.0}])
+    run_dir(160, "gpt_lr3e-3", 0, [{"step": 20, "tok_per_s": 256.0}])
+    run_dir(160, "gpt_lr3e-2", 0, [{"step": 160, "tok_per_s": 256.0}, {"event": "done", "step": 160}])
+    with (live / "train.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write("pid 1 on a host")
+        lock.flush()
+        assert budget.main([*argv, "--status"]) == 0
+    text = capsys.readouterr().out
+    assert "40 steps: 4 run(s) in the ledger, 1 seed run(s) the rate rule needs" in text
+    assert "160 steps: 0 run(s) in the ledger, 0 seed run(s) the rate rule needs" in text
+    # 60 steps of 256 tokens at 512 tokens/s: 30 s
+    assert "tiny@32 gpt_lr1e-2 seed 0: logged step 100 of 160 (running, about 0 min to go at 0.50 s a step)" in text
+    assert "tiny@32 gpt_lr3e-3 seed 0: logged step 20 of 160 (stopped, about 2 min to go at 1.00 s a step)" in text
+    assert "tiny@32 gpt_lr3e-2 seed 0: logged step 160 of 160 (finished, not yet in the ledger)" in text
+    assert "40 steps gpt" not in text and text.count("gpt_lr") == 3
