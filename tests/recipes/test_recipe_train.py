@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from corpora import write_paragraphs
 
 from recipes.train import cli
 
@@ -45,14 +46,12 @@ def losses(out_dir: Path) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory) -> Path:
     """A small local corpus of real-looking text: paragraphs become documents."""
-    import random
-
-    rng = random.Random(0)
-    words = "the sphere holds every vector of unit length and the model moves along it step by step".split()
-    paras = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) + "." for _ in range(400)]
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n\n".join(paras), encoding="utf-8")
-    return path
+    return write_paragraphs(
+        tmp_path_factory.mktemp("corpus") / "corpus.txt",
+        "the sphere holds every vector of unit length and the model moves along it step by step",
+        400,
+        seed=0,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from corpora import write_paragraphs
 
 import recipes.train
 from recipes.train import cli
@@ -52,14 +53,12 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory) -> Path:
-    import random
-
-    rng = random.Random(3)
-    words = "every input gets a clear error that names what is wrong with it".split()
-    paras = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) + "." for _ in range(200)]
-    path = tmp_path_factory.mktemp("corpus") / "good.txt"
-    path.write_text("\n\n".join(paras), encoding="utf-8")
-    return path
+    return write_paragraphs(
+        tmp_path_factory.mktemp("corpus") / "good.txt",
+        "every input gets a clear error that names what is wrong with it",
+        200,
+        seed=3,
+    )
 
 
 @pytest.fixture(scope="module")

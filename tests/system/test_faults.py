@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from corpora import write_paragraphs
 
 import recipes.train
 import recipes.train_loop
@@ -73,14 +74,12 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory) -> Path:
-    import random
-
-    rng = random.Random(7)
-    words = "a run that is killed comes back from its last checkpoint and loses nothing at all".split()
-    paras = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) + "." for _ in range(300)]
-    path = tmp_path_factory.mktemp("corpus") / "faults.txt"
-    path.write_text("\n\n".join(paras), encoding="utf-8")
-    return path
+    return write_paragraphs(
+        tmp_path_factory.mktemp("corpus") / "faults.txt",
+        "a run that is killed comes back from its last checkpoint and loses nothing at all",
+        300,
+        seed=7,
+    )
 
 
 @pytest.fixture(scope="module")
