@@ -117,9 +117,11 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
     unset = "(unset)"
     diffs = []
 
-    def compare(where: str, old: dict, new: dict, free=()) -> None:
+    def compare(where: str, old: dict, new: dict, free=(), predates: dict | None = None) -> None:
         for key in sorted(set(old) | set(new)):
-            if key not in free and old.get(key, unset) != new.get(key, unset):
+            # a setting added after the checkpoint was written: it ran with the default
+            was = old.get(key, (predates or {}).get(key, unset))
+            if key not in free and was != new.get(key, unset):
                 diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
 
     if isinstance(saved.get("model_config"), dict):
@@ -130,8 +132,10 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
     old_cfg = saved.get("config")
     if isinstance(old_cfg, dict):
         new_cfg = resolved(cfg).to_dict()
+        defaults = resolved(RunConfig()).to_dict()
         for section in ("data", "optim", "train"):
-            compare(f"{section}.", old_cfg.get(section) or {}, new_cfg[section], RESUMABLE_CHANGES[section])
+            old = old_cfg.get(section) or {}
+            compare(f"{section}.", old, new_cfg[section], RESUMABLE_CHANGES[section], defaults[section])
     if diffs:
         raise ConfigError(
             f"checkpoint {path} was written by a run with other settings; resume with the same values "

@@ -67,6 +67,15 @@ def test_an_accepted_change_passes_and_a_refused_one_is_named():
     assert "start a new run in another train.out_dir" in str(info.value)
 
 
+def test_a_setting_the_checkpoint_predates_counts_as_its_default():
+    cfg = load_config(None, TINY)
+    saved = {"config": resolved(cfg).to_dict()}
+    del saved["config"]["data"]["format"]  # written before data.format existed
+    check_resumable(saved, cfg, "NGPT", {}, Path("x"))
+    with pytest.raises(ConfigError, match="data.format: '\\(unset\\)' in the checkpoint, 'text' now"):
+        check_resumable(saved, load_config(None, [*TINY, "data.format=text"]), "NGPT", {}, Path("x"))
+
+
 def test_a_model_change_is_named_field_by_field():
     cfg = load_config(None, TINY)
     saved = {
