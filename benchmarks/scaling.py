@@ -112,6 +112,7 @@ class Study:
         self.started = time.monotonic()
         self.done_now = 0
         self.lock = threading.Lock()
+        self.failed = threading.Event()  # a run crashed: no other starts
         # runs done / planned, with an ETA (a sweep that grows past its edge adds to the plan)
         seeds = len([sd for sd in args.seeds if sd != args.sweep_seed])
         planned = sum(len(args.grid or [0, 0, 0]) + seeds for pt in args.points for _ in arms_at(args, pt))
@@ -166,10 +167,13 @@ class Study:
         return f"{arm}_lr{convergence.lr_tag(lr)}:{','.join(items)}"
 
     def run(self, point: Point, arm: str, lr: float, seed: int) -> dict:
-        """One training (or its ledger line when it already ran)."""
+        """One training (or its ledger line when it already ran). None starts once a run has
+        failed: the study stops when the runs under way end."""
         row = self.ledger.get(point, arm, lr, seed)
         if row is not None:
             return row
+        if self.failed.is_set():
+            raise SystemExit(f"error: {arm} lr {lr:g} seed {seed} at {point} not started: another run failed")
         pargs = self.point_args(point)
         spec = self.spec(point, arm, lr)
         say = self.bar.write if self.bar is not None else lambda line: print(line, flush=True)
@@ -194,6 +198,7 @@ class Study:
         }
         if rc not in (0, None) and not row["val_loss"]:
             # a crash, not a divergence: keep it out of the ledger so that a rerun retries it
+            self.failed.set()
             raise SystemExit(f"error: {name} seed {seed} at {point} failed (exit {rc}); see {run_dir / 'train.log'}")
         with self.lock:  # runs finish on several threads
             self.ledger.add(row)
@@ -216,10 +221,14 @@ class Study:
         """Forget (in memory: the ledger file keeps them, a rerun's line comes later and wins) the
         runs of matrix-rate arms whose AdamW part ran at another rate than the one GPT has picked
         now (a tie decided after them), and their pick, so that they run again."""
-        for key, row in list(self.ledger.rows.items()):
-            if key[0] == str(point) and key[1] in arms and row.get("adamw_lr") != self.base_lr(point, key[1]):
-                del self.ledger.rows[key]
-                self.ledger.picks.pop((key[0], key[1]), None)
+        stale = {
+            key
+            for key, row in self.ledger.rows.items()
+            if key[0] == str(point) and key[1] in arms and row.get("adamw_lr") != self.base_lr(point, key[1])
+        }
+        self.ledger.rows = {key: row for key, row in self.ledger.rows.items() if key not in stale}
+        stale_arms = {key[:2] for key in stale}
+        self.ledger.picks = {key: pick for key, pick in self.ledger.picks.items() if key not in stale_arms}
 
     def run_point(self, point: Point, arms: list[str]) -> None:
         """Stage 1 (sweeps, grown until bracketed) and stage 2 (seeds) for every arm at the
@@ -290,12 +299,17 @@ class Study:
                         with self.lock:
                             self.ledger.add_pick({**pick, "date": datetime.date.today().isoformat()})
 
+            def side_by_side(group: list[str]) -> None:
+                """Each arm's sweep, then its seeds, the arms at once: a run that ends frees its
+                place for the next run of any arm, so no place waits for another arm's stage."""
+                if group:
+                    with ThreadPoolExecutor(max_workers=len(group)) as arms_at_once:
+                        list(arms_at_once.map(lambda arm: (sweep([arm]), seeds([arm])), group))
+
             # a matrix-rate arm's AdamW part takes GPT's pick, so GPT's seeds (and a tie) come first
-            sweep([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
-            seeds([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
+            side_by_side([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
             self.drop_stale(point, [arm for arm in arms if arm in MATRIX_RATE_ARMS])
-            sweep([arm for arm in arms if arm in MATRIX_RATE_ARMS])
-            seeds([arm for arm in arms if arm in MATRIX_RATE_ARMS])
+            side_by_side([arm for arm in arms if arm in MATRIX_RATE_ARMS])
         write_results(self.args, self.ledger)
 
     def report(self) -> None:

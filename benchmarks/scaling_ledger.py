@@ -99,8 +99,11 @@ class Ledger:
                     r = json.loads(line)
                     self.picks[(r["point"], r["arm"])] = r
 
+    # Runs finish on several threads while others read the ledger: a new row or pick replaces
+    # the dict (copy on write), so that a reader iterating the old one is never disturbed.
+
     def add_pick(self, pick: dict) -> None:
-        self.picks[(pick["point"], pick["arm"])] = pick
+        self.picks = {**self.picks, (pick["point"], pick["arm"]): pick}
         with self.picks_path.open("a") as f:
             f.write(json.dumps(pick) + "\n")
 
@@ -108,7 +111,7 @@ class Ledger:
         return self.rows.get((str(point), arm, float(lr), seed))
 
     def add(self, row: dict) -> None:
-        self.rows[(row["point"], row["arm"], float(row["lr"]), int(row["seed"]))] = row
+        self.rows = {**self.rows, (row["point"], row["arm"], float(row["lr"]), int(row["seed"])): row}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 

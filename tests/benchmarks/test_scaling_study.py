@@ -106,6 +106,34 @@ def test_study_brackets_every_arm_reports_the_speedup_and_resumes(scaling, tmp_p
     assert calls == []
 
 
+def test_arms_run_side_by_side_so_no_place_waits_for_another_arms_stage(scaling, tmp_path, monkeypatch):
+    """nGPT's sweep grows twice past its grid while GPT's is bracketed at once: with two places,
+    GPT's second seed runs beside nGPT's growth instead of after it."""
+    import threading
+
+    gpt_seed_started = threading.Event()
+    overlapped = []
+    calls: list = []
+    fake = fake_train_one(calls)
+
+    def train_one(pargs, spec, seed, say):
+        name = spec.partition(":")[0]
+        if name.startswith("gpt_") and seed == 1:
+            gpt_seed_started.set()
+        elif name in ("ngpt_lr3e-1", "ngpt_lr1e0") and seed == 0:  # the growth runs
+            overlapped.append(gpt_seed_started.wait(timeout=10))
+        return fake(pargs, spec, seed, say)
+
+    monkeypatch.setattr(scaling.convergence, "train_one", train_one)
+    argv = ["--points", "tiny@32", "--arms", "gpt", "ngpt", "--update-point", "", "--seeds", "0", "1", "--jobs", "2",
+            "--data", "stdlib", "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results"), "--no-progress"]  # fmt: skip # a command line
+    assert scaling.main(argv) == 0
+    assert overlapped and all(overlapped), overlapped
+    # the same runs as one at a time: the rule decides the same
+    seed1 = {arm: lr for (_, arm, lr, seed) in calls if seed == 1}
+    assert seed1 == BEST and len(calls) == 3 + 5 + 2
+
+
 def test_a_crashed_run_stays_out_of_the_ledger(scaling, tmp_path, monkeypatch):
     monkeypatch.setattr(scaling.convergence, "train_one", lambda pargs, spec, seed, say: (spec.split(":")[0], seed, 1))
     argv = ["--points", "tiny@32", "--arms", "gpt", "--update-point", "", "--seeds", "0", "--data", "stdlib",
@@ -113,6 +141,28 @@ def test_a_crashed_run_stays_out_of_the_ledger(scaling, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="failed \\(exit 1\\)"):
         scaling.main(argv)
     assert not (tmp_path / "results" / "runs.jsonl").exists()
+
+
+def test_after_a_crash_no_other_run_starts(scaling, tmp_path, monkeypatch):
+    import time
+
+    started = []
+
+    def train_one(pargs, spec, seed, say):
+        name = spec.partition(":")[0]
+        started.append(name)
+        if name.startswith("gpt_"):
+            return name, seed, 1  # a crash: no metrics
+        time.sleep(0.2)
+        return fake_train_one([])(pargs, spec, seed, say)
+
+    monkeypatch.setattr(scaling.convergence, "train_one", train_one)
+    argv = ["--points", "tiny@32", "--arms", "gpt", "ngpt", "--update-point", "", "--seeds", "0", "--jobs", "2",
+            "--data", "stdlib", "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results")]  # fmt: skip # a command line
+    with pytest.raises(SystemExit, match="failed \\(exit 1\\)"):
+        scaling.main(argv)
+    # the runs under way when the first crash came may end; none of the six queued after it starts
+    assert len(started) <= 3, started
 
 
 def test_bad_point_is_refused(scaling, tmp_path):
