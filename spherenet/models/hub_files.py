@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import install_hint
+from ..checkpoint import MANIFEST
 from ..manifolds import Sphere, point_tolerance
 
 __all__ = [
@@ -212,12 +213,25 @@ def pick_device(**given) -> torch.device:
     return next(iter(devices.values())) if devices else torch.device(location)
 
 
+def _run_hint(directory: Path) -> str:
+    """What to do with a training run or one of its checkpoints, which hold weights in their own format."""
+    steps = directory.glob(f"step_*/{MANIFEST}")
+    if (directory / "checkpoints").is_dir() or (directory / MANIFEST).is_file() or next(steps, None) is not None:
+        return (
+            "; it holds a training run (or a checkpoint of one): export it first with "
+            f"`python -m recipes.export {directory} OUT_DIR`, then load OUT_DIR"
+        )
+    return ""
+
+
 def resolve(path_or_repo: str | os.PathLike, filename: str, download: dict[str, Any]) -> Path:
     """The local path of ``filename`` in a directory, or downloaded from a Hub repository."""
     local = Path(path_or_repo).expanduser()
     if local.is_dir():
         if not (local / filename).is_file():
-            raise FileNotFoundError(f"no {filename} in {local}: not a directory written by save_pretrained()")
+            raise FileNotFoundError(
+                f"no {filename} in {local}: not a directory written by save_pretrained(){_run_hint(local)}"
+            )
         return local / filename
     repo_id = os.fspath(path_or_repo)
     if local.exists() or not _REPO_ID.fullmatch(repo_id):

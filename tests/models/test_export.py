@@ -223,6 +223,16 @@ def test_missing_directory_and_files_are_named(safetensors_torch, tmp_path):
         NGPT.from_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="not a directory written by save_pretrained"):
         NGPT.from_pretrained(tmp_path / "nothing" / "here")
+    # a training run, or one of its checkpoints: the message says how to make it loadable
+    (tmp_path / "run" / "checkpoints" / "step_00000002").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "step_00000002" / "MANIFEST.json").write_text("{}")
+    run = tmp_path / "run"
+    for where in (run, run / "checkpoints", run / "checkpoints" / "step_00000002"):
+        with pytest.raises(FileNotFoundError, match=f"holds a training run .*python -m recipes.export {where} OUT_DIR"):
+            NGPT.from_pretrained(where)
+    with pytest.raises(FileNotFoundError) as plain:
+        NGPT.from_pretrained(tmp_path)
+    assert "training run" not in str(plain.value)
 
 
 def test_saving_non_unit_sphere_rows_is_refused(safetensors_torch, tmp_path):
