@@ -281,13 +281,26 @@ def tokens_per_param(args: argparse.Namespace, point: Point, budget: int) -> flo
     return budget * args.tokens_per_step / args.params[str(point)]
 
 
+def multiplier_axes(ax, xs: list[float]) -> None:
+    """The multiplier plots' axes: tokens per parameter on a log scale, ticked at the points
+    plotted, in plain numbers; the multiplier, with a dashed line at 1 (GPT's own)."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter  # matplotlib: only where a plot is drawn
+
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xticks(sorted({round(x, 1) for x in xs}))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("tokens per parameter")
+    ax.set_ylabel("compute multiplier over GPT")
+
+
 def plot(args: argparse.Namespace, rows: list[dict]) -> None:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -307,13 +320,7 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
         if ext:
             color = line.lines[0].get_color()
             ax.scatter([p[0] for p in ext], [p[1] for p in ext], s=110, facecolors="none", edgecolors=color, zorder=3)
-    ax.axhline(1.0, color="black", lw=0.8, ls="--")
-    ax.set_xscale("log")
-    ax.set_xticks(sorted({round(p[0], 1) for pts in lines.values() for p in pts}))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("tokens per parameter")
-    ax.set_ylabel("compute multiplier over GPT")
+    multiplier_axes(ax, [p[0] for pts in lines.values() for p in pts])
     ax.set_title(f"{args.corpus_label}\nopen circle: extrapolated beyond GPT's budgets", fontsize=9)
     if lines:
         ax.legend(fontsize=8)
@@ -451,7 +458,6 @@ def plot_size_axis(entries: list[dict], path: Path, names: list[str]) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
     except ImportError:
         return
     lines = size_axis_curves(entries)
@@ -475,13 +481,7 @@ def plot_size_axis(entries: list[dict], path: Path, names: list[str]) -> None:
         few = [p for p in pts if p[3] < most_seeds]
         if few:  # fewer seeds than the rest: an open ring around the point
             ax.scatter([p[0] for p in few], [p[1] for p in few], s=140, facecolors="none", edgecolors=color, zorder=3)
-    ax.axhline(1.0, color="black", lw=0.8, ls="--")
-    ax.set_xscale("log")
-    ax.set_xticks(sorted({round(p[0], 1) for pts in lines.values() for p in pts}))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("tokens per parameter")
-    ax.set_ylabel("compute multiplier over GPT")
+    multiplier_axes(ax, [p[0] for pts in lines.values() for p in pts])
     ax.set_title(
         f"colour: arm; line style: point (size@context); mean ± std over {most_seeds} seeds (ring: fewer)", fontsize=9
     )
