@@ -10,6 +10,7 @@ the step (:func:`spherenet.train.loop.train_step`), :class:`recipes.stop.StopOnS
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -73,7 +74,7 @@ def train(run: TrainingRun) -> int:
     last_step = min(t.steps, t.halt_after) if t.halt_after else t.steps
 
     model.train()
-    skipped_in_row, last_val = 0, None  # None: no validation in this invocation yet
+    skipped_in_row, last_val = 0, last_validation(out_dir / "metrics.jsonl", start) if info.is_main else None
     t_last, step = time.time(), start
     # SIGTERM or Ctrl-C: finish the step, checkpoint, exit cleanly (recipes.stop). Entered before the
     # "start" record, so a signal that arrives once the run reports itself started always ends in a
@@ -160,6 +161,26 @@ def train(run: TrainingRun) -> int:
     return 0
 
 
+def last_validation(metrics: Path, start: int) -> float | None:
+    """The run's last validation loss up to ``start`` (the step a resumed run continues from), as
+    its log has it; None for a fresh run or one not validated yet."""
+    if start == 0:
+        return None
+    try:
+        lines = metrics.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line a killed run left half-written
+            continue
+        if record.get("val_loss") is not None and "event" not in record and record.get("step", 0) <= start:
+            found = record["val_loss"]
+    return found
+
+
 def finish(run: TrainingRun, log: MetricsLog, last_step: int, last_val: float | None) -> None:
     """The run's last line and record (done, or halted before ``train.steps``) and, when it is
     done, a sample of the model's text."""
@@ -168,9 +189,10 @@ def finish(run: TrainingRun, log: MetricsLog, last_step: int, last_val: float | 
     if info.is_main:
         what = "done" if last_step == t.steps else "halted before train.steps (continue with --resume)"
         val = f"val loss {last_val:.4f}" if last_val is not None else "no validation yet"
+        has_sphere = any(True for _ in named_sphere_parameters(model))
+        sphere = f"max |row norm - 1| of sphere weights {norm_err:.2e}" if has_sphere else "no sphere weights"
         print(
-            f"{what}: step {last_step}, {val}, max |row norm - 1| of sphere weights {norm_err:.2e}, "
-            f"checkpoints in {run.ckpt.directory}",
+            f"{what}: step {last_step}, {val}, {sphere}, checkpoints in {run.ckpt.directory}",
             flush=True,
         )
         ended = dict(val_loss=last_val) if last_val is not None else {}

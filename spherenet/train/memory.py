@@ -136,16 +136,20 @@ def available_memory(device: torch.device) -> tuple[int | None, str]:
         return None, "unknown"
 
 
-def check_training_memory(model_config, *, device: torch.device, **sizes) -> MemoryEstimate:
+def check_training_memory(
+    model_config, *, device: torch.device, vocabulary_known: bool = True, **sizes
+) -> MemoryEstimate:
     """:func:`estimate_training_memory` (``sizes`` are its keywords), compared with
     :func:`available_memory`: ``ConfigError`` in one line giving both when the estimate is
-    larger; nothing is checked where the platform tells no number."""
+    larger; nothing is checked where the platform tells no number. ``vocabulary_known`` False:
+    the config's vocabulary is a floor, and the message says the numbers are lower bounds."""
     estimate = estimate_training_memory(model_config, **sizes)
     have, source = available_memory(device)
     if have is not None and estimate.total_bytes > have:
+        at_least, without = ("", "") if vocabulary_known else ("at least ", " before the vocabulary is known")
         raise ConfigError(
-            f"this run needs an estimated {estimate.total_bytes / GIB:,.1f} GiB per process "
-            f"({estimate.parameters:,} parameters: {estimate.state_bytes / GIB:,.1f} GiB of weights, gradients and "
+            f"this run needs {at_least}an estimated {estimate.total_bytes / GIB:,.1f} GiB per process "
+            f"({at_least}{estimate.parameters:,} parameters{without}: {estimate.state_bytes / GIB:,.1f} GiB of weights, gradients and "
             f"optimizer state; {estimate.activation_bytes / GIB:,.1f} GiB of activations for a micro-batch of "
             f"{sizes.get('micro_batch')} x {sizes.get('block_size')} tokens; {estimate.table_bytes / GIB:,.1f} GiB of "
             f"RoPE tables for max_seq_len {model_config.max_seq_len}), but this machine has "
@@ -159,9 +163,11 @@ def check_run_memory(cfg, *, device: torch.device, micro_batch: int, world_size:
     sharding, activation checkpointing and autocast dtype). ``vocab_size`` None: the one ``[model]``
     sets, else 1, a floor that lets the check run before the data and its vocabulary exist."""
     t = cfg.train
+    model_config = run_model_config(cfg, vocab_size or 1)
     return check_training_memory(
-        run_model_config(cfg, vocab_size or 1),
+        model_config,
         device=device,
+        vocabulary_known=vocab_size is not None or model_config.vocab_size > 1,
         micro_batch=micro_batch,
         block_size=t.block_size,
         shards=world_size if t.parallel == "fsdp" else 1,

@@ -121,6 +121,24 @@ def _declared_torch_floor() -> tuple[int, ...]:
     return tuple(int(x) for x in match.group(1).split("."))
 
 
+@pytest.mark.parametrize("doc", [d for d in DOCS if "```python" in d.read_text()], ids=_doc_id)
+def test_python_snippets_name_nothing_they_do_not_define(doc, tmp_path):
+    """Each ```python block of the docs, as a reader copies it alone into a file: every name it
+    uses is imported or defined in it (ruff's undefined-name check), so that it runs as written."""
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).is_file():
+        pytest.skip("ruff is not installed (the dev extra)")
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
+    for i, block in enumerate(blocks):
+        (tmp_path / f"snippet_{i:02d}.py").write_text(block)
+    found = subprocess.run(
+        [ruff, "check", "--isolated", "--select", "F821", "--output-format", "concise", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert found.returncode == 0, f"{doc.name}: a snippet uses a name it does not define:\n{found.stdout}"
+
+
 def test_installed_torch_meets_the_declared_floor_and_the_check_agrees():
     import torch
 

@@ -106,6 +106,8 @@ def test_gpt_on_local_text_file(tmp_path, cache, text_file, capsys):
     assert rc == 0
     got = losses(tmp_path / "gpt")
     assert sorted(got) == [1, 2, 3, 4, 5, 6] and all(math.isfinite(v) for v in got.values())
+    done = capsys.readouterr().out.strip().splitlines()[-1]
+    assert done.startswith("done: step 6, val loss ") and ", no sphere weights, checkpoints in " in done, done
 
 
 @pytest.mark.slow
@@ -152,6 +154,18 @@ def test_a_run_halted_before_its_first_validation_reports_no_val_loss(tmp_path, 
     assert "nan" not in out and "val loss" not in out
     halted = read_log(tmp_path / "early")[-1]
     assert halted["event"] == "halted" and "val_loss" not in halted
+
+
+def test_a_resumed_run_reports_the_last_validation_its_log_has(tmp_path, cache, text_file, capsys):
+    common = [f"data.source={text_file}", "train.steps=10", "train.eval_every=5", "train.checkpoint_every=5"]
+    assert run(tmp_path / "r", cache, *common, "train.halt_after=7") == 0
+    logged = [r["val_loss"] for r in read_log(tmp_path / "r") if "val_loss" in r and "event" not in r]
+    capsys.readouterr()
+    # continued from step 7 and halted at 9: no validation in this invocation, the log's (step 5) stands
+    assert cli([*TINY, f"train.out_dir={tmp_path / 'r'}", f"data.cache_dir={cache}", *common, "train.halt_after=9", "--resume"]) == 0  # fmt: skip  # a command line
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert len(logged) == 1
+    assert last.startswith(f"halted before train.steps (continue with --resume): step 9, val loss {logged[0]:.4f}, ")
 
 
 def test_the_progress_bar_shows_a_val_loss_once_there_is_one():

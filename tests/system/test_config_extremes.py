@@ -124,7 +124,7 @@ def judge(tmp_path, monkeypatch):
             assert documented(section, key, kind, value), f"{override} is accepted but not documented as valid"
         except ConfigError as exc:
             message = str(exc)  # names the key, or is the memory check's, which names the sizes
-            named = key.split(".")[-1] in message or message.startswith("this run needs an estimated")
+            named = key.split(".")[-1] in message or message.startswith("this run needs ")
             assert "\n" not in message and named, (override, message)
         else:  # pragma: no cover - main returns only after training
             pytest.fail(f"{override}: main returned without reaching its first write")
@@ -195,13 +195,31 @@ def test_the_command_line_refuses_in_one_line_and_writes_nothing(tmp_path, case)
     assert time.perf_counter() - start < 60
 
 
+def test_the_memory_refusal_says_at_least_only_before_the_vocabulary_is_known():
+    from spherenet.train.config import load_config
+    from spherenet.train.memory import check_run_memory
+
+    cfg = load_config(None, ["model.preset=ngpt-tiny", "model.d_model=1000000"])
+    import torch
+
+    sizes = dict(device=torch.device("cpu"), micro_batch=1, world_size=1)
+    with pytest.raises(
+        ConfigError, match=r"^this run needs at least an estimated .* parameters before the vocabulary is known"
+    ):
+        check_run_memory(cfg, **sizes)
+    with pytest.raises(ConfigError) as known:
+        check_run_memory(cfg, vocab_size=256, **sizes)
+    assert str(known.value).startswith("this run needs an estimated ") and "at least" not in str(known.value)
+
+
 def test_a_size_that_cannot_run_is_refused_before_the_data_is_prepared(tmp_path, capsys):
     """The memory check runs first with the smallest vocabulary: no run directory, no data cache."""
     out, cache = tmp_path / "run", tmp_path / "cache"
     argv = ["model.preset=ngpt-tiny", "model.d_model=1000000", f"train.out_dir={out}", f"data.cache_dir={cache}"]
     assert recipes.train.cli([*argv, "train.progress=false"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("error: this run needs an estimated ") and "but this machine has" in line, line
+    assert line.startswith("error: this run needs at least an estimated ") and "but this machine has" in line, line
+    assert "parameters before the vocabulary is known" in line, line  # the floor says it is one
     assert not out.exists() and not cache.exists()
 
 

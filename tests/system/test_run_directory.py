@@ -99,7 +99,7 @@ def test_a_size_that_cannot_run_is_refused_before_anything_is_written(
     assert cli(args(out, cache, text_file, "train.steps=3", override)) == 2
     err = capsys.readouterr().err
     (line,) = err.splitlines()
-    assert line.startswith("error: this run needs an estimated ") and what in line, line
+    assert line.startswith("error: this run needs at least an estimated ") and what in line, line
     assert "but this machine has" in line and "GiB (" in line, line
     assert not out.exists()  # no metrics.jsonl, no checkpoint, no lock, not even the directory
 
