@@ -61,6 +61,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -110,13 +111,69 @@ def budget_args(args: argparse.Namespace, budget: int, start_lr: dict[str, float
 class BudgetStudy(scaling.Study):
     """One budget's sweeps and seeds; after every run the whole study's tables are rewritten."""
 
-    def __init__(self, args: argparse.Namespace, study_args: argparse.Namespace, bar):
-        super().__init__(args, bar)
+    def __init__(self, args: argparse.Namespace, study_args: argparse.Namespace, bar, places=None):
+        super().__init__(args, bar, places)
         self.study_args = study_args
 
     def report(self) -> None:
         super().report()
         write_results(self.study_args, plots=False)  # the plots: once a budget is done
+
+
+def run_arms_through_budgets(args: argparse.Namespace, point: scaling.Point, bar) -> None:
+    """Every arm through the point's budgets, shortest first, the arms side by side: an arm moves
+    on to its next budget (its grid centred on the rate it got at this one) as soon as its own
+    rate is picked, so a place that one arm frees goes to another arm's next run, whatever budget
+    that is. ``--jobs`` places in all. A matrix-rate arm waits, at each budget, for the pick of
+    the arm whose rate its AdamW part takes."""
+    places = scaling.Places(args.jobs)
+    budgets = budgets_of(args, point)
+    studies: dict[int, BudgetStudy] = {}  # one ledger per budget, shared by the arms
+    opening = threading.Lock()
+    done = {(arm, b): threading.Event() for arm in args.arms for b in budgets}
+    stopped: set[str] = set()  # arms that ended on an error
+    errors: list[BaseException] = []
+
+    def study_at(budget: int) -> BudgetStudy:
+        with opening:
+            if budget not in studies:
+                bargs = budget_args(args, budget, {})
+                bargs.results.mkdir(parents=True, exist_ok=True)
+                studies[budget] = BudgetStudy(bargs, args, bar, places)
+            return studies[budget]
+
+    def through_budgets(arm: str) -> None:
+        start = None
+        for budget in budgets:
+            base = scaling.MATRIX_RATE_ARMS.get(arm)
+            if base in done_arms:
+                done[base, budget].wait()
+                if base in stopped:
+                    return  # nothing to take the AdamW part's rate from
+            study = study_at(budget)
+            if start is not None:
+                study.args.start_lr[arm] = start
+            study.run_point(point, [arm])
+            start, _ = scaling.chosen(study.ledger, str(point), arm, args.sweep_seed, args.tie_margin)
+            done[arm, budget].set()
+            with places.lock:
+                write_results(args)
+
+    def guarded(arm: str) -> None:
+        try:
+            through_budgets(arm)
+        except BaseException as exc:  # noqa: BLE001 - raised again below, once every arm has ended
+            places.failed.set()
+            stopped.add(arm)
+            errors.append(exc)
+            for b in budgets:  # an arm waiting on this one stops waiting
+                done[arm, b].set()
+
+    done_arms = set(args.arms)
+    with ThreadPoolExecutor(max_workers=len(args.arms)) as arms_at_once:
+        list(arms_at_once.map(guarded, args.arms))
+    if errors:
+        raise errors[0]
 
 
 def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
@@ -448,17 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         done = sum(len(book.rows) for book in ledgers(args).values())
         bar = compare.progress_bar(max(planned, done), "budget study", enabled=args.progress, initial=done)
         for pt in args.points:
-            start: dict[str, float] = {}
-            for budget in budgets_of(args, pt):
-                bargs = budget_args(args, budget, start)
-                bargs.results.mkdir(parents=True, exist_ok=True)
-                study = BudgetStudy(bargs, args, bar)
-                study.run_point(pt, list(args.arms))
-                for arm in args.arms:
-                    lr, _ = scaling.chosen(study.ledger, str(pt), arm, args.sweep_seed, args.tie_margin)
-                    if lr is not None:
-                        start[arm] = lr
-                write_results(args)
+            run_arms_through_budgets(args, pt, bar)
         if bar is not None:
             bar.close()
     write_results(args)

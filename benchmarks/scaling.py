@@ -101,18 +101,29 @@ OPTIMIZER_ARMS = ["gpt", "ngpt-adam_normalize", "ngpt", "gpt-muon", "ngpt-muon",
 DEFAULT_POINTS = ["tiny@64", "tiny@256", "tiny@1024", "cpu@256"]
 
 
+class Places:
+    """What the studies of several ledgers running at once share: ``jobs`` places for trainings,
+    one lock for the ledgers and reports they write, and whether a run has crashed."""
+
+    def __init__(self, jobs: int):
+        self.slots = threading.BoundedSemaphore(jobs)
+        self.lock = threading.Lock()
+        self.failed = threading.Event()  # a run crashed: no other starts
+
+
 class Study:
     """The sweeps and seeds of every point, run through ``convergence.train_one`` and recorded
     in the ledger. ``bar``: a progress bar to count on (a study of several ledgers shares one);
-    by default the study makes its own."""
+    by default the study makes its own. ``places``: shared with other studies running at once
+    (default: its own, ``--jobs`` of them)."""
 
-    def __init__(self, args: argparse.Namespace, bar=None):
+    def __init__(self, args: argparse.Namespace, bar=None, places: Places | None = None):
         self.args = args
         self.ledger = Ledger(args.results / "runs.jsonl")
         self.started = time.monotonic()
         self.done_now = 0
-        self.lock = threading.Lock()
-        self.failed = threading.Event()  # a run crashed: no other starts
+        self.places = places or Places(args.jobs)
+        self.lock, self.failed = self.places.lock, self.places.failed
         # runs done / planned, with an ETA (a sweep that grows past its edge adds to the plan)
         seeds = len([sd for sd in args.seeds if sd != args.sweep_seed])
         planned = sum(len(args.grid or [0, 0, 0]) + seeds for pt in args.points for _ in arms_at(args, pt))
@@ -172,14 +183,15 @@ class Study:
         row = self.ledger.get(point, arm, lr, seed)
         if row is not None:
             return row
-        if self.failed.is_set():
-            raise SystemExit(f"error: {arm} lr {lr:g} seed {seed} at {point} not started: another run failed")
         pargs = self.point_args(point)
         spec = self.spec(point, arm, lr)
         say = self.bar.write if self.bar is not None else lambda line: print(line, flush=True)
-        began = time.monotonic()
-        name, _, rc = convergence.train_one(pargs, spec, seed, say)
-        wall_s = time.monotonic() - began
+        with self.places.slots:  # a place among --jobs, whichever study's run it is
+            if self.failed.is_set():
+                raise SystemExit(f"error: {arm} lr {lr:g} seed {seed} at {point} not started: another run failed")
+            began = time.monotonic()
+            name, _, rc = convergence.train_one(pargs, spec, seed, say)
+            wall_s = time.monotonic() - began
         run_dir = pargs.runs / name / f"seed{seed}"
         curve = compare.read_curve(run_dir) if (run_dir / "metrics.jsonl").is_file() else {}
         row = {
@@ -221,6 +233,10 @@ class Study:
         """Forget (in memory: the ledger file keeps them, a rerun's line comes later and wins) the
         runs of matrix-rate arms whose AdamW part ran at another rate than the one GPT has picked
         now (a tie decided after them), and their pick, so that they run again."""
+        with self.lock:
+            self._drop(point, arms)
+
+    def _drop(self, point: Point, arms: list[str]) -> None:
         stale = {
             key
             for key, row in self.ledger.rows.items()
@@ -310,7 +326,8 @@ class Study:
             side_by_side([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
             self.drop_stale(point, [arm for arm in arms if arm in MATRIX_RATE_ARMS])
             side_by_side([arm for arm in arms if arm in MATRIX_RATE_ARMS])
-        write_results(self.args, self.ledger)
+        with self.lock:  # another arm's run_point may be writing the same tables
+            write_results(self.args, self.ledger)
 
     def report(self) -> None:
         elapsed = time.monotonic() - self.started

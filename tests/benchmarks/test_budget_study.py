@@ -183,6 +183,72 @@ def test_a_recorded_command_leaves_out_scratch_and_names_checkout_paths_from_its
     assert budget.portable_command("python x.py --data /data/corpus.txt") == "python x.py --data /data/corpus.txt"
 
 
+def test_an_arm_moves_on_to_its_next_budget_while_another_still_sweeps(budget, tmp_path, monkeypatch):
+    """GPT's 40-step sweep is bracketed at once, nGPT's grows past its top: with two places,
+    GPT's 160-step runs start beside nGPT's growth instead of after the whole 40-step budget."""
+    import threading
+
+    gpt_at_160 = threading.Event()
+    overlapped = []
+    calls: list = []
+    fake = fake_train_one(calls)
+
+    def train_one(pargs, spec, seed, say):
+        name = spec.partition(":")[0]
+        if pargs.steps == 160 and name.startswith("gpt_"):
+            gpt_at_160.set()
+        elif pargs.steps == 40 and name == "ngpt_lr3e-1":  # nGPT's growth past its first grid
+            overlapped.append(gpt_at_160.wait(timeout=10))
+        return fake(pargs, spec, seed, say)
+
+    monkeypatch.setattr(budget.convergence, "train_one", train_one)
+    results = tmp_path / "results"
+    argv = ["--points", "tiny@32", "--arms", "gpt", "ngpt", "--budgets", "40", "160", "--seeds", "0", "1",
+            "--tokens-per-step", "256", "--evals", "4", "--data", "stdlib", "--out", str(tmp_path / "out"),
+            "--results", str(results), "--no-progress", "--jobs", "2"]  # fmt: skip  # a command line
+    assert budget.main(argv) == 0
+    assert overlapped == [True]
+    # the rule decided as one budget after the other would: each arm's best rate on seed 1
+    seed1 = {(steps, arm): lr for steps, arm, lr, seed in calls if seed == 1}
+    assert seed1 == {(b, arm): BEST[arm][b] for b in (40, 160) for arm in BEST}
+
+
+def test_a_matrix_rate_arm_takes_gpts_pick_at_each_budget(budget, tmp_path, monkeypatch):
+    """gpt-adamh's AdamW part trains at GPT's rate of the same budget: it waits for GPT's pick
+    there, while the arms otherwise run side by side."""
+    adamh: list = []
+    fake = fake_train_one([])
+
+    def train_one(pargs, spec, seed, say):
+        name, _, items = spec.partition(":")
+        if not name.startswith("gpt-adamh"):
+            return fake(pargs, spec, seed, say)
+        values = dict(kv.split("=", 1) for kv in items.split(",") if kv.startswith("optim."))
+        adamh.append((pargs.steps, float(values["optim.lr"])))
+        loss = 3.0 + (math.log10(float(values["optim.matrix_lr"])) + 1) ** 2  # best matrix rate 0.1
+        run_dir = pargs.runs / name / f"seed{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lines = [
+            {"step": s, "val_loss": loss, "tokens": s * 256, "tok_per_s": 1000.0}
+            for s in range(10, pargs.steps + 1, 10)
+        ]
+        lines.append({"event": "done", "step": pargs.steps, "val_loss": loss})
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return name, seed, 0
+
+    monkeypatch.setattr(budget.convergence, "train_one", train_one)
+    argv = ["--points", "tiny@32", "--arms", "gpt", "gpt-adamh", "--budgets", "40", "160", "--seeds", "0", "1",
+            "--tokens-per-step", "256", "--evals", "4", "--data", "stdlib", "--out", str(tmp_path / "out"),
+            "--results", str(tmp_path / "results"), "--no-progress", "--jobs", "2"]  # fmt: skip  # a command line
+    assert budget.main(argv) == 0
+    measured = {steps for steps, _ in adamh if steps in (40, 160)}
+    assert measured == {40, 160}
+    assert {(steps, lr) for steps, lr in adamh if steps in (40, 160)} == {
+        (40, BEST["gpt"][40]),
+        (160, BEST["gpt"][160]),
+    }
+
+
 def test_a_single_budget_is_refused(budget, tmp_path):
     with pytest.raises(SystemExit, match="two or more budgets"):
         budget.main(["--budgets", "100", "--out", str(tmp_path), "--results", str(tmp_path)])
