@@ -82,10 +82,10 @@ from budget_report import (  # noqa: E402
     write_results,
     write_size_axis,
 )
+from budget_status import pending, status  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
-from recipes.run_directory import live_trainer  # noqa: E402
 
 ARMS = ["gpt", "ngpt", "gpt-muon", "gpt-adamh", "gpt-muonh", "ngpt-slerp", "ngpt-riemannian", "ngpt-tangent"]
 POINTS = ["tiny@256", "tiny@1024"]
@@ -174,64 +174,6 @@ def run_arms_through_budgets(args: argparse.Namespace, point: scaling.Point, bar
         list(arms_at_once.map(guarded, args.arms))
     if errors:
         raise errors[0]
-
-
-def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
-    """The seed runs (point, budget, arm, lr, seed) the rate rule (``scaling_ledger.decide``)
-    still needs wherever an arm's sweep has run: the best rate's seeds, and a tied runner-up's.
-    Sweeps still to grow are not listed (they depend on the budget before's pick)."""
-    out = []
-    for b, book in ledgers(args).items():
-        for pt in args.points:
-            for arm in args.arms:
-                if b not in budgets_of(args, pt):
-                    continue
-                _, missing = scaling.decide(book, str(pt), arm, args.seeds, args.sweep_seed, args.tie_margin)
-                out += [(str(pt), b, arm, lr, s) for lr, s in missing]
-    return out
-
-
-def status(args: argparse.Namespace) -> list[str]:
-    """Where a study stands: per budget, the runs in its ledger and the seed runs the rate rule
-    still needs (:func:`pending`), then every run in ``--out`` that is not in a ledger yet: its
-    last logged step, whether a trainer holds it now, and the time to its end at its last logged
-    speed. Read from the files alone; nothing starts or stops."""
-    todo = pending(args)
-    lines = []
-    for b, book in ledgers(args).items():
-        waiting = sum(1 for t in todo if t[1] == b)
-        lines.append(f"{b} steps: {len(book.rows)} run(s) in the ledger, {waiting} seed run(s) the rate rule needs")
-        finished = {(p, f"{arm}_lr{convergence.lr_tag(lr)}", seed) for p, arm, lr, seed in book.rows}
-        for run in sorted((args.out / f"steps{b}" / "runs").glob("*/*/seed*")):
-            point, name, seed = run.parent.parent.name, run.parent.name, run.name.removeprefix("seed")
-            if not seed.isdigit() or (point, name, int(seed)) in finished:
-                continue
-            logged = [r for r in _records(run / "metrics.jsonl") if "step" in r]
-            last = logged[-1] if logged else {}
-            step, speed = last.get("step", 0), last.get("tok_per_s")
-            holder = live_trainer(run)
-            state = "running" if holder else ("finished, not yet in the ledger" if step >= b else "stopped")
-            left = ""
-            if speed and step < b:
-                seconds = (b - step) * args.tokens_per_step / speed
-                left = f", about {seconds / 60:.0f} min to go at {args.tokens_per_step / speed:.2f} s a step"
-            lines.append(f"  {point} {name} seed {seed}: logged step {step} of {b} ({state}{left})")
-    return lines
-
-
-def _records(path: Path) -> list[dict]:
-    """The JSON lines of a run's ``metrics.jsonl`` (a half-written last line left out)."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 # ---------------------------------------------------------------- the estimate

@@ -66,6 +66,14 @@ RESUMABLE_CHANGES = {
 }  # fmt: skip  # key names packed by section
 
 
+# Settings added after runs were written without them, with the value those runs trained with:
+# a checkpoint that predates one reads as that value. (Not every new key: optim.gradient, say,
+# arrived with another behaviour as its default, so a checkpoint without it is refused.)
+ADDED_SINCE = {
+    "data": {"format": "auto"},  # a source's format from its extension, as every earlier run read it
+}
+
+
 @dataclasses.dataclass
 class ResumePlan:
     """What ``--resume`` continues from, found and checked before the data or model is built."""
@@ -119,7 +127,7 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
 
     def compare(where: str, old: dict, new: dict, free=(), predates: dict | None = None) -> None:
         for key in sorted(set(old) | set(new)):
-            # a setting added after the checkpoint was written: it ran with the default
+            # a setting added after the checkpoint was written: it ran with what ADDED_SINCE says
             was = old.get(key, (predates or {}).get(key, unset))
             if key not in free and was != new.get(key, unset):
                 diffs.append(f"{where}{key}: {old.get(key, unset)!r} in the checkpoint, {new.get(key, unset)!r} now")
@@ -132,10 +140,9 @@ def check_resumable(saved: dict, cfg: RunConfig, model_class: str, model_config:
     old_cfg = saved.get("config")
     if isinstance(old_cfg, dict):
         new_cfg = resolved(cfg).to_dict()
-        defaults = resolved(RunConfig()).to_dict()
         for section in ("data", "optim", "train"):
             old = old_cfg.get(section) or {}
-            compare(f"{section}.", old, new_cfg[section], RESUMABLE_CHANGES[section], defaults[section])
+            compare(f"{section}.", old, new_cfg[section], RESUMABLE_CHANGES[section], ADDED_SINCE.get(section))
     if diffs:
         raise ConfigError(
             f"checkpoint {path} was written by a run with other settings; resume with the same values "

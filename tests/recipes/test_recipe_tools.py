@@ -464,8 +464,8 @@ def test_the_readme_compare_command_trains_in_a_fresh_clone(monkeypatch, tmp_pat
 def test_a_hyperball_variant_gets_gpts_rate_for_adamw_and_its_own_matrix_rate():
     variants = [compare.variant_overrides(v, "tiny") for v in ("gpt", "gpt-adamh")]
     fair, notes = compare_variants.fair_defaults(variants, ["gpt", "gpt-adamh"], "tiny", [], 1600)
-    assert "optim.lr=0.003" in fair[1][1] and "optim.matrix_lr=0.03" in fair[1][1]
-    assert "AdamW lr 0.003 (gpt's best bracketed rate" in notes[1] and "matrix_lr 0.03 (best bracketed rate" in notes[1]
+    assert "optim.lr=0.01" in fair[1][1] and "optim.matrix_lr=0.03" in fair[1][1]
+    assert "AdamW lr 0.01 (gpt's best bracketed rate" in notes[1] and "matrix_lr 0.03 (best bracketed rate" in notes[1]
     fair, notes = compare_variants.fair_defaults(variants, ["gpt", "gpt-adamh"], "tiny", ["optim.matrix_lr=0.2"], 1600)
     assert (
         not any(o.startswith("optim.matrix_lr") for o in fair[1][1]) and "matrix_lr from the command line" in notes[1]
