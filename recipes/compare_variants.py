@@ -83,12 +83,12 @@ STUDIED_TOKENS_PER_STEP, STUDIED_CONTEXT = 4096, 256
 # as the studies on the default corpus picked it (a bracketed sweep on seed 0; a runner-up within
 # the tie margin run on every seed, the better mean picked): the budget study at tiny (100, 400,
 # 1600 steps; benchmarks/results/budget/default_corpus/steps*/picks.jsonl) and at cpu (677 steps;
-# benchmarks/results/budget/default_corpus_cpu), and the scaling study at cpu, 100 steps
+# benchmarks/results/budget/default_corpus_cpu; nGPT at 2707 too), and the scaling study at cpu, 100 steps
 # (benchmarks/results/scaling/default_corpus/scaling.md, where its "ngpt" rows are ngpt-tangent).
 # ngpt and ngpt-adam_normalize are one optimizer (equal to float rounding).
 STUDIED_RATES: dict[str, dict[str, dict[int, float]]] = {
     "gpt": {"tiny": {100: 1e-2, 400: 3e-3, 1600: 1e-2}, "cpu": {100: 1e-2, 677: 3e-3}},
-    "ngpt": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 1e-2}, "cpu": {100: 3e-2, 677: 1e-2}},
+    "ngpt": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 1e-2}, "cpu": {100: 3e-2, 677: 1e-2, 2707: 1e-2}},
     "ngpt-tangent": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 1e-2}, "cpu": {100: 3e-2}},
     "gpt-muon": {"tiny": {100: 3e-2, 400: 3e-2, 1600: 1e-2}, "cpu": {100: 3e-2}},
     "ngpt-muon": {"tiny": {100: 3e-2}, "cpu": {100: 3e-2}},
