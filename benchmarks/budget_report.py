@@ -179,7 +179,7 @@ def estimate_text(args: argparse.Namespace) -> str:
             if m is None:
                 continue
             done = {b: [r for (p, a, _, _), r in books[b].rows.items() if (p, a) == (str(pt), arm)] for b in books}
-            steps = sum(b * len(rows) for b, rows in done.items())
+            steps = sum(b - r.get("from_step", 0) for b, rows in done.items() for r in rows)  # this invocation's
             measured = sum(r.get("wall_s", 0.0) for rows in done.values() for r in rows) / steps if steps else None
             shown = f"{measured:.3f} ({sum(map(len, done.values()))})" if measured is not None else "-"
             lines.append(f"| {pt} | {arm} | {m['s_per_step']:.3f} | {m['startup_s']:.1f} | {shown} |")

@@ -5,8 +5,6 @@ rate rule still needs (``budget.py --pending``) and the runs done and under way
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import convergence
 import scaling
@@ -45,7 +43,7 @@ def status(args: argparse.Namespace) -> list[str]:
             point, name, seed = run.parent.parent.name, run.parent.name, run.name.removeprefix("seed")
             if not seed.isdigit() or (point, name, int(seed)) in finished:
                 continue
-            logged = [r for r in _records(run / "metrics.jsonl") if "step" in r]
+            logged = [r for r in scaling.read_records(run / "metrics.jsonl") if "step" in r and "event" not in r]
             last = logged[-1] if logged else {}
             step, speed = last.get("step", 0), last.get("tok_per_s")
             holder = live_trainer(run)
@@ -56,18 +54,3 @@ def status(args: argparse.Namespace) -> list[str]:
                 left = f", about {seconds / 60:.0f} min to go at {args.tokens_per_step / speed:.2f} s a step"
             lines.append(f"  {point} {name} seed {seed}: logged step {step} of {b} ({state}{left})")
     return lines
-
-
-def _records(path: Path) -> list[dict]:
-    """The JSON lines of a run's ``metrics.jsonl`` (a half-written last line left out)."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out

@@ -101,6 +101,21 @@ OPTIMIZER_ARMS = ["gpt", "ngpt-adam_normalize", "ngpt", "gpt-muon", "ngpt-muon",
 DEFAULT_POINTS = ["tiny@64", "tiny@256", "tiny@1024", "cpu@256"]
 
 
+def read_records(path: Path) -> list[dict]:
+    """The JSON lines of a run's ``metrics.jsonl`` (none when absent; a half-written line left out)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
 class Places:
     """What the studies of several ledgers running at once share: ``jobs`` places for trainings,
     one lock for the ledgers and reports they write, and whether a run has crashed."""
@@ -194,6 +209,7 @@ class Study:
             wall_s = time.monotonic() - began
         run_dir = pargs.runs / name / f"seed{seed}"
         curve = compare.read_curve(run_dir) if (run_dir / "metrics.jsonl").is_file() else {}
+        starts = [r for r in read_records(run_dir / "metrics.jsonl") if r.get("event") == "start"]
         row = {
             "point": str(point),
             "arm": arm,
@@ -205,7 +221,8 @@ class Study:
             "val_loss": curve.get("val_loss", []),
             "tokens": curve.get("tokens", []),
             **({"adamw_lr": self.base_lr(point, arm)} if arm in MATRIX_RATE_ARMS else {}),
-            "wall_s": round(wall_s, 1),
+            "wall_s": round(wall_s, 1),  # this invocation's: a resumed run's earlier part is not in it
+            "from_step": int(starts[-1].get("step", 0)) if starts else 0,  # where this invocation began
             "date": datetime.date.today().isoformat(),
         }
         if rc not in (0, None) and not row["val_loss"]:

@@ -168,6 +168,11 @@ def test_the_cost_paragraph_gives_the_measured_time_per_step_and_what_is_left(bu
                          "--evals", "2", "--results", str(results), "--out", str(tmp_path / "out")])  # fmt: skip  # a command line
     text = estimate_text(args)
     assert "| tiny@32 | gpt | 0.500 | 2.0 | 0.025 (4) |" in text
+    # a run continued from step 20 took its wall time for its last 20 steps only
+    ledger = budget.scaling.Ledger(results / "steps0040" / "runs.jsonl")
+    ledger.add({**ledger.rows[("tiny@32", "gpt", 0.01, 1)], "seed": 2, "wall_s": 1.0, "from_step": 20})
+    assert "| tiny@32 | gpt | 0.500 | 2.0 | 0.028 (5) |" in estimate_text(args)  # 5 s over 4 x 40 + 20 steps
+    ledger.path.write_text("".join(line + "\n" for line in ledger.path.read_text().splitlines()[:-1]))
     assert "| tiny@32 | ngpt | 0.400 | 0.0 | - |" in text
     assert "Spent so far: 0.0 core-hours in 4 runs." in text
     # left: gpt 1 run at 40 steps and 5 at 160 at 0.025 s a step; ngpt 5 + 5 runs at the estimate
