@@ -11,6 +11,7 @@ import scaling
 from budget_report import budgets_of, ledgers
 
 from recipes.run_directory import live_trainer
+from spherenet.train.loop import MetricsLog
 
 
 def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
@@ -43,7 +44,7 @@ def status(args: argparse.Namespace) -> list[str]:
             point, name, seed = run.parent.parent.name, run.parent.name, run.name.removeprefix("seed")
             if not seed.isdigit() or (point, name, int(seed)) in finished:
                 continue
-            logged = [r for r in scaling.read_records(run / "metrics.jsonl") if "step" in r and "event" not in r]
+            logged = [r for r in MetricsLog.read_complete(run / "metrics.jsonl") if "step" in r and "event" not in r]
             last = logged[-1] if logged else {}
             step, speed = last.get("step", 0), last.get("tok_per_s")
             holder = live_trainer(run)

@@ -89,6 +89,7 @@ from scaling_report import write_results  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
+from spherenet.train.loop import MetricsLog  # noqa: E402
 
 #: Arms whose sweep moves ``optim.matrix_lr`` (the hidden matrices' angle per step), with
 #: ``optim.lr`` (the AdamW part: embeddings, head, gains) at the best rate of the named arm at the
@@ -99,21 +100,6 @@ MATRIX_RATE_ARMS = {"gpt-adamh": "gpt", "gpt-muonh": "gpt"}
 MATRIX_START_LR = 0.1
 OPTIMIZER_ARMS = ["gpt", "ngpt-adam_normalize", "ngpt", "gpt-muon", "ngpt-muon", "gpt-adamh", "gpt-muonh"]
 DEFAULT_POINTS = ["tiny@64", "tiny@256", "tiny@1024", "cpu@256"]
-
-
-def read_records(path: Path) -> list[dict]:
-    """The JSON lines of a run's ``metrics.jsonl`` (none when absent; a half-written line left out)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 class Places:
@@ -209,7 +195,7 @@ class Study:
             wall_s = time.monotonic() - began
         run_dir = pargs.runs / name / f"seed{seed}"
         curve = compare.read_curve(run_dir) if (run_dir / "metrics.jsonl").is_file() else {}
-        starts = [r for r in read_records(run_dir / "metrics.jsonl") if r.get("event") == "start"]
+        starts = [r for r in MetricsLog.read_complete(run_dir / "metrics.jsonl") if r.get("event") == "start"]
         row = {
             "point": str(point),
             "arm": arm,

@@ -10,7 +10,6 @@ the step (:func:`spherenet.train.loop.train_step`), :class:`recipes.stop.StopOnS
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -166,19 +165,12 @@ def last_validation(metrics: Path, start: int) -> float | None:
     its log has it; None for a fresh run or one not validated yet."""
     if start == 0:
         return None
-    try:
-        lines = metrics.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return None
-    found = None
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line a killed run left half-written
-            continue
-        if record.get("val_loss") is not None and "event" not in record and record.get("step", 0) <= start:
-            found = record["val_loss"]
-    return found
+    found = [
+        r["val_loss"]
+        for r in MetricsLog.read_complete(metrics)
+        if r.get("val_loss") is not None and "event" not in r and r.get("step", 0) <= start
+    ]
+    return found[-1] if found else None
 
 
 def finish(run: TrainingRun, log: MetricsLog, last_step: int, last_val: float | None) -> None:

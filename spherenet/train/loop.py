@@ -237,3 +237,19 @@ class MetricsLog:
     def read(path: str | Path) -> list[dict]:
         with Path(path).open(encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
+
+    @staticmethod
+    def read_complete(path: str | Path) -> list[dict]:
+        """The records of ``path`` as a reader beside a live writer sees them: none when there is
+        no file yet, and a line that is not a whole record (caught mid-append) left out."""
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return []
+        records = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        return records
