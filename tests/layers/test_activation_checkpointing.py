@@ -5,16 +5,13 @@ torch.compile, FSDP2 and DDP (two gloo processes), and through recipes/train.py.
 from __future__ import annotations
 
 import copy
-import datetime
 import json
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from gloo import WORLD, spawn
 
 from spherenet import kernels
 from spherenet.layers import KVCache
@@ -112,14 +109,6 @@ def test_recipe_trains_the_same_with_checkpointing(tmp_path):
 
 # ------------------------------------------------------------- two gloo processes, FSDP2 / DDP
 
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _train(rank: int, parallel: str, checkpointing: bool) -> list[torch.Tensor]:
     from spherenet.optim import RiemannianAdam
@@ -137,24 +126,17 @@ def _train(rank: int, parallel: str, checkpointing: bool) -> list[torch.Tensor]:
     return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
 
 
-def _worker(rank: int, port: int) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        start = [p.detach().clone() for p in model_of("ngpt", vocab_size=32, n_layers=2, max_seq_len=16).parameters()]
-        for parallel in ("fsdp", "ddp"):
-            plain, checkpointed = _train(rank, parallel, False), _train(rank, parallel, True)
-            for a, b in zip(checkpointed, plain):
-                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-            assert not torch.equal(copy.copy(plain[0]), start[0])  # the steps did move the weights
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int) -> None:
+    start = [p.detach().clone() for p in model_of("ngpt", vocab_size=32, n_layers=2, max_seq_len=16).parameters()]
+    for parallel in ("fsdp", "ddp"):
+        plain, checkpointed = _train(rank, parallel, False), _train(rank, parallel, True)
+        for a, b in zip(checkpointed, plain):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        assert not torch.equal(copy.copy(plain[0]), start[0])  # the steps did move the weights
 
 
 @pytest.mark.distributed
 @pytest.mark.slow  # two processes
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 def test_fsdp2_and_ddp_train_the_same_with_checkpointing():
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    spawn(_worker)

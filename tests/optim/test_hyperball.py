@@ -12,15 +12,11 @@ momentum (MuonH).
 from __future__ import annotations
 
 import copy
-import datetime
 import math
-import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo import WORLD, spawn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -332,50 +328,34 @@ def test_a_checkpoint_resumes_exactly(method, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # FSDP2: the norm of a sharded matrix needs every rank's rows
 
-WORLD = 2
 
+def _fsdp_worker(rank: int, method: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _fsdp_worker(rank: int, port: int, method: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cpu", (WORLD,))
-        torch.manual_seed(0)
-        reference = from_preset("gpt-tiny", max_seq_len=16).double()
-        sharded = copy.deepcopy(reference)
-        for block in sharded.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(sharded, mesh=mesh)
-        options = dict(lr=1e-2, total_steps=20, warmup_steps=0, fused=False)
-        ref_opt, _ = build_optimizer(reference, method, **options)
-        opt, _ = build_optimizer(sharded, method, **options)
-        g = torch.Generator().manual_seed(1)
-        for _ in range(6):
-            data = torch.randint(0, 256, (WORLD * 2, 17), generator=g)
-            mine = data[rank * 2 : rank * 2 + 2]
-            for model, batch, optimizer in ((reference, data, ref_opt), (sharded, mine, opt)):
-                loss = nn.functional.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-        want = dict(reference.named_parameters())
-        for name, p, _ in declared_matrix_spheres(sharded):
-            full = p.full_tensor()
-            torch.testing.assert_close(full, want[name].detach(), rtol=0, atol=1e-10, msg=name)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    torch.manual_seed(0)
+    reference = from_preset("gpt-tiny", max_seq_len=16).double()
+    sharded = copy.deepcopy(reference)
+    for block in sharded.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    options = dict(lr=1e-2, total_steps=20, warmup_steps=0, fused=False)
+    ref_opt, _ = build_optimizer(reference, method, **options)
+    opt, _ = build_optimizer(sharded, method, **options)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        data = torch.randint(0, 256, (WORLD * 2, 17), generator=g)
+        mine = data[rank * 2 : rank * 2 + 2]
+        for model, batch, optimizer in ((reference, data, ref_opt), (sharded, mine, opt)):
+            loss = nn.functional.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    want = dict(reference.named_parameters())
+    for name, p, _ in declared_matrix_spheres(sharded):
+        full = p.full_tensor()
+        torch.testing.assert_close(full, want[name].detach(), rtol=0, atol=1e-10, msg=name)
 
 
 @pytest.mark.slow
@@ -384,7 +364,7 @@ def _fsdp_worker(rank: int, port: int, method: str) -> None:
 def test_fsdp2_sharded_hyperball_matches_the_unsharded_step(method):
     """Each rank holds half the rows of every matrix; the step's norms are summed over both
     ranks, so the sharded run follows the unsharded one (float64)."""
-    mp.spawn(_fsdp_worker, args=(_free_port(), method), nprocs=WORLD, join=True)
+    spawn(_fsdp_worker, method)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,27 +9,17 @@ local shards must be unit after every step.
 from __future__ import annotations
 
 import copy
-import datetime
 import importlib.util
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo import WORLD, spawn
 from torch import nn
 
 pytestmark = pytest.mark.distributed
 
-WORLD = 2
 STEPS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _make(kind: str, model):
@@ -46,20 +36,6 @@ def _make(kind: str, model):
     if kind == "adam_normalize":
         return build_optimizer(model, "adam_normalize", lr=3e-2, total_steps=100, fused=False)[0]
     raise AssertionError(kind)
-
-
-def _worker(rank: int, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)  # two processes on a shared CPU: avoid oversubscription
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        _checks(rank)
-        # Both ranks done before either tears down: a rank leaving while its peer still talks to
-        # the store can abort the peer ("terminate called without an active exception").
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def _checks(rank: int) -> None:
@@ -144,4 +120,4 @@ def _checks(rank: int) -> None:
 def test_fsdp2_sharded_training_matches_single_process():
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    spawn(_checks)

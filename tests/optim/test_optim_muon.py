@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import copy
-import datetime
 import io
 import math
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from gloo import WORLD, spawn
 from torch import nn
 
 from spherenet.checkpoint import CheckpointManager
@@ -499,14 +496,6 @@ def test_config_accepts_the_muon_methods_and_checks_their_keys():
 # ---------------------------------------------------------------------------------------------
 # FSDP2: rows sharded over 2 gloo ranks; Newton-Schulz on the gathered matrix
 
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _make_combined(model):
     hidden = [(n, p) for n, p in param_groups(model)[0]["params"] if n in ("q.weight", "o.weight")]
@@ -518,50 +507,42 @@ def _make_combined(model):
     return CombinedOptimizer([muon, RiemannianAdam([g for g in rest if g["params"]], lr=3e-2)], model=model)
 
 
-def _fsdp_worker(rank: int, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        from test_optim import Tiny, loss_of
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        from torch.distributed.tensor import DTensor
+def _fsdp_worker(rank: int) -> None:
+    from test_optim import Tiny, loss_of
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
 
-        from spherenet.optim import normalize_
+    from spherenet.optim import normalize_
 
-        mesh = init_device_mesh("cpu", (WORLD,))
-        g = torch.Generator().manual_seed(7)
-        data = [
-            (torch.randint(0, 13, (WORLD, 2, 6), generator=g), torch.randint(0, 13, (WORLD, 2, 6), generator=g))
-            for _ in range(6)
-        ]
-        torch.manual_seed(0)
-        ref = Tiny(hidden=7).double()  # q, o: 7 rows over 2 ranks, uneven (4/3)
-        normalize_(ref)
-        model = copy.deepcopy(ref)
-        for name in ("emb", "q", "o", "out"):
-            fully_shard(getattr(model, name), mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        assert isinstance(model.q.weight, DTensor)
-        opt, ref_opt = _make_combined(model), _make_combined(ref)
-        for ids, tgt in data:
-            opt.zero_grad()
-            loss_of(model, ids[rank], tgt[rank]).backward()
-            opt.step()
-            ref_opt.zero_grad()
-            loss_of(ref, ids.flatten(0, 1), tgt.flatten(0, 1)).backward()
-            ref_opt.step()
-        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-            full = p.full_tensor() if isinstance(p, DTensor) else p
-            assert float((full - q).abs().max()) <= 1e-10, name
-        for p in sphere_parameters(model):
-            local = p.detach().to_local()
-            assert local.numel() == 0 or float((local.norm(dim=-1) - 1).abs().max()) <= 1e-12
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    g = torch.Generator().manual_seed(7)
+    data = [
+        (torch.randint(0, 13, (WORLD, 2, 6), generator=g), torch.randint(0, 13, (WORLD, 2, 6), generator=g))
+        for _ in range(6)
+    ]
+    torch.manual_seed(0)
+    ref = Tiny(hidden=7).double()  # q, o: 7 rows over 2 ranks, uneven (4/3)
+    normalize_(ref)
+    model = copy.deepcopy(ref)
+    for name in ("emb", "q", "o", "out"):
+        fully_shard(getattr(model, name), mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert isinstance(model.q.weight, DTensor)
+    opt, ref_opt = _make_combined(model), _make_combined(ref)
+    for ids, tgt in data:
+        opt.zero_grad()
+        loss_of(model, ids[rank], tgt[rank]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        loss_of(ref, ids.flatten(0, 1), tgt.flatten(0, 1)).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        assert float((full - q).abs().max()) <= 1e-10, name
+    for p in sphere_parameters(model):
+        local = p.detach().to_local()
+        assert local.numel() == 0 or float((local.norm(dim=-1) - 1).abs().max()) <= 1e-12
 
 
 @pytest.mark.slow
@@ -569,7 +550,7 @@ def _fsdp_worker(rank: int, port: int) -> None:
 def test_fsdp2_sharded_rows_step_like_the_whole_matrix():
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    mp.spawn(_fsdp_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    spawn(_fsdp_worker)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 import test_faults
+from gloo import free_port
 from test_faults import (
     args,
     assert_same_losses,
@@ -40,12 +40,6 @@ text_file, cache, one_thread = test_faults.text_file, test_faults.cache, test_fa
 STEPS, EVERY = 16, 4
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fsdp_args(out_dir: Path, cache: Path, text_file: Path) -> list[str]:

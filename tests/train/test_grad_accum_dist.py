@@ -6,25 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo import WORLD, spawn
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # ~25 s on 2 shared cores
 
-WORLD = 2
 MICRO = 3  # micro-batches per step
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _full_params(model) -> list[torch.Tensor]:
@@ -112,19 +102,11 @@ def _run(rank: int, parallel: str) -> None:
     assert not torch.equal(params[0], next(base.parameters()))  # the steps did move the weights
 
 
-def _worker(rank: int, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        for parallel in ("ddp", "fsdp"):
-            _run(rank, parallel)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int) -> None:
+    for parallel in ("ddp", "fsdp"):
+        _run(rank, parallel)
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 def test_accumulation_reduces_once_per_step_and_matches_reducing_every_micro_batch():
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    spawn(_worker)

@@ -4,25 +4,14 @@ rank, so the replicas (DDP) and the shards (FSDP2) never diverge."""
 
 from __future__ import annotations
 
-import datetime
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo import WORLD, spawn
 
 pytestmark = pytest.mark.distributed
 
-WORLD = 2
 BAD_STEP = 2  # the step whose gradient rank 1 sees as NaN
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _full_params(model) -> list[torch.Tensor]:
@@ -75,20 +64,12 @@ def _run(rank: int, parallel: str) -> None:
     assert not torch.equal(final[0], history[0][1][0])  # training did move the weights
 
 
-def _worker(rank: int, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        for parallel in ("ddp", "fsdp"):
-            _run(rank, parallel)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int) -> None:
+    for parallel in ("ddp", "fsdp"):
+        _run(rank, parallel)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 def test_nonfinite_on_one_rank_skips_the_step_on_every_rank():
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    spawn(_worker)
