@@ -40,7 +40,7 @@ from recipes.checkpoints import Trained, load_weights
 from recipes.cli import prog
 from recipes.progress import progress_bar
 from spherenet import analysis
-from spherenet.checkpoint import CheckpointError
+from spherenet.checkpoint import RUN_CHECKPOINTS, CheckpointError
 from spherenet.data import DataError, prepare_dataset
 
 FIGURES = {
@@ -60,7 +60,7 @@ def _labels(runs: list[str], trained: list[Trained], given: list[str] | None) ->
         labels = []
         for run, t in zip(runs, trained):
             name = Path(run).resolve().name
-            if name.startswith("step_") or name == "checkpoints":
+            if name.startswith("step_") or name == RUN_CHECKPOINTS:
                 name = t.path.parent.parent.name
             labels.append(f"{type(t.model).__name__} {name}")
     seen: dict[str, int] = {}

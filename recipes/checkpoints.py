@@ -27,6 +27,7 @@ from torch import nn
 
 from spherenet.checkpoint import (
     MANIFEST,
+    RUN_CHECKPOINTS,
     CheckpointError,
     CheckpointManager,
     VerifiedCheckpoint,
@@ -95,7 +96,7 @@ def find_checkpoint(path: str | Path) -> VerifiedCheckpoint:
     path = Path(path)
     if (path / MANIFEST).is_file() or path.name.startswith("step_"):
         return CheckpointManager(path.parent).verify(path)
-    for directory in (path / "checkpoints", path):
+    for directory in (path / RUN_CHECKPOINTS, path):
         manager = CheckpointManager(directory)
         if manager.checkpoints():
             found = manager.latest_verified()  # raises, naming the directory, when all are damaged

@@ -35,7 +35,13 @@ from pathlib import Path
 from recipes.checkpoints import TOKENIZER_DIR, Trained, is_exported, load_trained
 from recipes.cli import prog
 from recipes.run_directory import LOCK_FILE, live_trainer
-from spherenet.checkpoint import MANIFEST, CheckpointError, CheckpointManager, describe_os_error
+from spherenet.checkpoint import (
+    RUN_CHECKPOINTS,
+    CheckpointError,
+    CheckpointManager,
+    describe_os_error,
+    holds_checkpoints,
+)
 from spherenet.data import DataError
 from spherenet.data.tokenizer import TOKENIZER_JSON
 from spherenet.models import PretrainedFileError
@@ -52,7 +58,7 @@ CARD = "README.md"
 def step_checkpoint(run: str | Path, step: int) -> Path:
     """The ``step_*`` directory of checkpoint ``step`` under a run (or its checkpoints/) directory."""
     run = Path(run)
-    for directory in (run / "checkpoints", run):
+    for directory in (run / RUN_CHECKPOINTS, run):
         manager = CheckpointManager(directory)
         found = dict(manager.checkpoints())
         if step in found:
@@ -140,21 +146,15 @@ The full training configuration:
 """
 
 
-RUN_FILES = ("checkpoints", "metrics.jsonl", LOCK_FILE)  # what shows a training run's directory
+RUN_FILES = ("metrics.jsonl", LOCK_FILE)  # beside its checkpoints, what shows a training run's directory
 TMP_PREFIX, OLD_PREFIX = ".tmp-export-", ".old-export-"
 
 
 def holds_run(directory: Path) -> str | None:
-    """What shows that ``directory`` is (part of) a training run: a run's own files, a
-    ``checkpoints/`` directory of ``step_*`` checkpoints, or one checkpoint; None otherwise."""
-    if directory.name.startswith("step_") and (directory / MANIFEST).is_file():
-        return f"a checkpoint ({MANIFEST})"
-    for name in RUN_FILES:
-        if (directory / name).exists():
-            return name
-    if directory.is_dir() and any(p.name.startswith("step_") and (p / MANIFEST).is_file() for p in directory.iterdir()):
-        return "step_* checkpoints"
-    return None
+    """What shows that ``directory`` is (part of) a training run: its checkpoints
+    (:func:`spherenet.checkpoint.holds_checkpoints`) or a run's own files; None otherwise."""
+    found = holds_checkpoints(directory)
+    return found or next((name for name in RUN_FILES if (directory / name).exists()), None)
 
 
 def check_destination(out: str | Path, source: str | Path, overwrite: bool) -> None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from recipes.checkpoints import is_exported
-from spherenet.checkpoint import CheckpointManager
+from spherenet.checkpoint import RUN_CHECKPOINTS, CheckpointManager
 from spherenet.train.config import ConfigError
 
 __all__ = [
@@ -73,9 +73,8 @@ def live_trainer(directory: Path) -> str | None:
 
 def run_in_directory(out_dir: Path) -> str | None:
     """What shows that ``out_dir`` holds a run already (its metrics or a checkpoint), or None."""
-    checkpoints = (
-        sorted(p.name for p in (out_dir / "checkpoints").glob("step_*")) if (out_dir / "checkpoints").is_dir() else []
-    )
+    folder = out_dir / RUN_CHECKPOINTS
+    checkpoints = sorted(p.name for p in folder.glob("step_*")) if folder.is_dir() else []
     if checkpoints:
         return f"checkpoints up to {checkpoints[-1]}"
     metrics = out_dir / "metrics.jsonl"

@@ -40,7 +40,13 @@ from recipes.resume import QuietRefusal, Resumption, open_run_directory, release
 from recipes.run_data import batch_geometry, prepare_data, run_windows
 from recipes.stop import StopOnSignal
 from recipes.train_loop import TrainingRun, train
-from spherenet.checkpoint import CheckpointError, CheckpointManager, NonFiniteStateError, describe_os_error
+from spherenet.checkpoint import (
+    RUN_CHECKPOINTS,
+    CheckpointError,
+    CheckpointManager,
+    NonFiniteStateError,
+    describe_os_error,
+)
 from spherenet.data import DataError
 from spherenet.models import model_from_config
 from spherenet.models.presets import PRESETS
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     micro, accum = batch_geometry(cfg, info.world_size)
     # a size that cannot run, counted with the smallest vocabulary: refused before anything is written or tokenized
     check_run_memory(cfg, device=info.device, micro_batch=micro, world_size=info.world_size)
-    ckpt = CheckpointManager(Path(t.out_dir) / "checkpoints", keep_last=t.keep_last)
+    ckpt = CheckpointManager(Path(t.out_dir) / RUN_CHECKPOINTS, keep_last=t.keep_last)
     check_init_from_target(t.init_from, Path(t.out_dir), args.overwrite)
     # A torchrun restart continues the run only when this job wrote it (recipes.resume).
     run_dir = open_run_directory(Path(t.out_dir), ckpt, args.resume, args.overwrite, info)  # rank 0 holds its lock

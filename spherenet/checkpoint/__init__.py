@@ -46,9 +46,11 @@ from .errors import (
 from .format import (
     FORMAT_VERSION,
     MANIFEST,
+    RUN_CHECKPOINTS,
     SHARDED_DIR,
     STATE_FILE,
     VerifiedCheckpoint,
+    holds_checkpoints,
     verify_files_manifest,
     write_files_manifest,
 )
@@ -75,4 +77,7 @@ __all__ = [
     "MANIFEST",
     "STATE_FILE",
     "SHARDED_DIR",
+    # what shows a training run's checkpoints in a directory (the recipes' checkpoints/ folder)
+    "RUN_CHECKPOINTS",
+    "holds_checkpoints",
 ]

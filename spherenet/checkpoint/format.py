@@ -28,6 +28,23 @@ _TRASH_PREFIX = ".trash-"
 _HASH_CHUNK = 1 << 20
 
 
+RUN_CHECKPOINTS = "checkpoints"  # the folder of a training run that holds its step_N checkpoints
+
+
+def holds_checkpoints(directory: str | os.PathLike) -> str | None:
+    """What shows that ``directory`` holds a training run's checkpoints, named for a message:
+    it is one (``step_N`` with its manifest), it holds ``step_N`` checkpoints, or it holds the
+    run's ``checkpoints/`` folder; None otherwise. Reads names only, never a checkpoint's files."""
+    directory = Path(directory)
+    if _STEP_DIR.match(directory.name) and (directory / MANIFEST).is_file():
+        return f"a checkpoint ({MANIFEST})"
+    if (directory / RUN_CHECKPOINTS).exists():
+        return RUN_CHECKPOINTS
+    if directory.is_dir() and any(_STEP_DIR.match(p.name) and (p / MANIFEST).is_file() for p in directory.iterdir()):
+        return "step_* checkpoints"
+    return None
+
+
 class _Pin:
     """A shared ``flock`` on a checkpoint directory, held while a reader verifies and reads it:
     pruning (:func:`claim_for_delete`) passes over a pinned checkpoint, so a reader beside a live

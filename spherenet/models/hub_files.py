@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .. import install_hint
-from ..checkpoint import MANIFEST
+from ..checkpoint import holds_checkpoints
 from ..manifolds import Sphere, point_tolerance
 
 __all__ = [
@@ -215,8 +215,7 @@ def pick_device(**given) -> torch.device:
 
 def _run_hint(directory: Path) -> str:
     """What to do with a training run or one of its checkpoints, which hold weights in their own format."""
-    steps = directory.glob(f"step_*/{MANIFEST}")
-    if (directory / "checkpoints").is_dir() or (directory / MANIFEST).is_file() or next(steps, None) is not None:
+    if holds_checkpoints(directory):
         return (
             "; it holds a training run (or a checkpoint of one): export it first with "
             f"`python -m recipes.export {directory} OUT_DIR`, then load OUT_DIR"

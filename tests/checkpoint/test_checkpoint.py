@@ -22,6 +22,7 @@ from spherenet.checkpoint import (
     CheckpointMismatchError,
     CheckpointWarning,
     NonFiniteStateError,
+    holds_checkpoints,
 )
 
 
@@ -460,3 +461,21 @@ def test_missing_stateful_or_optimizer_is_a_mismatch(tmp_path):
     with pytest.raises(CheckpointMismatchError, match=r"no state for \['scheduler'\]"):
         mgr.load_latest({"model": m, "scheduler": s})
     assert mgr.load_latest({"model": m}).step == 1
+
+
+# ------------------------------------------------------------------------------ what holds a run
+
+
+def test_holds_checkpoints_names_a_checkpoint_a_folder_of_them_and_a_runs_checkpoints_folder(tmp_path):
+    mgr, _, _ = saved_run(tmp_path, steps=(2,))
+    assert holds_checkpoints(mgr.directory / "step_00000002") == "a checkpoint (MANIFEST.json)"
+    assert holds_checkpoints(mgr.directory) == "step_* checkpoints"
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a run's folder, before its first checkpoint
+    assert holds_checkpoints(tmp_path / "run") == "checkpoints"
+    # Names alone do not make a run: an empty step_ folder, one without a step number, a missing path.
+    (tmp_path / "other" / "step_00000001").mkdir(parents=True)
+    (tmp_path / "other" / "step_final").mkdir()
+    (tmp_path / "other" / "step_final" / "MANIFEST.json").write_text("{}")
+    assert holds_checkpoints(tmp_path / "other") is None
+    assert holds_checkpoints(tmp_path / "other" / "step_final") is None
+    assert holds_checkpoints(tmp_path / "absent") is None
