@@ -123,9 +123,10 @@ class BudgetStudy(scaling.Study):
 def run_arms_through_budgets(args: argparse.Namespace, point: scaling.Point, bar) -> None:
     """Every arm through the point's budgets, shortest first, the arms side by side: an arm moves
     on to its next budget (its grid centred on the rate it got at this one) as soon as its own
-    rate is picked, so a place that one arm frees goes to another arm's next run, whatever budget
-    that is. ``--jobs`` places in all. A matrix-rate arm waits, at each budget, for the pick of
-    the arm whose rate its AdamW part takes."""
+    rate is picked, so a place that one arm frees goes to another arm's next run: the waiting run
+    of the shortest budget first (:class:`scaling.Places`). ``--jobs`` places in all. A
+    matrix-rate arm waits, at each budget, for the pick of the arm whose rate its AdamW part
+    takes."""
     places = scaling.Places(args.jobs)
     budgets = budgets_of(args, point)
     studies: dict[int, BudgetStudy] = {}  # one ledger per budget, shared by the arms

@@ -55,7 +55,10 @@ run found there half done (its checkpoints, the same spec) continues from its la
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import heapq
+import itertools
 import json
 import shlex
 import sys
@@ -104,12 +107,36 @@ DEFAULT_POINTS = ["tiny@64", "tiny@256", "tiny@1024", "cpu@256"]
 
 class Places:
     """What the studies of several ledgers running at once share: ``jobs`` places for trainings,
-    one lock for the ledgers and reports they write, and whether a run has crashed."""
+    one lock for the ledgers and reports they write, and whether a run has crashed.
+
+    When runs wait for a place, the next free one goes to the run of fewest steps (then to the
+    earliest to ask): a shorter budget's seed runs, which finish that budget's answer and can
+    settle a tie, do not wait hours behind a longer budget's sweep."""
 
     def __init__(self, jobs: int):
-        self.slots = threading.BoundedSemaphore(jobs)
+        self.free = jobs
+        self._turns = threading.Condition()
+        self._waiting: list[tuple[int, int]] = []  # a heap of (steps, arrival)
+        self._arrivals = itertools.count()
         self.lock = threading.Lock()
         self.failed = threading.Event()  # a run crashed: no other starts
+
+    @contextlib.contextmanager
+    def place(self, steps: int):
+        """Hold one of the places for a run of ``steps`` steps (waiting for it in turn)."""
+        ticket = (steps, next(self._arrivals))
+        with self._turns:
+            heapq.heappush(self._waiting, ticket)
+            self._turns.wait_for(lambda: self.free > 0 and self._waiting[0] == ticket)
+            heapq.heappop(self._waiting)
+            self.free -= 1
+            self._turns.notify_all()  # the next in line may take another free place
+        try:
+            yield
+        finally:
+            with self._turns:
+                self.free += 1
+                self._turns.notify_all()
 
 
 class Study:
@@ -187,7 +214,7 @@ class Study:
         pargs = self.point_args(point)
         spec = self.spec(point, arm, lr)
         say = self.bar.write if self.bar is not None else lambda line: print(line, flush=True)
-        with self.places.slots:  # a place among --jobs, whichever study's run it is
+        with self.places.place(self.args.steps):  # one of --jobs, shared by every study running
             if self.failed.is_set():
                 raise SystemExit(f"error: {arm} lr {lr:g} seed {seed} at {point} not started: another run failed")
             began = time.monotonic()

@@ -10,6 +10,8 @@ import io
 import json
 import math
 import sys
+import threading
+import time
 
 import pytest
 
@@ -132,6 +134,52 @@ def test_arms_run_side_by_side_so_no_place_waits_for_another_arms_stage(scaling,
     # the same runs as one at a time: the rule decides the same
     seed1 = {arm: lr for (_, arm, lr, seed) in calls if seed == 1}
     assert seed1 == BEST and len(calls) == 3 + 5 + 2
+
+
+def _until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_free_place_goes_to_the_waiting_run_of_fewest_steps(scaling):
+    """The one place is taken; a 10828-step run asks for it, then a 2707-step one, then another
+    10828-step one: the shorter run gets it first, the equal ones in the order they asked."""
+    places = scaling.Places(1)
+    order: list[str] = []
+
+    def run(steps: int, name: str) -> None:
+        with places.place(steps):
+            order.append(name)
+
+    threads = []
+    with places.place(677):
+        for steps, name in ((10828, "long, first"), (2707, "short"), (10828, "long, second")):
+            threads.append(threading.Thread(target=run, args=(steps, name)))
+            threads[-1].start()
+            _until(lambda: len(places._waiting) == len(threads))  # it waits before the next asks
+        assert order == []
+    for thread in threads:
+        thread.join(timeout=10)
+    assert order == ["short", "long, first", "long, second"]
+
+
+def test_as_many_runs_hold_places_at_once_as_there_are_places(scaling):
+    places = scaling.Places(2)
+    inside, both_in = threading.Barrier(2, timeout=10), []
+
+    def run() -> None:
+        with places.place(100):
+            inside.wait()  # breaks (and so fails) unless both hold a place at the same time
+            both_in.append(True)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert both_in == [True, True] and places.free == 2
 
 
 def test_a_crashed_run_stays_out_of_the_ledger(scaling, tmp_path, monkeypatch):
