@@ -3,7 +3,7 @@
     python docs/examples/seq2seq.py
 
 The encoder is a stack of nGPT blocks without the causal mask; the decoder's blocks are
-:class:`~spherenet.layers.NGPTCrossBlock` s: after its causal self-attention each one attends to the
+:class:`~spherenet.models.NGPTCrossBlock` s: after its causal self-attention each one attends to the
 encoder's output (``context=``), with its own update on the sphere (eq. 10 with ``alpha_C``).
 ``cross_positions=True`` rotates queries and context keys by their positions (RoPE), so a
 decoder position can find the source position it corresponds to. Output logits are cosines
