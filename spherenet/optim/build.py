@@ -159,12 +159,7 @@ def build_optimizer(
         raise TypeError(f"build_optimizer expects an nn.Module, got {type(model).__name__}")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    matrix_declared = declared_matrix_spheres(model)
-    if matrix_declared and method not in HYPERBALL_METHODS + ("riemannian_adam",):
-        raise ValueError(
-            f"method {method!r} on a model with whole-matrix sphere parameters ({matrix_declared[0][0]!r}, ...): "
-            "they would leave their sphere. Use 'adamh' or 'muonh'."
-        )
+    _refuse_what_method_cannot_hold(model, method)  # before the settings: none would make it fit
     check_positive_float("lr", lr)
     check_positive_float("eps", eps, allow_zero=True)
     check_betas(betas)
@@ -235,11 +230,16 @@ def build_optimizer(
     return optimizer, scheduler
 
 
-def _hidden_matrices_for(model: nn.Module, method: str) -> list[tuple[str, torch.Tensor]]:
-    """The matrices ``method`` steps apart from Adam (none for the Adam methods), after the refusals
-    of what ``method`` cannot hold: the hidden sphere matrices for ``"spherical_muon"``, every hidden
-    matrix for ``"muon"``, and for Hyperball every hidden matrix, declared on the sphere of its
-    Frobenius norm here."""
+def _refuse_what_method_cannot_hold(model: nn.Module, method: str) -> None:
+    """``ValueError`` when ``method`` cannot keep the model's declared weights where they are
+    (a Euclidean method on sphere weights, a row-sphere method on whole-matrix ones) or has none
+    to keep (``"adam_normalize"`` without sphere weights)."""
+    matrix_declared = declared_matrix_spheres(model)
+    if matrix_declared and method not in HYPERBALL_METHODS + ("riemannian_adam",):
+        raise ValueError(
+            f"method {method!r} on a model with whole-matrix sphere parameters ({matrix_declared[0][0]!r}, ...): "
+            "they would leave their sphere. Use 'adamh' or 'muonh'."
+        )
     sphere = named_sphere_parameters(model)
     if method in ("adamw", "muon") and sphere:
         instead = "'riemannian_adam' or 'adam_normalize'" if method == "adamw" else "'spherical_muon'"
@@ -254,12 +254,18 @@ def _hidden_matrices_for(model: nn.Module, method: str) -> list[tuple[str, torch
             f"method {method!r} on a model with row-sphere parameters ({sphere[0][0]!r}, ...): Hyperball holds "
             "GPT's matrices on whole-matrix spheres; for nGPT use 'riemannian_adam' or 'spherical_muon'"
         )
+
+
+def _hidden_matrices_for(model: nn.Module, method: str) -> list[tuple[str, torch.Tensor]]:
+    """The matrices ``method`` steps apart from Adam (none for the Adam methods): the hidden sphere
+    matrices for ``"spherical_muon"``, every hidden matrix for ``"muon"``, and for Hyperball every
+    hidden matrix, declared on the sphere of its Frobenius norm here."""
     if method not in MUON_METHODS + HYPERBALL_METHODS:
         return []
     if method in HYPERBALL_METHODS:
         hidden = declare_hidden_matrix_spheres(model)
     elif method == "spherical_muon":
-        sphere_ids = {id(p) for _, p in sphere}
+        sphere_ids = {id(p) for _, p in named_sphere_parameters(model)}
         hidden = [(name, p) for name, p in hidden_matrices(model) if id(p) in sphere_ids]
     else:
         hidden = hidden_matrices(model)

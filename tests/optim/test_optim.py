@@ -737,12 +737,25 @@ def test_build_optimizer_recipes():
     (dict(betas=(0.9, 1.0)), r"betas\[1\] must be in \[0, 1\)"),
     (dict(second_moment="col"), "second_moment must be one of"),
     (dict(method="adamw", total_steps=5000), "method 'adamw' on a model with sphere parameters"),
-    (dict(method="adamw", total_steps=300), r"warmup_steps \(2000\) \(the 'adamw' recipe's default.*< total_steps"),
 ])  # fmt: skip  # one case per line
 def test_build_optimizer_names_bad_values(kwargs, match):
     args = dict(method="riemannian_adam", lr=1e-3, total_steps=100) | kwargs
     with pytest.raises(ValueError, match=match):
         build_optimizer(make_model(), **args)
+
+
+def test_a_default_warmup_longer_than_the_run_is_named_as_the_recipes_default():
+    plain = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    with pytest.raises(ValueError, match=r"warmup_steps \(2000\) \(the 'adamw' recipe's default.*< total_steps"):
+        build_optimizer(plain, "adamw", lr=1e-3, total_steps=300)
+
+
+@pytest.mark.parametrize("method", ["adamw", "muon", "adamh"])
+@pytest.mark.parametrize("settings", [dict(total_steps=300), dict(lr=-1.0, total_steps=5000)], ids=["short", "bad_lr"])
+def test_a_method_that_cannot_hold_the_sphere_is_refused_before_its_settings(method, settings):
+    """Whatever else is wrong, the method itself is named first: no setting would make it fit."""
+    with pytest.raises(ValueError, match=f"method '{method}' on a model with (row-)?sphere parameters"):
+        build_optimizer(make_model(), method, **{"lr": 1e-3} | settings)
 
 
 def test_riemannian_adam_names_bad_values():
