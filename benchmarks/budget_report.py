@@ -154,9 +154,16 @@ def tie_note(ledger: Ledger, point: str, arm: str) -> str:
 
 
 def spent_core_hours(args: argparse.Namespace) -> tuple[float, int]:
-    """Core-hours the ledgers' runs took (wall time x threads per run) and how many runs."""
-    walls = [r.get("wall_s", 0.0) for book in ledgers(args).values() for r in book.rows.values()]
-    return sum(walls) * args.threads / 3600, len(walls)
+    """Core-hours the ledgers' runs took (wall time x threads per run) and how many runs. A row
+    holds its last invocation's wall time only: a run resumed at step k (the row's ``from_step``)
+    is counted at that invocation's time per step over all its steps."""
+    seconds, runs = 0.0, 0
+    for budget, book in ledgers(args).items():
+        for row in book.rows.values():
+            wall, ran = row.get("wall_s", 0.0), budget - row.get("from_step", 0)
+            seconds += wall * budget / ran if 0 < ran < budget else wall
+            runs += 1
+    return seconds * args.threads / 3600, runs
 
 
 def estimate_text(args: argparse.Namespace) -> str:
@@ -199,7 +206,9 @@ def estimate_text(args: argparse.Namespace) -> str:
         f"with {args.jobs} runs at a time. Measured: the ledgers' runs, wall time over steps (start-up, "
         "validation and whatever else loaded the machine included):\n\n"
         + "\n".join(lines)
-        + f"\n\nSpent so far: {spent:.1f} core-hours in {runs} runs. Left, at the measured time per step "
+        + f"\n\nSpent so far: {spent:.1f} core-hours in {runs} runs (a resumed run at its last invocation's time "
+        "per step; rows written before the ledger recorded where an invocation began count that invocation "
+        "only). Left, at the measured time per step "
         f"(the estimate where an arm has no run yet) and {planned} runs per arm and budget: "
         f"{left * args.threads / 3600:.1f} core-hours, {left / args.jobs / 3600:.1f} h wall at {args.jobs} runs "
         "at a time.\n\n"

@@ -154,7 +154,7 @@ def test_the_size_axis_plot_keeps_the_arms_two_sizes_share_at_a_context(budget):
 
 
 def test_the_cost_paragraph_gives_the_measured_time_per_step_and_what_is_left(budget, tmp_path):
-    from budget_report import EVAL_BATCH_COST, RUNS_PER_SWEEP, estimate_text
+    from budget_report import EVAL_BATCH_COST, RUNS_PER_SWEEP, estimate_text, spent_core_hours
 
     # gpt: three sweep runs and one seed run at 40 steps (1 s each: 0.025 s a step); nothing at 160
     finals = {("tiny@32", 40, "gpt", lr, 0): 3.0 for lr in (0.003, 0.01, 0.03)} | {("tiny@32", 40, "gpt", 0.01, 1): 3.1}
@@ -170,11 +170,15 @@ def test_the_cost_paragraph_gives_the_measured_time_per_step_and_what_is_left(bu
     assert "| tiny@32 | gpt | 0.500 | 2.0 | 0.025 (4) |" in text
     # a run continued from step 20 took its wall time for its last 20 steps only
     ledger = budget.scaling.Ledger(results / "steps0040" / "runs.jsonl")
+    spent_before, _ = spent_core_hours(args)
     ledger.add({**ledger.rows[("tiny@32", "gpt", 0.01, 1)], "seed": 2, "wall_s": 1.0, "from_step": 20})
     assert "| tiny@32 | gpt | 0.500 | 2.0 | 0.028 (5) |" in estimate_text(args)  # 5 s over 4 x 40 + 20 steps
+    # and is spent as all its 40 steps at that invocation's time per step: 2 s
+    spent_after, runs = spent_core_hours(args)
+    assert runs == 5 and spent_after - spent_before == pytest.approx(2.0 * args.threads / 3600)
     ledger.path.write_text("".join(line + "\n" for line in ledger.path.read_text().splitlines()[:-1]))
     assert "| tiny@32 | ngpt | 0.400 | 0.0 | - |" in text
-    assert "Spent so far: 0.0 core-hours in 4 runs." in text
+    assert "Spent so far: 0.0 core-hours in 4 runs (a resumed run" in text
     # left: gpt 1 run at 40 steps and 5 at 160 at 0.025 s a step; ngpt 5 + 5 runs at the estimate
     planned = RUNS_PER_SWEEP + 1
     evals = 2 * args.eval_batches * EVAL_BATCH_COST
