@@ -157,13 +157,10 @@ def spent_core_hours(args: argparse.Namespace) -> tuple[float, int]:
     """Core-hours the ledgers' runs took (wall time x threads per run) and how many runs. A row
     holds its last invocation's wall time only: a run resumed at step k (the row's ``from_step``)
     is counted at that invocation's time per step over all its steps."""
-    seconds, runs = 0.0, 0
-    for budget, book in ledgers(args).items():
-        for row in book.rows.values():
-            wall, ran = row.get("wall_s", 0.0), budget - row.get("from_step", 0)
-            seconds += wall * budget / ran if 0 < ran < budget else wall
-            runs += 1
-    return seconds * args.threads / 3600, runs
+    rows = [(budget, row) for budget, book in ledgers(args).items() for row in book.rows.values()]
+    ran = [(row.get("wall_s", 0.0), budget, budget - row.get("from_step", 0)) for budget, row in rows]
+    seconds = sum(wall * budget / steps if 0 < steps < budget else wall for wall, budget, steps in ran)
+    return seconds * args.threads / 3600, len(rows)
 
 
 def estimate_text(args: argparse.Namespace) -> str:
