@@ -80,8 +80,8 @@ from budget_report import (  # noqa: E402
     budgets_of,
     ledgers,
     write_results,
-    write_size_axis,
 )
+from budget_size_axis import write_size_axis  # noqa: E402
 from budget_status import pending, status  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402

@@ -127,12 +127,12 @@ def test_pending_lists_the_seed_runs_the_rate_rule_still_needs(budget, tmp_path,
 def test_the_size_axis_plot_keeps_the_arms_two_sizes_share_at_a_context(budget):
     """Where a context is planned at two sizes, the plot shows only the arms both plan there
     (a point at another context, or an arm at one size only, says nothing about size)."""
-    from budget_report import size_axis_curves
+    from budget_size_axis import size_axis_curves
 
     Point = budget.scaling.Point
 
-    def entry(point, arm, tokens, multipliers, study):
-        row = {"multipliers": [(m, False) for m in multipliers]}
+    def entry(point, arm, tokens, multipliers, study, extrapolated=False):
+        row = {"multipliers": [(m, extrapolated and i == 0) for i, m in enumerate(multipliers)]}
         return {"point": Point.parse(point), "arm": arm, "tokens_per_param": tokens, "row": row, "study": study}
 
     entries = [
@@ -142,12 +142,16 @@ def test_the_size_axis_plot_keeps_the_arms_two_sizes_share_at_a_context(budget):
         entry("tiny@1024", "ngpt", 2.5, [2.4, 2.4], 0),  # another context
         entry("cpu@256", "gpt", 2.5, [1.0, 1.0], 1),
         entry("cpu@256", "ngpt", 2.5, [1.5, 1.7], 1),
+        entry("cpu@256", "ngpt", 10.0, [1.4, 1.2], 1, extrapolated=True),  # one seed read past GPT's budgets
         entry("cpu@1024", "gpt-muon", 10.0, [float("inf")], 1),  # at one size only, nothing finite
-        {**entry("cpu@256", "ngpt", 10.0, [], 1), "row": None},  # not run
+        {**entry("cpu@256", "ngpt", 40.0, [], 1), "row": None},  # not run
     ]
     curves = size_axis_curves(entries)
     assert set(curves) == {(0, "tiny@256", "ngpt"), (1, "cpu@256", "ngpt")}
-    assert curves[1, "cpu@256", "ngpt"] == [(2.5, pytest.approx(1.6), pytest.approx(2**0.5 * 0.1), 2)]
+    assert curves[1, "cpu@256", "ngpt"] == [
+        (2.5, pytest.approx(1.6), pytest.approx(2**0.5 * 0.1), 2, False),
+        (10.0, pytest.approx(1.3), pytest.approx(2**0.5 * 0.1), 2, True),  # marked as extrapolated
+    ]
     # one size only: every arm but GPT
     assert set(size_axis_curves(entries[:4])) == {(0, "tiny@256", "ngpt"), (0, "tiny@256", "gpt-muon"),
                                                    (0, "tiny@1024", "ngpt")}  # fmt: skip  # one set
