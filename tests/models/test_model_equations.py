@@ -1,16 +1,20 @@
 """The whole models against the paper's equations in float64: nGPT's logits (eq. 1, 3, with s_z
 parametrized as in Section 2.5) over unit input embeddings and its blocks, with no final
 normalization; the baseline's pre-norm blocks (eq. 4, 5) with RMSNorm written out, its final
-RMSNorm and its untied logits (eq. 1). The blocks' own parts have their references in
-test_model_parts.py."""
+RMSNorm and its untied logits (eq. 1); the training loss (eq. 2); the Riemannian residual update
+(eq. 24-26) at a finite step, outside the Triton tests. The blocks' own parts have their
+references in test_model_parts.py."""
 
 from __future__ import annotations
 
 import torch
-from model_references import randomize_scales
+from model_references import randomize_scales, unit
 
+from spherenet import kernels
 from spherenet.layers import GPTConfig, NGPTConfig
+from spherenet.manifolds import riemannian_update
 from spherenet.models import GPT, NGPT
+from spherenet.train.loop import lm_loss
 
 SIZES = dict(vocab_size=13, n_layers=2, d_model=16, n_heads=2, d_mlp=24, max_seq_len=16)
 
@@ -53,3 +57,25 @@ def test_gpt_blocks_are_eq_4_5_and_logits_eq_1_after_the_final_rmsnorm():
             h = h + block.mlp(rms_norm(h, block.norm_mlp.weight, 1e-6))  # eq. 5
         expected = rms_norm(h, model.norm_out.weight, 1e-6) @ model.embed_out.weight.T  # final RMSNorm, eq. 1
         torch.testing.assert_close(model(tokens), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_lm_loss_is_eq_2_averaged_over_every_position():
+    g = torch.Generator().manual_seed(2)
+    logits = 3 * torch.randn(2, 5, 11, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 11, (2, 5), generator=g)
+    z_y = logits.gather(-1, targets[..., None])[..., 0]
+    expected = -(z_y - logits.exp().sum(-1).log()).mean()  # -log P(y_i | x_<i), eq. 2
+    torch.testing.assert_close(lm_loss(logits, targets).double(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_riemannian_update_is_eq_24_26_at_a_finite_step():
+    h, h_block = unit(3, 4, 16, seed=3), unit(3, 4, 16, seed=4)
+    alpha = torch.rand(16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)  # a diagonal B
+    g_proj = h * (h * h_block).sum(-1, keepdim=True) - h_block  # eq. 24
+    step = h - alpha * g_proj
+    expected = step / step.norm(dim=-1, keepdim=True)  # eq. 25, 26
+    torch.testing.assert_close(riemannian_update(h, h_block, alpha), expected, rtol=1e-12, atol=1e-12)
+    for implementation in ("reference", "torch"):
+        with kernels.use(implementation):
+            out = kernels.residual_update("riemannian", h, h_block, alpha)
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
