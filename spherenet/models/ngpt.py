@@ -288,7 +288,8 @@ class NGPTBlock(nn.Module):
         h_M = Norm(MLP(h));    h <- Norm(h + alpha_M (h_M - h))      (eq. 11)
 
     with ``config.update == "lerp"``; ``"slerp"`` and ``"riemannian"`` swap in eq. 6 or eq.
-    24-26 (:func:`spherenet.kernels.residual_update`). ``alpha_A``, ``alpha_M``: the eigen
+    24-26 (the Norm and the update in one call,
+    :func:`spherenet.kernels.residual.normalized_update`). ``alpha_A``, ``alpha_M``: the eigen
     learning rates (Section 2.2.2), :class:`Scale` s of ``config.alpha_attn``, ``.alpha_mlp``,
     held as ``residual_attn.alpha`` and ``residual_mlp.alpha``. No RMSNorm/LayerNorm anywhere.
     """
