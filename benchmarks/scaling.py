@@ -92,7 +92,6 @@ from scaling_report import write_results  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
-from spherenet.train.loop import MetricsLog  # noqa: E402
 
 #: Arms whose sweep moves ``optim.matrix_lr`` (the hidden matrices' angle per step), with
 #: ``optim.lr`` (the AdamW part: embeddings, head, gains) at the best rate of the named arm at the
@@ -222,7 +221,6 @@ class Study:
             wall_s = time.monotonic() - began
         run_dir = pargs.runs / name / f"seed{seed}"
         curve = compare.read_curve(run_dir) if (run_dir / "metrics.jsonl").is_file() else {}
-        starts = [r for r in MetricsLog.read_complete(run_dir / "metrics.jsonl") if r.get("event") == "start"]
         row = {
             "point": str(point),
             "arm": arm,
@@ -235,7 +233,7 @@ class Study:
             "tokens": curve.get("tokens", []),
             **({"adamw_lr": self.base_lr(point, arm)} if arm in MATRIX_RATE_ARMS else {}),
             "wall_s": round(wall_s, 1),  # this invocation's: a resumed run's earlier part is not in it
-            "from_step": int(starts[-1].get("step", 0)) if starts else 0,  # where this invocation began
+            "from_step": curve.get("from_step", 0),  # where this invocation began
             "date": datetime.date.today().isoformat(),
         }
         if rc not in (0, None) and not row["val_loss"]:

@@ -54,11 +54,15 @@ def finished(run_dir: Path) -> bool:
 
 
 def read_curve(run_dir: Path) -> dict:
+    """A finished run's validation curve, training losses, final sphere-norm error and the step
+    its last invocation began at (``from_step``: 0 unless it was resumed)."""
     steps, vals, tokens, train = [], [], [], []
-    per_token = None
+    per_token, from_step = None, 0
     with (run_dir / "metrics.jsonl").open() as f:
         for line in f:
             r = json.loads(line)
+            if r.get("event") == "start":
+                from_step = int(r.get("step", 0))
             if "val_loss" in r and "step" in r and "tokens" in r:
                 steps.append(r["step"])
                 vals.append(r["val_loss"])
@@ -67,7 +71,14 @@ def read_curve(run_dir: Path) -> dict:
                 train.append((r["step"], r["loss"]))
             if r.get("event") == "done":
                 per_token = r.get("sphere_norm_error")
-    return {"steps": steps, "val_loss": vals, "tokens": tokens, "train": train, "sphere_norm_error": per_token}
+    return {
+        "steps": steps,
+        "val_loss": vals,
+        "tokens": tokens,
+        "train": train,
+        "sphere_norm_error": per_token,
+        "from_step": from_step,
+    }
 
 
 def steps_to_reach(curve: dict, target: float) -> float:

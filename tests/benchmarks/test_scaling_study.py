@@ -74,6 +74,9 @@ def fake_train_one(calls):
             for s, v in zip(STEPS, fake_curve(arm, lr, seed))
         ]
         lines.append({"event": "done", "step": STEPS[-1], "val_loss": lines[-1]["val_loss"]})
+        # a seed-1 run was stopped at step 50 and resumed: its log has a second start there
+        starts = [{"event": "start", "step": 0}] + ([{"event": "start", "step": 50}] if seed == 1 else [])
+        lines = starts[:1] + lines[:5] + starts[1:] + lines[5:]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
         calls.append((str(pargs.block), arm, lr, seed))
         say(f"  {name} seed {seed}: ok")
@@ -95,6 +98,8 @@ def test_study_brackets_every_arm_reports_the_speedup_and_resumes(scaling, tmp_p
     assert sweep["ngpt"] == [1e-2, 3e-2, 1e-1, 3e-1, 1.0]  # grown twice past its top edge
     seed1 = {r["arm"]: r["lr"] for r in ledger if r["seed"] == 1}
     assert seed1 == BEST  # the second seed at each arm's best rate
+    # each row records where its run's last invocation began (a resumed run's time covers only that)
+    assert {(r["seed"], r["from_step"]) for r in ledger} == {(0, 0), (1, 50)}
 
     table = (tmp_path / "results" / "scaling.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| tiny@32 |") and "| ngpt |" in line)

@@ -49,6 +49,7 @@ def test_a_halted_run_continues_from_its_checkpoint_and_one_of_other_settings_st
     assert "resumed from" in (run_dir / "train.log").read_text()
     curve = convergence.compare.read_curve(run_dir)
     assert curve["steps"] == [2, 4, 6, 8] and convergence.compare.finished(run_dir)
+    assert curve["from_step"] == 4  # where the last invocation began
     # the same as a run never interrupted
     whole = run_args(tmp_path, "whole", [])
     convergence.train_one(whole, spec, 0, said.append)
@@ -67,3 +68,4 @@ def test_a_halted_run_continues_from_its_checkpoint_and_one_of_other_settings_st
     starts = [r for r in metrics(rerun) if r.get("event") == "start"]
     assert len(starts) == 1 and starts[0]["step"] == 0 and starts[0]["config"]["optim"]["lr"] == 0.003
     assert convergence.compare.read_curve(rerun)["steps"] == [2, 4, 6, 8]
+    assert convergence.compare.read_curve(rerun)["from_step"] == 0
