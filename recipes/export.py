@@ -42,7 +42,7 @@ from spherenet.checkpoint import (
     describe_os_error,
     holds_checkpoints,
 )
-from spherenet.data import DataError
+from spherenet.data import DataError, process_alive
 from spherenet.data.tokenizer import TOKENIZER_JSON
 from spherenet.models import PretrainedFileError
 from spherenet.models.hub import MANIFEST_NAME, write_manifest
@@ -229,18 +229,8 @@ def remove_stale_leftovers(out: Path) -> None:
             owner = d.name[len(prefix) + len(out.name) + 1 :].rsplit("-", 2)  # host, pid, random
             if len(owner) != 3 or owner[0] != host or not owner[1].isdigit() or not d.is_dir():
                 continue
-            if not _process_alive(int(owner[1])):
+            if not process_alive(int(owner[1])):
                 shutil.rmtree(d, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 def refuse_non_empty(out: str | Path) -> None:

@@ -13,6 +13,7 @@ Typical use::
 does not pay for it.
 """
 
+from ._staging import process_alive
 from .errors import DataError, DataFileNotFoundError, TokenizerError
 from .prepare import default_corpus, prepare_dataset
 from .prepared import PreparedData, load_prepared, token_dtype
@@ -40,6 +41,7 @@ __all__ = [
     "load_pretrained",
     "load_tokenizer",
     "prepare_dataset",
+    "process_alive",
     "resolve_source",
     "stdlib_files",
     "token_dtype",

@@ -17,7 +17,7 @@ from pathlib import Path
 from .errors import DataError
 from .prepared import _complete
 
-__all__ = ["OWNER_FILE", "publish", "remove_stale_tmp", "start_tmp"]
+__all__ = ["OWNER_FILE", "process_alive", "publish", "remove_stale_tmp", "start_tmp"]
 
 OWNER_FILE = "owner.json"  # which process is writing a .tmp-* directory
 _STALE_UNOWNED_S = 3600.0  # a .tmp-* directory without an owner file, untouched this long, is stale
@@ -33,7 +33,7 @@ def remove_stale_tmp(root: Path) -> None:
             continue
         try:
             owner = json.loads((d / OWNER_FILE).read_text(encoding="utf-8"))
-            stale = owner.get("host") == host and not _process_alive(int(owner["pid"]))
+            stale = owner.get("host") == host and not process_alive(int(owner["pid"]))
         except (OSError, ValueError, KeyError, TypeError):
             try:
                 stale = time.time() - d.stat().st_mtime > _STALE_UNOWNED_S
@@ -43,7 +43,10 @@ def remove_stale_tmp(root: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host is running (or a zombie not yet reaped): signal 0
+    probes it without touching it. Another user's process counts as alive (the probe is refused,
+    but the process is there). Used to tell the leftovers of a killed writer from a live one's."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
