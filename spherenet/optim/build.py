@@ -159,7 +159,7 @@ def build_optimizer(
         raise TypeError(f"build_optimizer expects an nn.Module, got {type(model).__name__}")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    _refuse_what_method_cannot_hold(model, method)  # before the settings: none would make it fit
+    sphere = _refuse_what_method_cannot_hold(model, method)  # before the settings: none would make it fit
     check_positive_float("lr", lr)
     check_positive_float("eps", eps, allow_zero=True)
     check_betas(betas)
@@ -185,7 +185,7 @@ def build_optimizer(
         check_positive_float("muon_lr", muon_lr)
         if isinstance(muon_momentum, bool) or not isinstance(muon_momentum, (int, float)) or not 0 <= muon_momentum < 1:
             raise ValueError(f"muon_momentum must be in [0, 1), got {muon_momentum!r}")
-    hidden = _hidden_matrices_for(model, method)  # Muon's and Hyperball's matrices; declared first for Hyperball
+    hidden = _hidden_matrices_for(model, method, sphere)  # Muon's and Hyperball's; declared first for Hyperball
     # The one set of groups: sphere, geometry, decayed and plain. Every part takes its share of
     # them, each group with its own weight decay (0 on every manifold).
     groups = param_groups(model, weight_decay)
@@ -230,10 +230,11 @@ def build_optimizer(
     return optimizer, scheduler
 
 
-def _refuse_what_method_cannot_hold(model: nn.Module, method: str) -> None:
+def _refuse_what_method_cannot_hold(model: nn.Module, method: str) -> list[tuple[str, torch.Tensor]]:
     """``ValueError`` when ``method`` cannot keep the model's declared weights where they are
     (a Euclidean method on sphere weights, a row-sphere method on whole-matrix ones) or has none
-    to keep (``"adam_normalize"`` without sphere weights)."""
+    to keep (``"adam_normalize"`` without sphere weights). Returns the model's sphere parameters
+    (:func:`named_sphere_parameters`), listed here after the whole-matrix check, for the caller's reuse."""
     matrix_declared = declared_matrix_spheres(model)
     if matrix_declared and method not in HYPERBALL_METHODS + ("riemannian_adam",):
         raise ValueError(
@@ -254,18 +255,22 @@ def _refuse_what_method_cannot_hold(model: nn.Module, method: str) -> None:
             f"method {method!r} on a model with row-sphere parameters ({sphere[0][0]!r}, ...): Hyperball holds "
             "GPT's matrices on whole-matrix spheres; for nGPT use 'riemannian_adam' or 'spherical_muon'"
         )
+    return sphere
 
 
-def _hidden_matrices_for(model: nn.Module, method: str) -> list[tuple[str, torch.Tensor]]:
+def _hidden_matrices_for(
+    model: nn.Module, method: str, sphere: list[tuple[str, torch.Tensor]]
+) -> list[tuple[str, torch.Tensor]]:
     """The matrices ``method`` steps apart from Adam (none for the Adam methods): the hidden sphere
-    matrices for ``"spherical_muon"``, every hidden matrix for ``"muon"``, and for Hyperball every
-    hidden matrix, declared on the sphere of its Frobenius norm here."""
+    matrices (those of ``hidden_matrices`` in ``sphere``, the model's sphere parameters) for
+    ``"spherical_muon"``, every hidden matrix for ``"muon"``, and for Hyperball every hidden matrix,
+    declared on the sphere of its Frobenius norm here."""
     if method not in MUON_METHODS + HYPERBALL_METHODS:
         return []
     if method in HYPERBALL_METHODS:
         hidden = declare_hidden_matrix_spheres(model)
     elif method == "spherical_muon":
-        sphere_ids = {id(p) for _, p in named_sphere_parameters(model)}
+        sphere_ids = {id(p) for _, p in sphere}
         hidden = [(name, p) for name, p in hidden_matrices(model) if id(p) in sphere_ids]
     else:
         hidden = hidden_matrices(model)

@@ -15,7 +15,7 @@ from torch import nn
 
 from spherenet.checkpoint import CheckpointManager
 from spherenet.layers import NGPTConfig, SphereClassifier, SphereEmbedding
-from spherenet.manifolds import point_tolerance
+from spherenet.manifolds import declare_sphere, point_tolerance
 from spherenet.models import NGPTBlock
 from spherenet.models.presets import from_preset
 from spherenet.optim import (
@@ -440,6 +440,21 @@ def test_muon_takes_the_hidden_matrices_by_declaration_and_shape_not_by_name():
     plain = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.Linear(4, 10))
     plain.get_output_embeddings = lambda: plain[2]
     assert [n for n, _ in hidden_matrices(plain)] == ["1.weight"]
+
+
+def test_spherical_muon_takes_only_the_hidden_matrices_declared_on_the_sphere():
+    """A hidden matrix off the sphere goes to Adam with the tables and the output layer; Muon holds
+    only the sphere's, and refusals still name the method before the settings."""
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 10))
+    model.get_output_embeddings = lambda: model[3]
+    declare_sphere(model[1])
+    opt, _ = build_optimizer(model, "spherical_muon", lr=1e-3, total_steps=10)
+    muon, adam = opt.optimizers
+    assert muon.param_groups[0]["param_names"] == ["1.weight"]
+    in_adam = {n for g in adam.param_groups for n in g["param_names"]}
+    assert in_adam == {n for n, _ in model.named_parameters()} - {"1.weight"}
+    with pytest.raises(ValueError, match="method 'muon' on a model with sphere parameters \\('1.weight'"):
+        build_optimizer(model, "muon", lr=-1.0, total_steps=10)
 
 
 def test_muon_recipes_refuse_the_wrong_model_and_bad_values():
