@@ -1,6 +1,7 @@
 """Two gloo processes on this machine, for the distributed tests (importable from any test, as
 ``corpora`` is): ``spawn(body, *args)`` runs ``body(rank, *args)`` on ranks 0 and 1 of a fresh
-process group and fails the test when either rank raises."""
+process group and fails the test when either rank raises; ``step_beside_reference`` steps a
+rank's sharded model and the unsharded reference it must agree with."""
 
 from __future__ import annotations
 
@@ -40,3 +41,17 @@ def spawn(body: Callable[..., None], *args) -> None:
     """Run ``body(rank, *args)`` in two processes joined by a gloo group; ``body`` must be a
     module-level function (the processes are spawned, so they import it by name)."""
     mp.spawn(_rank_main, args=(free_port(), body, args), nprocs=WORLD, join=True)
+
+
+def step_beside_reference(rank: int, loss: Callable[..., torch.Tensor], model, opt, ref, ref_opt, ids, tgt) -> None:
+    """One step of this rank's (sharded) ``model`` with ``opt`` on its own batch ``ids[rank]``, and
+    one of the unsharded reference ``ref`` with ``ref_opt`` on every rank's batch together (``ids``
+    and ``tgt`` are ``(WORLD, batch, ...)``, flattened to one batch for the reference). FSDP
+    averages the gradients over ranks, so with ``loss(model, ids, tgt)`` a mean over equal batches
+    the two take the same step."""
+    opt.zero_grad()
+    loss(model, ids[rank], tgt[rank]).backward()
+    opt.step()
+    ref_opt.zero_grad()
+    loss(ref, ids.flatten(0, 1), tgt.flatten(0, 1)).backward()
+    ref_opt.step()

@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 import torch
 import torch.distributed as dist
-from gloo import WORLD, spawn
+from gloo import WORLD, spawn, step_beside_reference
 from torch import nn
 
 pytestmark = pytest.mark.distributed
@@ -76,12 +76,7 @@ def _checks(rank: int) -> None:
 
         opt, ref_opt = _make(kind, model), _make(kind, ref)
         for step, (ids, tgt) in enumerate(data):
-            opt.zero_grad()
-            loss_of(model, ids[rank], tgt[rank]).backward()
-            opt.step()
-            ref_opt.zero_grad()
-            loss_of(ref, ids.flatten(0, 1), tgt.flatten(0, 1)).backward()
-            ref_opt.step()
+            step_beside_reference(rank, loss_of, model, opt, ref, ref_opt, ids, tgt)
             for p in sphere_parameters(model):
                 local = p.detach().to_local()
                 if local.numel():

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from gloo import WORLD, spawn
+from gloo import WORLD, spawn, step_beside_reference
 from torch import nn
 
 from spherenet.checkpoint import CheckpointManager
@@ -546,12 +546,7 @@ def _fsdp_worker(rank: int) -> None:
     assert isinstance(model.q.weight, DTensor)
     opt, ref_opt = _make_combined(model), _make_combined(ref)
     for ids, tgt in data:
-        opt.zero_grad()
-        loss_of(model, ids[rank], tgt[rank]).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        loss_of(ref, ids.flatten(0, 1), tgt.flatten(0, 1)).backward()
-        ref_opt.step()
+        step_beside_reference(rank, loss_of, model, opt, ref, ref_opt, ids, tgt)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         full = p.full_tensor() if isinstance(p, DTensor) else p
         assert float((full - q).abs().max()) <= 1e-10, name
