@@ -11,12 +11,16 @@ by itself. ``--help`` starts with how to name the spherenet model, then lm_eval'
 ``path=`` that holds no model is one ``error:`` line (exit 2) before lm_eval starts. Datasets
 are fetched by ``lm_eval`` from the Hugging Face Hub (or read from its cache); a task whose
 dataset cannot be reached is one ``error:`` line saying so (exit 2): a task of your own with a
-local copy of its data (a YAML in a folder given to ``--include_path``) runs offline. Needs
+local copy of its data (a YAML in a folder given to ``--include_path``) runs offline. When one
+short connection to the Hub fails before ``lm_eval`` starts, the run goes on in offline mode (the
+local cache and local tasks still serve), so that a task needing the Hub fails at once instead of
+after ``huggingface_hub``'s retries. Needs
 ``pip install "spherenet-torch[eval]"``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -65,12 +69,44 @@ def check_model_path(argv: list[str]) -> str | None:
     return None
 
 
-def hub_unreachable(exc: BaseException) -> str:
-    """One line for a task whose dataset is on the Hugging Face Hub when the Hub cannot be reached."""
+def offline_unless_the_hub_answers(timeout: float = 3.0) -> str | None:
+    """Offline mode for the rest of this process when the Hub (or its proxy) does not take one TCP
+    connection within ``timeout`` seconds; returns why, or None when the Hub answered or offline mode
+    was already on. ``huggingface_hub`` and ``datasets`` read their offline flags at each request,
+    so setting them here holds for what ``lm_eval`` loads later; the environment variables carry it
+    to anything imported after."""
+    from spherenet.data import hub_offline, hub_unreachable
+
+    if hub_offline():
+        return None
+    reason = hub_unreachable(timeout)
+    if reason is None:
+        return None
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    import datasets.config
+    import huggingface_hub.constants
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    return reason
+
+
+def hub_unreachable(exc: BaseException, probe: str | None = None) -> str:
+    """One line for a task whose dataset is on the Hugging Face Hub when the Hub cannot be reached;
+    ``probe`` is why the connection tried before ``lm_eval`` started failed (then offline mode was
+    this command's doing, not the user's)."""
+    local = (
+        "evaluate a local copy of the data: a task YAML with dataset_path: json and data_files, in a folder passed "
+        "as --include_path DIR"
+    )
+    if probe:
+        return (
+            f"this task's dataset needs the Hugging Face Hub, which cannot be reached ({probe}; so this run went "
+            f"offline: {' '.join(str(exc).split())}); connect, or {local}"
+        )
     return (
         f"this task's dataset needs the Hugging Face Hub, which cannot be reached ({' '.join(str(exc).split())}); "
-        "connect (and unset HF_DATASETS_OFFLINE / HF_HUB_OFFLINE), or evaluate a local copy of the data: a task YAML "
-        "with dataset_path: json and data_files, in a folder passed as --include_path DIR"
+        f"connect (and unset HF_DATASETS_OFFLINE / HF_HUB_OFFLINE), or {local}"
     )
 
 
@@ -93,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {problem}", file=sys.stderr)
             return 2
     sys.argv = [name, *argv]  # lm_eval's command line reads sys.argv itself
+    probe = None if argv == ["--help"] else offline_unless_the_hub_answers()
     try:
         cli_evaluate()
     except SystemExit as exc:  # --help, or lm_eval's own usage errors (argparse: exit 2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except ConnectionError as exc:  # a task's dataset on the Hub, offline or unreachable
-        print(f"error: {hub_unreachable(exc)}", file=sys.stderr)
+        print(f"error: {hub_unreachable(exc, probe)}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ValueError) as exc:  # the model's arguments (path=, dtype=, batch_size=)
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)

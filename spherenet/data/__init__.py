@@ -13,6 +13,7 @@ Typical use::
 does not pay for it.
 """
 
+from ._hub import hub_offline, hub_unreachable
 from ._staging import process_alive
 from .errors import DataError, DataFileNotFoundError, TokenizerError
 from .prepare import default_corpus, prepare_dataset
@@ -36,6 +37,8 @@ __all__ = [
     "TokenizerError",
     "build_tokenizer",
     "default_corpus",
+    "hub_offline",
+    "hub_unreachable",
     "load_documents",
     "load_prepared",
     "load_pretrained",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -253,7 +255,7 @@ def test_missing_lm_eval_names_the_extra(monkeypatch):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-def test_command_line_registers_the_model_then_runs_lm_eval(monkeypatch, trained):
+def test_command_line_registers_the_model_then_runs_lm_eval(monkeypatch, trained, hub_flags):
     import lm_eval.__main__
 
     seen = {}
@@ -264,6 +266,57 @@ def test_command_line_registers_the_model_then_runs_lm_eval(monkeypatch, trained
 
     monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", recording_cli)
     monkeypatch.setattr(sys, "argv", ["spherenet-eval"])
+    monkeypatch.setattr(hub_flags[0], "ENDPOINT", f"http://127.0.0.1:{closed_local_port()}")  # no real Hub probe
     args = ["--model", "spherenet", "--model_args", f"path={trained[2]}", "--tasks", "hellaswag"]
     assert evaluate.main(args) == 0
     assert seen == {"argv": args, "model": SphereNetLM}
+
+
+@pytest.fixture
+def hub_flags(monkeypatch):
+    """The offline flags and Hub address that ``evaluate`` reads or sets, put back after the test
+    (they are process-wide: a flag left on would change the tests that follow)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    return huggingface_hub.constants, datasets.config, monkeypatch
+
+
+def closed_local_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when the with-block ends: connections are refused
+
+
+def test_an_unreachable_hub_turns_offline_mode_on_before_lm_eval_starts(hub_flags):
+    hub, datasets_config, monkeypatch = hub_flags
+    monkeypatch.setattr(hub, "ENDPOINT", f"http://127.0.0.1:{closed_local_port()}")
+    reason = evaluate.offline_unless_the_hub_answers(timeout=2.0)
+    assert reason is not None and "127.0.0.1" in reason
+    assert hub.HF_HUB_OFFLINE and hub.is_offline_mode()
+    assert datasets_config.HF_HUB_OFFLINE and datasets_config.HF_DATASETS_OFFLINE
+    assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
+    line = evaluate.hub_unreachable(ConnectionError("Couldn't reach 'Rowan/hellaswag'"), reason)
+    assert reason in line and "Rowan/hellaswag" in line and "went offline" in line and "--include_path DIR" in line
+
+
+def test_a_hub_that_answers_or_offline_mode_already_on_changes_nothing(hub_flags):
+    hub, datasets_config, monkeypatch = hub_flags
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setattr(hub, "ENDPOINT", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        assert evaluate.offline_unless_the_hub_answers(timeout=2.0) is None
+    assert not hub.HF_HUB_OFFLINE and not datasets_config.HF_HUB_OFFLINE and "HF_HUB_OFFLINE" not in os.environ
+
+    monkeypatch.setattr(hub, "ENDPOINT", f"http://127.0.0.1:{closed_local_port()}")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the user's own offline mode: no probe, nothing to add
+    assert evaluate.offline_unless_the_hub_answers(timeout=2.0) is None
+    assert not hub.HF_HUB_OFFLINE and "HF_HUB_OFFLINE" not in os.environ

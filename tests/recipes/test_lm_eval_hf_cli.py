@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,27 @@ def test_spherenet_eval_names_a_task_that_needs_the_hub_in_one_line(setup):
     assert len(errors) == 1, done.stderr[-2000:]
     assert "needs the Hugging Face Hub, which cannot be reached" in errors[0]
     assert "hellaswag" in errors[0] and "--include_path DIR" in errors[0]
+
+
+def test_spherenet_eval_goes_offline_at_once_when_the_hub_does_not_answer(setup):
+    """Without offline mode set, an unreachable Hub is found by one connection before lm_eval
+    starts: a Hub task then fails in one line, without huggingface_hub's retries (about 25 s)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    env = {k: v for k, v in offline_env().items() if k not in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{closed}"
+    done = subprocess.run(
+        [sys.executable, "-m", "recipes.evaluate", "--model", "spherenet", "--model_args", f"path={setup / 'export'}"]
+        + ["--tasks", "hellaswag", "--device", "cpu", "--limit", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "Retrying" not in done.stderr, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    assert f"127.0.0.1:{closed}" in errors[0] and "went offline" in errors[0] and "hellaswag" in errors[0]
