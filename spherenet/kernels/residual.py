@@ -141,8 +141,9 @@ def riemannian_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha, eps: flo
 
 #: sin(theta) below which a row is antipodal, per work dtype: spherenet.manifolds.slerp's values
 _ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
-#: theta below which the backward pass takes sin(alpha theta) / sin(theta) as alpha and its
-#: derivative as 0: both off by a relative theta**2 / 6 at most, below the dtype's rounding
+#: theta below which the backward pass takes R = sin(alpha theta) / sin(theta) as alpha (off by a
+#: relative theta**2 / 6 at most) and dR/dtheta as 0 (its term dR/dtheta u is about theta**2):
+#: both below the dtype's rounding
 _SMALL_ANGLE = {torch.float64: 1.5e-8, torch.float32: 3.5e-4}
 
 
