@@ -28,7 +28,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import manifolds
-from ..manifolds.geodesic import TINY, work_dtype
+from ..manifolds.geodesic import ANTIPODAL_SIN, TINY, work_dtype
 from .norm import NORMALIZE, _normalize_values, as_dtype, norm_backward, norm_forward, tiny
 from .resolve import Op, resolve
 
@@ -139,8 +139,6 @@ def riemannian_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha, eps: flo
     return _RiemannianNormalize.apply(h, h_block, alpha, eps)
 
 
-#: sin(theta) below which a row is antipodal, per work dtype: spherenet.manifolds.slerp's values
-_ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
 #: theta below which the backward pass takes R = sin(alpha theta) / sin(theta) as alpha (off by a
 #: relative theta**2 / 6 at most) and dR/dtheta as 0 (its term dR/dtheta u is about theta**2):
 #: both below the dtype's rounding
@@ -159,7 +157,7 @@ def _slerp_angle(aw: torch.Tensor, bw: torch.Tensor):
     theta = 2 * torch.atan2(diff, total)
     dot = torch.mul(aw, bw, out=buffer).sum(dim=-1, keepdim=True)
     u = torch.sub(bw, torch.mul(dot, aw, out=buffer), out=buffer)
-    antipodal = (u.norm(dim=-1, keepdim=True) < _ANTIPODAL_SIN[aw.dtype]) & (theta > math.pi / 2)
+    antipodal = (u.norm(dim=-1, keepdim=True) < ANTIPODAL_SIN[aw.dtype]) & (theta > math.pi / 2)
     return theta, diff, total, dot, u, antipodal
 
 

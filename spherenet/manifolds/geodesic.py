@@ -17,13 +17,14 @@ import math
 
 import torch
 
-__all__ = ["normalize", "tangent", "angle", "lerp", "slerp", "riemannian_update", "TINY", "work_dtype"]
+__all__ = ["normalize", "tangent", "angle", "lerp", "slerp", "riemannian_update", "TINY", "ANTIPODAL_SIN", "work_dtype"]
 
 #: The smallest norm divided by, per dtype (below it ``Norm`` divides by this instead): for the
 #: computations here, in float32 or float64, and for the optimizers' rows in every dtype.
 TINY = {torch.float64: 1e-300, torch.float32: 1e-30, torch.float16: 1e-7, torch.bfloat16: 1e-30}
-# Below this sin(theta) we treat a and b as antipodal: the geodesic from a to b is not unique.
-_ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
+#: Below this sin(theta), per work dtype, a and b are antipodal: the geodesic from a to b is not
+#: unique (slerp's fallback direction; the fused SLERP implementations use the same values).
+ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 
 def work_dtype(*tensors) -> torch.dtype:
@@ -162,7 +163,7 @@ def slerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     theta = angle(aw, bw, keepdim=True)
     u = bw - _dot(aw, bw) * aw  # tangent at a, ‖u‖ = sin(theta)
     sin_theta = u.norm(dim=-1, keepdim=True)
-    antipodal = (sin_theta < _ANTIPODAL_SIN[work]) & (theta > math.pi / 2)
+    antipodal = (sin_theta < ANTIPODAL_SIN[work]) & (theta > math.pi / 2)
 
     # Regular branch; theta is replaced where antipodal so that no inf/NaN reaches the backward
     # pass through the unselected side of torch.where.
