@@ -50,7 +50,9 @@ def test_the_optim_section_builds_what_build_optimizer_builds():
     assert type(optimizer) is type(by_hand) and optimizer.defaults == by_hand.defaults
     assert [len(g["params"]) for g in optimizer.param_groups] == [len(g["params"]) for g in by_hand.param_groups]
     assert optimizer.defaults["betas"] == (0.9, 0.99) and optimizer.defaults["lr"] == 0.01
-    for _ in range(5):
+    for _ in range(5):  # each optimizer steps first (no gradients: nothing moves), as training does
+        optimizer.step()
+        by_hand.step()
         scheduler.step()
         by_hand_schedule.step()
     assert scheduler.get_last_lr() == by_hand_schedule.get_last_lr()
