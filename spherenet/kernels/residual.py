@@ -69,13 +69,19 @@ def _riemannian_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tens
     return as_dtype(y, h.dtype), norm, eps
 
 
+def _keep_for_backward(ctx, values, h, h_block, alpha, eps) -> torch.Tensor:
+    """The fused functions' forward: ``values(h, h_block, alpha, eps)``'s output, keeping ``h``,
+    ``h_block``, ``alpha`` (a tensor; a Python float on ``ctx``), the output and the row norms."""
+    y, norm, eps = values(h, h_block, alpha, eps)
+    ctx.save_for_backward(h, h_block, alpha if isinstance(alpha, torch.Tensor) else None, y, norm)
+    ctx.alpha, ctx.eps = alpha, eps
+    return y
+
+
 class _LerpNormalize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, h_block, alpha, eps):
-        y, norm, eps = _lerp_values(h, h_block, alpha, eps)
-        ctx.save_for_backward(h, h_block, alpha if isinstance(alpha, torch.Tensor) else None, y, norm)
-        ctx.alpha, ctx.eps = alpha, eps  # alpha: the Python float, when it is one
-        return y
+        return _keep_for_backward(ctx, _lerp_values, h, h_block, alpha, eps)
 
     @staticmethod
     @once_differentiable
@@ -106,10 +112,7 @@ def lerp_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha, eps: float | N
 class _RiemannianNormalize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, h_block, alpha, eps):
-        y, norm, eps = _riemannian_values(h, h_block, alpha, eps)
-        ctx.save_for_backward(h, h_block, alpha if isinstance(alpha, torch.Tensor) else None, y, norm)
-        ctx.alpha, ctx.eps = alpha, eps
-        return y
+        return _keep_for_backward(ctx, _riemannian_values, h, h_block, alpha, eps)
 
     @staticmethod
     @once_differentiable
@@ -221,10 +224,7 @@ class _SlerpNormalize(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, h_block, alpha, eps):
-        y, norm, eps = _slerp_values(h, h_block, alpha, eps)
-        ctx.save_for_backward(h, h_block, alpha if isinstance(alpha, torch.Tensor) else None, y, norm)
-        ctx.alpha, ctx.eps = alpha, eps
-        return y
+        return _keep_for_backward(ctx, _slerp_values, h, h_block, alpha, eps)
 
     @staticmethod
     @once_differentiable
