@@ -130,19 +130,26 @@ def _as_int(value: Any, what: str) -> int:
         raise TokenizerError(f"{what} must be an integer, got {value!r}") from None
 
 
-def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
-    """Load a tokenizer written by :meth:`Tokenizer.save` (or a prepared-data directory)."""
+def load_tokenizer(directory: str | os.PathLike, files: Mapping[str, bytes] | None = None) -> Tokenizer:
+    """Load a tokenizer written by :meth:`Tokenizer.save` (or a prepared-data directory).
+
+    ``files`` (file name -> bytes): the directory's files, already read; the spec and the
+    ``tokenizer.json`` then come from them, not from the disk, so that the tokenizer is built
+    from exactly these bytes (a checkpoint's, read once while it is pinned). The tokenizer, its
+    ``origin`` and fingerprint, and the errors are the same as for the directory on the disk."""
     d = Path(directory).expanduser()
     spec_file = d / SPEC_FILE
-    if not spec_file.is_file():
-        if (d / TOKENIZER_JSON).is_file():
-            return load_pretrained(d / TOKENIZER_JSON)
+    has = (lambda name: (d / name).is_file()) if files is None else (lambda name: name in files)
+    if not has(SPEC_FILE):
+        if has(TOKENIZER_JSON):
+            return load_pretrained(d / TOKENIZER_JSON, files=files)
         raise DataFileNotFoundError(f"no {SPEC_FILE} in {d}: not a directory written by Tokenizer.save()")
     try:
-        spec = json.loads(spec_file.read_text(encoding="utf-8"))
+        raw = spec_file.read_bytes() if files is None else files[SPEC_FILE]
+        spec = json.loads(bytes(raw).decode("utf-8"))
     except (OSError, ValueError) as exc:
         raise TokenizerError(f"cannot read tokenizer spec {spec_file}: {_short(exc)}") from None
-    return build_tokenizer(spec, base_dir=d)
+    return build_tokenizer(spec, base_dir=d, files=files)
 
 
 def build_tokenizer(
@@ -151,6 +158,7 @@ def build_tokenizer(
     train_data: Iterable[str] | None = None,
     base_dir: str | os.PathLike | None = None,
     timeout: float = 5.0,
+    files: Mapping[str, bytes] | None = None,
 ) -> Tokenizer:
     """Build a tokenizer from a spec.
 
@@ -159,12 +167,14 @@ def build_tokenizer(
     trains it on the train split), ``"bpe:<path to tokenizer.json>"``, ``"hf:<hub id>"`` or
     ``"hf:<path to tokenizer.json or its directory>"``; a directory written by
     :meth:`Tokenizer.save`. Dicts: the output of :meth:`Tokenizer.spec` (relative paths resolve
-    against ``base_dir``; a recorded ``fingerprint`` must match). A :class:`Tokenizer` is returned as is.
+    against ``base_dir``; a recorded ``fingerprint`` must match; ``files``, the files of ``base_dir``
+    already read, give a ``path`` that names one of them, see :func:`load_tokenizer`). A
+    :class:`Tokenizer` is returned as is.
     """
     if isinstance(spec, Tokenizer):
         return spec
     if isinstance(spec, Mapping):
-        return _from_dict(spec, base_dir=base_dir, timeout=timeout, train_data=train_data)
+        return _from_dict(spec, base_dir=base_dir, timeout=timeout, train_data=train_data, files=files)
     if isinstance(spec, os.PathLike):
         return load_tokenizer(spec)
     if not isinstance(spec, str):
@@ -207,7 +217,9 @@ def build_tokenizer(
     )
 
 
-def _from_dict(spec: Mapping[str, Any], *, base_dir: Any, timeout: float, train_data: Any) -> Tokenizer:
+def _from_dict(
+    spec: Mapping[str, Any], *, base_dir: Any, timeout: float, train_data: Any, files: Mapping[str, bytes] | None
+) -> Tokenizer:
     kind = str(spec.get("kind", "")).lower()
     if kind == "byte":
         vocab = spec.get("vocab_size", 256)
@@ -222,9 +234,11 @@ def _from_dict(spec: Mapping[str, Any], *, base_dir: Any, timeout: float, train_
     path = spec.get("path")
     if path is not None:
         p = Path(path).expanduser()
+        in_base_dir = not p.is_absolute() and len(p.parts) == 1  # a file of base_dir, which files holds
         if not p.is_absolute() and base_dir is not None:
             p = Path(base_dir) / p
-        tok = load_pretrained(p, kind=kind, eos_token=eos_token)
+        mine = files if in_base_dir and base_dir is not None else None  # a path elsewhere is read from the disk
+        tok = load_pretrained(p, kind=kind, eos_token=eos_token, files=mine)
         if "name" in spec or "original_path" in spec or "trained_on" in spec:
             tok.origin = {k: spec[k] for k in ("name", "revision", "original_path", "trained_on") if k in spec}
             tok.origin["path"] = str(p.resolve())

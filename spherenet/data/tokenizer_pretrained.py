@@ -1,5 +1,6 @@
 """Pretrained ``tokenizer.json`` files behind :class:`~spherenet.data.tokenizer_classes.HFTokenizer`:
-from a local path, or from a Hub repository (e.g. the LLaMA-2 tokenizer of the paper) when the
+from a local path, from the bytes of a directory's files already read (a checkpoint's, read once
+while it is pinned), or from a Hub repository (e.g. the LLaMA-2 tokenizer of the paper) when the
 machine has network. :mod:`spherenet.data.tokenizer` builds every tokenizer family on top of this."""
 
 from __future__ import annotations
@@ -7,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ._files import existing_file
 from ._hub import hub_endpoint, hub_offline, hub_unreachable
-from .errors import DataFileNotFoundError, TokenizerError
+from .errors import DataError, DataFileNotFoundError, TokenizerError
 from .tokenizer_classes import TOKENIZER_CONFIG, TOKENIZER_JSON, HFTokenizer
 
 __all__ = ["load_pretrained"]
@@ -27,10 +29,14 @@ def load_pretrained(
     cache_dir: str | os.PathLike | None = None,
     timeout: float = 5.0,
     kind: str = "hf",
+    files: Mapping[str, bytes] | None = None,
 ) -> HFTokenizer:
     """Load a pretrained ``tokenizer.json``: a local file, a directory holding one, or a Hub repo id.
 
-    Hub ids (e.g. ``"meta-llama/Llama-2-7b-hf"``, the paper's 32k tokenizer; gated, needs an
+    ``files`` (file name -> bytes) are the files of the directory holding the ``tokenizer.json``
+    at path ``name_or_path``, already read: the tokenizer (and the ``tokenizer_config.json`` that
+    may name its EOS) is built from them, not from the disk, with the same ``origin`` and the
+    same errors as a load of that path. Hub ids (e.g. ``"meta-llama/Llama-2-7b-hf"``, the paper's 32k tokenizer; gated, needs an
     ``HF_TOKEN``) are fetched with ``huggingface_hub`` into its usual cache; a cached copy is used
     without network. Without network the call fails within about ``timeout`` seconds with a
     :class:`TokenizerError` that says how to pass a local ``tokenizer.json`` instead.
@@ -39,6 +45,8 @@ def load_pretrained(
 
     text = os.fspath(name_or_path)
     p = Path(text).expanduser()
+    if files is not None:
+        return _from_bytes(p, files, kind=kind, eos_token=eos_token)
     looks_local = (
         isinstance(name_or_path, os.PathLike)
         or text.startswith((".", "/", "~"))
@@ -76,12 +84,34 @@ def load_pretrained(
     return HFTokenizer(tok, kind=kind, origin={"name": text, "revision": revision}, eos_token=eos_token)
 
 
-def _configured_eos(config_file: Path) -> str | None:
-    """The ``eos_token`` a transformers ``tokenizer_config.json`` beside a tokenizer.json names
-    (a string, or an added-token object with ``content``); None when there is none to read."""
+def _from_bytes(p: Path, files: Mapping[str, bytes], *, kind: str, eos_token: str | None) -> HFTokenizer:
+    """The tokenizer of the file ``p`` whose directory's files were read into ``files``: what
+    :func:`load_pretrained` gives for ``p`` on the disk, origin and errors alike."""
+    from tokenizers import Tokenizer as _Tok
+
+    content = files.get(p.name)
+    if content is None:  # the checks of existing_file, on bytes already read
+        raise DataFileNotFoundError(f"tokenizer file not found: {p}")
+    if not content:
+        raise DataError(f"tokenizer file {p} is empty (0 bytes)")
+    f = p.resolve()
     try:
-        eos = json.loads(config_file.read_text(encoding="utf-8")).get("eos_token")
-    except (OSError, ValueError, AttributeError):
+        tok = _Tok.from_str(bytes(content).decode("utf-8"))
+    except Exception as exc:
+        raise TokenizerError(f"{f} is not a valid tokenizer.json: {_short(exc)}") from None
+    if eos_token is None:
+        eos_token = _configured_eos(f.parent / TOKENIZER_CONFIG, files)
+    return HFTokenizer(tok, kind=kind, origin={"path": str(f)}, eos_token=eos_token)
+
+
+def _configured_eos(config_file: Path, files: Mapping[str, bytes] | None = None) -> str | None:
+    """The ``eos_token`` a transformers ``tokenizer_config.json`` beside a tokenizer.json names
+    (a string, or an added-token object with ``content``); None when there is none to read.
+    ``files``: the directory's files already read, taken instead of the disk."""
+    try:
+        raw = config_file.read_bytes() if files is None else files[config_file.name]
+        eos = json.loads(bytes(raw).decode("utf-8")).get("eos_token")
+    except (OSError, KeyError, ValueError, AttributeError):
         return None  # no such file, or not a JSON object: the tokenizer's own tokens decide
     if isinstance(eos, dict):
         eos = eos.get("content")
