@@ -117,9 +117,10 @@ def _model_description(ckpt: VerifiedCheckpoint, values: dict[str, Any] | None) 
         ) from None
 
 
-def _tokenizer(ckpt: VerifiedCheckpoint, values: dict[str, Any]) -> Tokenizer:
-    if ckpt.has_file(f"{TOKENIZER_DIR}/tokenizer_spec.json"):
-        return load_tokenizer(ckpt.path / TOKENIZER_DIR)
+def _tokenizer(ckpt: VerifiedCheckpoint, values: dict[str, Any], files: dict[str, bytes]) -> Tokenizer:
+    """The checkpoint's tokenizer, built from ``files``, its tokenizer directory's bytes as read."""
+    if ckpt.has_file(f"{TOKENIZER_DIR}/{SPEC_FILE}"):
+        return load_tokenizer(ckpt.path / TOKENIZER_DIR, files=files)
     if "tokenizer" not in values:
         raise CheckpointError(f"{ckpt.path} records no tokenizer")
     try:  # written before checkpoints stored their tokenizer: rebuild it from the recorded spec
@@ -179,11 +180,13 @@ def _load_trained(ckpt: VerifiedCheckpoint, device: str | torch.device) -> Train
         model = model_cls(saved_model_config(class_name, config))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{ckpt.path}: the recorded {class_name} config does not build a model: {exc}") from None
-    tokenizer = _tokenizer(ckpt, values)  # read before load() releases the checkpoint's pin
+    # Read once, before load() releases the checkpoint's pin: the tokenizer is built from the same
+    # bytes that recipes.export writes, so the two cannot differ.
     stored = ckpt.path / TOKENIZER_DIR
     tokenizer_files = (
         {f.name: f.read_bytes() for f in sorted(stored.iterdir()) if f.is_file()} if stored.is_dir() else {}
     )
+    tokenizer = _tokenizer(ckpt, values, tokenizer_files)
     CheckpointManager(ckpt.path.parent).load(ckpt, {"model": model}, restore_rng=False)
     check_finite_weights(model, str(ckpt.path))  # nothing trains from, samples or exports NaN weights
     model.to(device).eval()
