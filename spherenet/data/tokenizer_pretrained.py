@@ -33,13 +33,15 @@ def load_pretrained(
 ) -> HFTokenizer:
     """Load a pretrained ``tokenizer.json``: a local file, a directory holding one, or a Hub repo id.
 
-    ``files`` (file name -> bytes) are the files of the directory holding the ``tokenizer.json``
-    at path ``name_or_path``, already read: the tokenizer (and the ``tokenizer_config.json`` that
-    may name its EOS) is built from them, not from the disk, with the same ``origin`` and the
-    same errors as a load of that path. Hub ids (e.g. ``"meta-llama/Llama-2-7b-hf"``, the paper's 32k tokenizer; gated, needs an
+    Hub ids (e.g. ``"meta-llama/Llama-2-7b-hf"``, the paper's 32k tokenizer; gated, needs an
     ``HF_TOKEN``) are fetched with ``huggingface_hub`` into its usual cache; a cached copy is used
     without network. Without network the call fails within about ``timeout`` seconds with a
     :class:`TokenizerError` that says how to pass a local ``tokenizer.json`` instead.
+
+    ``files`` (file name -> bytes) are the files of the directory holding the ``tokenizer.json``
+    at path ``name_or_path``, already read: the tokenizer (and the ``tokenizer_config.json`` that
+    may name its EOS) is built from them, not from the disk, with the same ``origin`` and the
+    same errors as a load of that path.
     """
     from tokenizers import Tokenizer as _Tok
 
