@@ -51,7 +51,7 @@ class Trained:
     config: dict[str, Any]  # the run's config (RunConfig.to_dict()); {} for an exported model
     step: int | None  # None for an exported model
     path: Path
-    #: The checkpoint's own tokenizer files (name -> bytes, hash-verified), read while the
+    #: The checkpoint's own tokenizer files (name -> bytes, checked against its manifest), read while the
     #: checkpoint was pinned: a live run may prune it once it has been read. {} for an export.
     tokenizer_files: dict[str, bytes] = field(default_factory=dict)
 
@@ -182,10 +182,11 @@ def _load_trained(ckpt: VerifiedCheckpoint, device: str | torch.device) -> Train
         raise CheckpointError(f"{ckpt.path}: the recorded {class_name} config does not build a model: {exc}") from None
     # Read once, before load() releases the checkpoint's pin: the tokenizer is built from the same
     # bytes that recipes.export writes, so the two cannot differ.
-    stored = ckpt.path / TOKENIZER_DIR
-    tokenizer_files = (
-        {f.name: f.read_bytes() for f in sorted(stored.iterdir()) if f.is_file()} if stored.is_dir() else {}
-    )
+    tokenizer_files = {
+        name[len(TOKENIZER_DIR) + 1 :]: ckpt.read_file(name)  # checked against the manifest as read
+        for name in ckpt.files_under(TOKENIZER_DIR)
+        if "/" not in name[len(TOKENIZER_DIR) + 1 :]
+    }
     tokenizer = _tokenizer(ckpt, values, tokenizer_files)
     CheckpointManager(ckpt.path.parent).load(ckpt, {"model": model}, restore_rng=False)
     check_finite_weights(model, str(ckpt.path))  # nothing trains from, samples or exports NaN weights

@@ -135,10 +135,22 @@ class VerifiedCheckpoint:
         return name in self.manifest.get("files", {})
 
     def read_file(self, name: str) -> bytes:
-        """The bytes of the extra file ``name`` given to ``save(..., files=...)``."""
+        """The bytes of the extra file ``name`` given to ``save(..., files=...)``, checked against
+        the manifest's size and sha256 as read (the file was verified before; this holds the bytes
+        handed out to it too). :class:`CheckpointCorruptError` when they differ."""
         if not self.has_file(name):
             raise CheckpointError(f"checkpoint {self.path} has no file {name!r}")
-        return (self.path / name).read_bytes()
+        content = (self.path / name).read_bytes()
+        expect = self.manifest["files"][name]
+        if len(content) != expect["size"] or hashlib.sha256(content).hexdigest() != expect["sha256"]:
+            raise CheckpointCorruptError(
+                f"{self.path}: {name} changed after the checkpoint was verified (its bytes no longer match the manifest)"
+            )
+        return content
+
+    def files_under(self, folder: str) -> list[str]:
+        """The manifest's files inside ``folder`` (relative, e.g. ``"tokenizer"``), sorted."""
+        return sorted(name for name in self.manifest.get("files", {}) if name.startswith(folder.rstrip("/") + "/"))
 
     def read_state(self) -> dict[str, Any]:
         """The plain values and the stateful objects' state dicts (``{"values": ...,

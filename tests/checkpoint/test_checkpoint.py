@@ -479,3 +479,25 @@ def test_holds_checkpoints_names_a_checkpoint_a_folder_of_them_and_a_runs_checkp
     assert holds_checkpoints(tmp_path / "other") is None
     assert holds_checkpoints(tmp_path / "other" / "step_final") is None
     assert holds_checkpoints(tmp_path / "absent") is None
+
+
+def test_an_extra_file_is_read_as_verified_or_refused(tmp_path):
+    """read_file hands out only the bytes the manifest records: a file altered after verification
+    (same size, other bytes) is refused by name; files_under lists a folder's files."""
+    model = nn.Linear(2, 2)
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    files = {"tokenizer/spec.json": '{"kind": "byte"}', "tokenizer/tokenizer.json": "{}", "notes.txt": "x"}
+    mgr.save(1, {"model": model}, files=files)
+    verified = mgr.verify(tmp_path / "ckpt" / "step_00000001")
+    try:
+        assert verified.files_under("tokenizer") == ["tokenizer/spec.json", "tokenizer/tokenizer.json"]
+        assert verified.read_file("tokenizer/spec.json") == b'{"kind": "byte"}'
+        (verified.path / "tokenizer" / "spec.json").write_text('{"kind": "bpe!"}')  # same size
+        with pytest.raises(
+            CheckpointCorruptError, match=r"tokenizer/spec.json changed after the checkpoint was verified"
+        ):
+            verified.read_file("tokenizer/spec.json")
+        with pytest.raises(CheckpointError, match=r"has no file 'missing.txt'"):
+            verified.read_file("missing.txt")
+    finally:
+        verified.release()
