@@ -82,9 +82,9 @@ def norm_backward(grad: torch.Tensor, y: torch.Tensor, norm: torch.Tensor, eps: 
     the constant eps and only ``g / eps`` remains."""
     work = norm.dtype
     g, y = grad.to(work), y.to(work)
-    dot = (y * g).sum(dim=-1, keepdim=True)
-    dot = torch.where(norm >= eps, dot, 0.0)
-    return torch.addcmul(g, y, dot, value=-1.0) / norm.clamp_min(eps)
+    buffer = y * g  # one full-size buffer, reused for the result (on CPU a fresh tensor costs more than the arithmetic)
+    dot = torch.where(norm >= eps, buffer.sum(dim=-1, keepdim=True), 0.0)
+    return torch.addcmul(g, y, dot, value=-1.0, out=buffer).div_(norm.clamp_min(eps))
 
 
 def _normalize_values(x: torch.Tensor, eps: float | None) -> tuple[torch.Tensor, torch.Tensor, float]:

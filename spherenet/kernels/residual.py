@@ -234,9 +234,7 @@ class _SlerpNormalize(torch.autograd.Function):
         alpha = torch.tensor(ctx.alpha, dtype=work, device=norm.device) if alpha_t is None else alpha_t.to(work)
         aw, bw = h.to(work), h_block.to(work)
         theta, diff, total, dot, u, antipodal = _slerp_angle(aw, bw)
-        gs = y.to(work) * grad.to(work)  # norm_backward's gradient of s (before Norm), in one buffer
-        dot_yg = torch.where(norm >= ctx.eps, gs.sum(dim=-1, keepdim=True), 0.0)
-        gs = torch.addcmul(grad.to(work), y.to(work), dot_yg, value=-1, out=gs).div_(norm.clamp_min(ctx.eps))
+        gs = norm_backward(grad, y, norm, ctx.eps)  # of s, before Norm
         turn = alpha * theta
         cos_turn = torch.cos(turn)
         sin_turn = turn.sin_()
