@@ -70,6 +70,13 @@ def tiny(work: torch.dtype, eps: float | None) -> float:
     return TINY[work] if eps is None else float(eps)
 
 
+def reuse(buffer: torch.Tensor) -> torch.Tensor | None:
+    """``buffer`` as the ``out=`` of an op in eager mode, to reuse a temporary; None (a fresh
+    result) under ``torch.compile``, which fuses the arithmetic anyway and refuses an ``out=``
+    that is not contiguous (a buffer takes its inputs' strides)."""
+    return None if torch.compiler.is_compiling() else buffer
+
+
 def norm_forward(xw: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x / max(‖x‖, eps), ‖x‖)`` over the last dimension, in ``xw``'s dtype."""
     norm = torch.linalg.vector_norm(xw, dim=-1, keepdim=True)
@@ -84,7 +91,7 @@ def norm_backward(grad: torch.Tensor, y: torch.Tensor, norm: torch.Tensor, eps: 
     g, y = grad.to(work), y.to(work)
     buffer = y * g  # one full-size buffer, reused for the result (on CPU a fresh tensor costs more than the arithmetic)
     dot = torch.where(norm >= eps, buffer.sum(dim=-1, keepdim=True), 0.0)
-    return torch.addcmul(g, y, dot, value=-1.0, out=buffer).div_(norm.clamp_min(eps))
+    return torch.addcmul(g, y, dot, value=-1.0, out=reuse(buffer)).div_(norm.clamp_min(eps))
 
 
 def _normalize_values(x: torch.Tensor, eps: float | None) -> tuple[torch.Tensor, torch.Tensor, float]:

@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import manifolds
 from ..manifolds.geodesic import ANTIPODAL_SIN, TINY, work_dtype
-from .norm import NORMALIZE, _normalize_values, as_dtype, norm_backward, norm_forward, tiny
+from .norm import NORMALIZE, _normalize_values, as_dtype, norm_backward, norm_forward, reuse, tiny
 from .resolve import Op, resolve
 
 __all__ = [
@@ -156,10 +156,10 @@ def _slerp_angle(aw: torch.Tensor, bw: torch.Tensor):
     arithmetic)."""
     buffer = aw - bw
     diff = buffer.norm(dim=-1, keepdim=True)
-    total = torch.add(aw, bw, out=buffer).norm(dim=-1, keepdim=True)
+    total = torch.add(aw, bw, out=reuse(buffer)).norm(dim=-1, keepdim=True)
     theta = 2 * torch.atan2(diff, total)
-    dot = torch.mul(aw, bw, out=buffer).sum(dim=-1, keepdim=True)
-    u = torch.sub(bw, torch.mul(dot, aw, out=buffer), out=buffer)
+    dot = torch.mul(aw, bw, out=reuse(buffer)).sum(dim=-1, keepdim=True)
+    u = torch.sub(bw, torch.mul(dot, aw, out=reuse(buffer)), out=reuse(buffer))
     antipodal = (u.norm(dim=-1, keepdim=True) < ANTIPODAL_SIN[aw.dtype]) & (theta > math.pi / 2)
     return theta, diff, total, dot, u, antipodal
 
@@ -252,10 +252,12 @@ class _SlerpNormalize(torch.autograd.Function):
         grad_theta = buffer.sum(dim=-1, keepdim=True)
         grad_alpha = None
         if ctx.needs_input_grad[2]:
-            grad_alpha = torch.mul(gs_u, cos_turn, out=buffer).div_(sinc_theta).addcmul_(gs_a_sin, theta, value=-1)
+            grad_alpha = (
+                torch.mul(gs_u, cos_turn, out=reuse(buffer)).div_(sinc_theta).addcmul_(gs_a_sin, theta, value=-1)
+            )
         grad_dot = -gs_a.mul_(ratio).sum(dim=-1, keepdim=True)  # of a . b in u
-        grad_a = torch.mul(gs, torch.addcmul(cos_turn, ratio, dot, value=-1), out=gs_a).addcmul_(bw, grad_dot)
-        grad_b = torch.mul(gs, ratio, out=gs_u).addcmul_(aw, grad_dot)
+        grad_a = torch.mul(gs, torch.addcmul(cos_turn, ratio, dot, value=-1), out=reuse(gs_a)).addcmul_(bw, grad_dot)
+        grad_b = torch.mul(gs, ratio, out=reuse(gs_u)).addcmul_(aw, grad_dot)
         if _any_antipodal(antipodal):  # s = cos(alpha theta) a + sin(alpha theta) f
             f, e, a_axis, w_norm = _fallback(aw)
             gs_f_cos = gs * f * cos_turn

@@ -331,3 +331,43 @@ def test_scaled_sphere_linear_folds_only_with_gradients():
     on = layer(x, out_scale=s)
     torch.testing.assert_close(on, off, rtol=1e-13, atol=1e-14)
     torch.testing.assert_close(on, layer(x) * s, rtol=1e-13, atol=1e-14)
+
+
+# ---------------------------------------------------------------- under torch.compile
+
+
+def strided(*shape):
+    """A leaf of ``shape`` whose memory is laid out transposed (dims 1 and 2 swapped)."""
+    data = torch.randn(shape[0], shape[2], shape[1], *shape[3:])
+    return data.transpose(1, 2).requires_grad_()
+
+
+OPS = {
+    "normalize": lambda x, y, s: kernels.normalize(x),
+    "qk_normalize": lambda x, y, s: kernels.qk_normalize(x, s),
+    "lerp": lambda x, y, s: kernels.residual_update("lerp", kernels.normalize(x), kernels.normalize(y), s * 0.1),
+    "slerp": lambda x, y, s: kernels.residual_update("slerp", kernels.normalize(x), kernels.normalize(y), s * 0.1),
+    "riemannian": lambda x, y, s: kernels.residual_update(
+        "riemannian", kernels.normalize(x), kernels.normalize(y), s * 0.1
+    ),
+    "swiglu": lambda x, y, s: kernels.swiglu(x, y),
+    "relu2": lambda x, y, s: kernels.relu2(x),
+}
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_each_op_compiles_on_strided_inputs_with_its_eager_values_and_gradients(name):
+    """The fused functions reuse their temporaries through ``out=`` in eager mode; under compile a
+    buffer shaped like a transposed input is not contiguous, which ``out=`` may not be."""
+    torch.manual_seed(0)
+    x, y, s = strided(2, 3, 2, 8), strided(2, 3, 2, 8), (1 + torch.rand(8)).requires_grad_()
+    grad = torch.randn(2, 3, 2, 8)
+
+    def run(fn):
+        out = fn(x, y, s)
+        return (out, *torch.autograd.grad(out, (x, y, s), grad, allow_unused=True, materialize_grads=True))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(OPS[name], fullgraph=True, backend="aot_eager")
+    for got, expected in zip(run(compiled), run(OPS[name])):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
