@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from .arguments import check_broadcast
 from .resolve import Op
 
 __all__ = ["SWIGLU", "swiglu", "swiglu_reference", "swiglu_fused", "RELU2", "relu2", "relu2_reference", "relu2_fused"]
@@ -82,8 +83,12 @@ SWIGLU = Op(
 
 
 def swiglu(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``u * SiLU(v)`` (eq. 19; ``v`` is the gate)."""
-    return SWIGLU(u, v)
+    """``u * SiLU(v)`` (eq. 19; ``v`` is the gate). ``u`` and ``v`` broadcast."""
+    try:
+        return SWIGLU(u, v)
+    except Exception:
+        check_broadcast("swiglu", "u, v", u, v)  # a ValueError naming the shapes, where they are the cause
+        raise
 
 
 def relu2_reference(x: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .arguments import check_linear
 from .resolve import Op
 
 __all__ = ["SCALED_LINEAR", "scaled_linear", "scaled_linear_reference", "scaled_linear_fused"]
@@ -44,5 +45,9 @@ SCALED_LINEAR = Op(
 
 def scaled_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``(x W^T) * scale``, one factor per output feature. ``weight`` is ``(out_features,
-    in_features)``; ``scale`` is ``(out_features,)`` or ``(1,)``."""
-    return SCALED_LINEAR.pick(x.device.type)(x, weight, scale)
+    in_features)``; ``scale`` is ``(out_features,)``, ``(1,)`` or a scalar."""
+    try:
+        return SCALED_LINEAR.pick(x.device.type)(x, weight, scale)
+    except Exception:
+        check_linear("scaled_linear", x, weight, scale)  # a ValueError naming the shapes, where they are the cause
+        raise

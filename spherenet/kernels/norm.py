@@ -30,6 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import manifolds
 from ..manifolds.geodesic import TINY, work_dtype
+from .arguments import check_broadcast
 from .resolve import Op
 
 __all__ = [
@@ -197,6 +198,8 @@ def normalize(x: torch.Tensor) -> torch.Tensor:
 def qk_normalize(x: torch.Tensor, s_qk: torch.Tensor, qk_norm: bool = True) -> torch.Tensor:
     """``Norm(x) * s_qk`` for the queries or keys of a head (eq. 15, 16); ``qk_norm=False``
     drops the ``Norm`` (Table 6). ``s_qk`` broadcasts against ``x``."""
-    if not qk_norm:
-        return x * s_qk
-    return QK_NORMALIZE(x, s_qk)
+    try:
+        return QK_NORMALIZE(x, s_qk) if qk_norm else x * s_qk
+    except Exception:
+        check_broadcast("qk_normalize", "x, s_qk", x, s_qk)  # a ValueError naming the shapes, where they are the cause
+        raise

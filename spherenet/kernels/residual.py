@@ -29,6 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import manifolds
 from ..manifolds.geodesic import ANTIPODAL_SIN, TINY, work_dtype
+from .arguments import check_update
 from .norm import NORMALIZE, _normalize_values, as_dtype, norm_backward, norm_forward, reuse, tiny
 from .resolve import Op, resolve
 
@@ -360,7 +361,20 @@ def residual_update(update: str, h: torch.Tensor, h_block: torch.Tensor, alpha: 
     learning rates ``alpha``: ``"lerp"`` ``Norm(h + alpha (h_block - h))`` (eq. 10, 11),
     ``"slerp"`` (eq. 6, then ``Norm``) or ``"riemannian"``
     ``Norm(h - alpha (h (h · h_block) - h_block))`` (eq. 24-26)."""
-    return UPDATES[update](h, h_block, alpha)
+    op = _update_op("residual_update", update)
+    try:
+        return op(h, h_block, alpha)
+    except Exception:
+        # a ValueError naming the shapes where they are the cause, else the implementation's error
+        check_update(f"residual_update({update!r})", h, h_block, alpha)
+        raise
+
+
+def _update_op(caller: str, update: str) -> Op:
+    op = UPDATES.get(update)
+    if op is None:
+        raise ValueError(f"{caller}: unknown update {update!r}; expected one of {', '.join(UPDATES)}")
+    return op
 
 
 #: the updates whose ``"torch"`` forward :func:`normalized_update` runs directly without gradients
@@ -373,12 +387,17 @@ def normalized_update(update: str, h: torch.Tensor, block_out: torch.Tensor, alp
     10, 11) in one call. Without gradients, where both ops resolve to ``"torch"``, their forward
     values are computed directly (no autograd function, one resolution each): the same values,
     fewer calls per token in decoding."""
-    values = _FORWARD_VALUES.get(update)
-    if values is not None and not torch.is_grad_enabled():
-        device = h.device.type
-        if (
-            resolve(NORMALIZE, None, device, (block_out,)) == "torch"
-            and resolve(UPDATES[update], None, device, (h, block_out, alpha)) == "torch"
-        ):
-            return values(h, _normalize_values(block_out, None)[0], alpha, None)[0]
-    return UPDATES[update](h, NORMALIZE(block_out), alpha)
+    op = _update_op("normalized_update", update)
+    try:
+        values = _FORWARD_VALUES.get(update)
+        if values is not None and not torch.is_grad_enabled():
+            device = h.device.type
+            if (
+                resolve(NORMALIZE, None, device, (block_out,)) == "torch"
+                and resolve(op, None, device, (h, block_out, alpha)) == "torch"
+            ):
+                return values(h, _normalize_values(block_out, None)[0], alpha, None)[0]
+        return op(h, NORMALIZE(block_out), alpha)
+    except Exception:
+        check_update(f"normalized_update({update!r})", h, block_out, alpha)  # as residual_update
+        raise

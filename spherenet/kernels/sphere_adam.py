@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _choice
+from .arguments import check_lists
 from .resolve import Op
 from .sphere_rows import ROW_SPHERE, TINY, RowOps
 
@@ -234,8 +235,7 @@ def sphere_adam_(
     if not isinstance(options, SphereAdamOptions):
         raise TypeError(f"sphere_adam_: options must be a SphereAdamOptions, got {type(options).__name__}")
     lists = (params, grads, exp_avgs, exp_avg_sqs, steps)
-    if len({len(lst) for lst in lists}) != 1:
-        raise ValueError(f"sphere_adam_: lists of unequal lengths {[len(lst) for lst in lists]}")
+    check_lists("sphere_adam_", "params, grads, exp_avgs, exp_avg_sqs, steps", *lists, same_shape=3)
     scalars = dict(lr=float(lr), beta1=float(beta1), beta2=float(beta2), eps=float(eps), options=options)
     rows_only = manifold is not None and manifold is not ROW_SPHERE  # only "torch" takes another manifold
     for implementation, sublists in _choice.assign(SPHERE_ADAM, options.implementation, lists, 4, rows_only):

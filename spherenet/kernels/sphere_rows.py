@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..manifolds.geodesic import TINY
+from .arguments import check_lists
 from .resolve import Op
 
 __all__ = ["RowOps", "RowSphere", "ROW_SPHERE", "waves", "TINY", "WAVE_BYTES", "normalize_rows_", "sphere_muon_tail_"]
@@ -280,6 +281,7 @@ def sphere_muon_tail_(xs, updates, ms, step_sizes, *, project_update: bool, impl
     ``implementation`` as for :func:`normalize_rows_`."""
     from . import _choice
 
+    check_lists("sphere_muon_tail_", "xs, updates, ms, step_sizes", xs, updates, ms, step_sizes, same_shape=3)
     for run, sublists in _choice.assign(SPHERE_MUON_TAIL, implementation, (xs, updates, ms, step_sizes), 3):
         run(*sublists, project_update=project_update)
 

@@ -17,7 +17,18 @@ import math
 
 import torch
 
-__all__ = ["normalize", "tangent", "angle", "lerp", "slerp", "riemannian_update", "TINY", "ANTIPODAL_SIN", "work_dtype"]
+__all__ = [
+    "normalize",
+    "tangent",
+    "angle",
+    "lerp",
+    "slerp",
+    "riemannian_update",
+    "check_points",
+    "TINY",
+    "ANTIPODAL_SIN",
+    "work_dtype",
+]
 
 #: The smallest norm divided by, per dtype (below it ``Norm`` divides by this instead): for the
 #: computations here, in float32 or float64, and for the optimizers' rows in every dtype.
@@ -43,7 +54,7 @@ def _broadcast(x: tuple, y: tuple) -> tuple | None:
     return tuple(max(i, j) if 1 in (i, j) else i for i, j in zip(x, y))
 
 
-def _check_shapes(op: str, a: torch.Tensor, b: torch.Tensor, alpha=None, names: str = "a, b") -> None:
+def check_points(op: str, a: torch.Tensor, b: torch.Tensor, alpha=None, names: str = "a, b") -> None:
     """A ValueError naming the shapes when ``a`` and ``b`` are not vectors of one size that
     broadcast, or a tensor ``alpha`` does not broadcast to them (instead of torch's size message
     from inside the arithmetic)."""
@@ -53,12 +64,12 @@ def _check_shapes(op: str, a: torch.Tensor, b: torch.Tensor, alpha=None, names: 
         raise ValueError(
             f"{op}: {first} has shape {tuple(a.shape)} and {second} {tuple(b.shape)}: both must be vectors along "
             "the last dimension, of one size, whose leading dimensions broadcast"
-        )
+        ) from None  # where an op calls it after its own failure: this message replaces torch's
     if isinstance(alpha, torch.Tensor) and _broadcast(alpha.shape, shape) != shape:
         raise ValueError(
             f"{op}: alpha has shape {tuple(alpha.shape)}, which does not broadcast to the points' {shape} "
             "(a scalar, or one per dimension: the last dimension's size)"
-        )
+        ) from None
 
 
 def _up(x, dtype):
@@ -86,7 +97,7 @@ def tangent(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
     ``a`` must be unit. Idempotent: ``tangent(a, tangent(a, u)) == tangent(a, u)``.
     """
-    _check_shapes("tangent", a, u, names="a, u")
+    check_points("tangent", a, u, names="a, u")
     work = work_dtype(a, u)
     aw, uw = a.to(work), u.to(work)
     return (uw - _dot(aw, uw) * aw).to(torch.promote_types(a.dtype, u.dtype))
@@ -99,7 +110,7 @@ def angle(a: torch.Tensor, b: torch.Tensor, keepdim: bool = False) -> torch.Tens
     stays accurate near 0 and pi, where arccos loses half the digits and has an infinite
     derivative. Inputs slightly off the sphere are fine.
     """
-    _check_shapes("angle", a, b)
+    check_points("angle", a, b)
     work = work_dtype(a, b)
     aw, bw = a.to(work), b.to(work)
     theta = 2 * torch.atan2((aw - bw).norm(dim=-1, keepdim=keepdim), (aw + bw).norm(dim=-1, keepdim=keepdim))
@@ -112,7 +123,7 @@ def lerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     With ``a = h`` and ``b = h_A`` (or ``h_M``), this is the paper's default residual update.
     For a == -b and alpha == 0.5 the sum is zero and so is the result (no direction exists).
     """
-    _check_shapes("lerp", a, b, alpha)
+    check_points("lerp", a, b, alpha)
     work = work_dtype(a, b, alpha)
     aw, bw = a.to(work), b.to(work)
     return normalize(aw + _up(alpha, work) * (bw - aw)).to(a.dtype)
@@ -125,7 +136,7 @@ def riemannian_update(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     at ``a`` (eq. 24); the step is ``Norm(a - alpha g)`` (eq. 25, 26), ``Norm`` being the
     retraction. For a == ±b the projected gradient is zero and the result is ``a``.
     """
-    _check_shapes("riemannian_update", a, b, alpha)
+    check_points("riemannian_update", a, b, alpha)
     work = work_dtype(a, b, alpha)
     aw, bw = a.to(work), b.to(work)
     g = aw * _dot(aw, bw) - bw
@@ -156,7 +167,7 @@ def slerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     unique geodesic: then the path is the great circle from ``a`` towards a fixed tangent
     direction, that of the coordinate axis least aligned with ``a``; alpha = 1 still gives -a = b.
     """
-    _check_shapes("slerp", a, b, alpha)
+    check_points("slerp", a, b, alpha)
     work = work_dtype(a, b, alpha)
     aw, bw = a.to(work), b.to(work)
     alpha = _up(alpha, work)

@@ -224,7 +224,7 @@ def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
             kernels.residual_update(update, x, x, x)
         kernels.swiglu(x, x)
         kernels.relu2(x)
-        kernels.scaled_linear(x, x, x)
+        kernels.scaled_linear(x, x, x[:, 0])  # weight (2, 4), a scale per output feature
     assert calls == ["normalize", "qk_normalize", "lerp", "slerp", "riemannian", "swiglu", "relu2", "scaled_linear"]
     kernels.normalize(x)  # "auto": the fused function, not the recorder
     assert len(calls) == 8
