@@ -66,9 +66,20 @@ def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
+def per_dtype(table: dict[torch.dtype, float]):
+    """``dtype -> table[dtype]`` (``TINY`` and the like), whose values are constants to
+    ``torch.compile``: with ``dynamic=True`` a float read from a module's table is otherwise a
+    symbolic input, which an autograd function cannot carry from its forward into its backward (a
+    torch.compile limitation)."""
+    return torch.compiler.assume_constant_result(lambda dtype: table[dtype])
+
+
+smallest_norm = per_dtype(TINY)
+
+
 def tiny(work: torch.dtype, eps: float | None) -> float:
     """The smallest norm divided by in ``work`` (``eps`` when given)."""
-    return TINY[work] if eps is None else float(eps)
+    return smallest_norm(work) if eps is None else float(eps)
 
 
 def reuse(buffer: torch.Tensor) -> torch.Tensor | None:

@@ -28,9 +28,19 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import manifolds
-from ..manifolds.geodesic import ANTIPODAL_SIN, TINY, work_dtype
+from ..manifolds.geodesic import ANTIPODAL_SIN, work_dtype
 from .arguments import check_update
-from .norm import NORMALIZE, _normalize_values, as_dtype, norm_backward, norm_forward, reuse, tiny
+from .norm import (
+    NORMALIZE,
+    _normalize_values,
+    as_dtype,
+    norm_backward,
+    norm_forward,
+    per_dtype,
+    reuse,
+    smallest_norm,
+    tiny,
+)
 from .resolve import Op, resolve
 
 __all__ = [
@@ -147,6 +157,8 @@ def riemannian_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha, eps: flo
 #: relative theta**2 / 6 at most) and dR/dtheta as 0 (its term dR/dtheta u is about theta**2):
 #: both below the dtype's rounding
 _SMALL_ANGLE = {torch.float64: 1.5e-8, torch.float32: 3.5e-4}
+_small_angle, _antipodal_sin = per_dtype(_SMALL_ANGLE), per_dtype(ANTIPODAL_SIN)
+_pi = torch.compiler.assume_constant_result(lambda: math.pi)  # a constant under compile, as per_dtype's values
 
 
 def _slerp_angle(aw: torch.Tensor, bw: torch.Tensor):
@@ -161,7 +173,7 @@ def _slerp_angle(aw: torch.Tensor, bw: torch.Tensor):
     theta = 2 * torch.atan2(diff, total)
     dot = torch.mul(aw, bw, out=reuse(buffer)).sum(dim=-1, keepdim=True)
     u = torch.sub(bw, torch.mul(dot, aw, out=reuse(buffer)), out=reuse(buffer))
-    antipodal = (u.norm(dim=-1, keepdim=True) < ANTIPODAL_SIN[aw.dtype]) & (theta > math.pi / 2)
+    antipodal = (u.norm(dim=-1, keepdim=True) < _antipodal_sin(aw.dtype)) & (theta > _pi() / 2)
     return theta, diff, total, dot, u, antipodal
 
 
@@ -179,7 +191,7 @@ def _fallback(aw: torch.Tensor):
     a_axis = (aw * e).sum(dim=-1, keepdim=True)
     w = e - a_axis * aw
     w_norm = w.norm(dim=-1, keepdim=True)
-    return w / w_norm.clamp_min(TINY[aw.dtype]), e, a_axis, w_norm
+    return w / w_norm.clamp_min(smallest_norm(aw.dtype)), e, a_axis, w_norm
 
 
 def _times(x: torch.Tensor, y) -> torch.Tensor:
@@ -203,7 +215,7 @@ def _slerp_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tensor, f
     theta_safe = torch.where(antipodal, torch.zeros_like(theta), theta)
     turn = alpha_w * theta
     turn_safe = alpha_w * theta_safe if any_antipodal else turn  # the same values where no row is antipodal
-    ratio = _times(torch.sinc(turn_safe / math.pi), alpha_w).div_(torch.sinc(theta_safe / math.pi))
+    ratio = _times(torch.sinc(turn_safe / _pi()), alpha_w).div_(torch.sinc(theta_safe / _pi()))
     along = torch.cos(turn) * aw + torch.sin(turn) * _fallback(aw)[0] if any_antipodal else None
     s = u.mul_(ratio).add_(_times(turn.cos_(), aw))  # ratio u + cos(alpha theta) a
     if along is not None:
@@ -241,8 +253,8 @@ class _SlerpNormalize(torch.autograd.Function):
         sin_turn = turn.sin_()
         # per row; antipodal rows (theta_safe = 0) get the small angle's finite values
         theta_safe = torch.where(antipodal, 0.0, theta)
-        sinc_theta = torch.sinc(theta_safe / math.pi)
-        small = theta_safe < _SMALL_ANGLE[work]
+        sinc_theta = torch.sinc(theta_safe / _pi())
+        small = theta_safe < _small_angle(work)
         inv_sin = torch.where(small, 0.0, 1 / (theta_safe * sinc_theta))
         ratio = (sin_turn * inv_sin).addcmul_(small.to(work), alpha)  # R; alpha below the small angle
         d_ratio = (alpha * cos_turn).addcmul_(ratio, torch.cos(theta_safe), value=-1).mul_(inv_sin)  # dR/dtheta
@@ -265,12 +277,12 @@ class _SlerpNormalize(torch.autograd.Function):
             grad_theta = torch.where(antipodal, (alpha * (gs_f_cos - gs_a_sin)).sum(dim=-1, keepdim=True), grad_theta)
             if grad_alpha is not None:
                 grad_alpha = torch.where(antipodal, theta * (gs_f_cos - gs_a_sin), grad_alpha)
-            grad_w = norm_backward(sin_turn * gs, f, w_norm, TINY[work])  # f = w / |w|
+            grad_w = norm_backward(sin_turn * gs, f, w_norm, smallest_norm(work))  # f = w / |w|
             grad_a_along = cos_turn * gs - a_axis * grad_w - e * (aw * grad_w).sum(dim=-1, keepdim=True)
             grad_a = torch.where(antipodal, grad_a_along, grad_a)
             grad_b = torch.where(antipodal, 0.0, grad_b)
         # theta = 2 atan2(|a - b|, |a + b|); no gradient through a zero norm, as torch's norm
-        scale = 2 * grad_theta / (diff.square() + total.square()).clamp_min(TINY[work])
+        scale = 2 * grad_theta / (diff.square() + total.square()).clamp_min(smallest_norm(work))
         along_diff = torch.where(diff > 0, total / torch.where(diff > 0, diff, 1.0), 0.0) * scale  # times a - b
         along_total = torch.where(total > 0, diff / torch.where(total > 0, total, 1.0), 0.0) * scale  # times a + b
         need_h, need_block = ctx.needs_input_grad[:2]

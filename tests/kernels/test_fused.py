@@ -371,3 +371,46 @@ def test_each_op_compiles_on_strided_inputs_with_its_eager_values_and_gradients(
     compiled = torch.compile(OPS[name], fullgraph=True, backend="aot_eager")
     for got, expected in zip(run(compiled), run(OPS[name])):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["normalize", "qk_normalize", "lerp", "slerp", "riemannian"])
+def test_each_fused_function_compiles_with_dynamic_shapes(name):
+    """``torch.compile(dynamic=True)`` with the function called twice in one graph: the per-dtype
+    constants (smallest norm, antipodal and small-angle thresholds, pi) stay constants there, not
+    symbolic floats, which an autograd function cannot carry from its forward into its backward."""
+    torch.manual_seed(0)
+    x, y, s = (torch.randn(2, 3, 8, requires_grad=True) for _ in range(3))
+    grad = torch.randn(2, 3, 8)
+
+    def twice(x, y, s):
+        return OPS[name](x, y, s) + OPS[name](2 * x, y, s)
+
+    def run(fn):
+        out = fn(x, y, s)
+        return (out, *torch.autograd.grad(out, (x, y, s), grad, allow_unused=True, materialize_grads=True))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(twice, fullgraph=True, dynamic=True, backend="aot_eager")
+    for got, expected in zip(run(compiled), run(twice)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ngpt_trains_under_compile_with_dynamic_shapes():
+    """The whole model (its queries and keys scaled by one computed s_qk, every fused function
+    called per layer) under ``torch.compile(dynamic=True)``: its eager loss and gradients. The
+    other updates' functions are compiled the same way above."""
+    torch.manual_seed(0)
+    model = NGPT(preset_config("ngpt-tiny", vocab_size=32, n_layers=1, max_seq_len=16))
+    ids = torch.randint(0, 32, (2, 8))
+
+    def loss_and_grads(run):
+        model.zero_grad()
+        loss = F.cross_entropy(run(ids).flatten(0, 1), ids.flatten())
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    for got, expected in zip(loss_and_grads(compiled), loss_and_grads(model)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
