@@ -30,6 +30,10 @@ kernel built) is decided here too: an op declares, per implementation, which cal
 (:attr:`Op.takes`, e.g. Triton: no float64), and a call it does not take runs the op's
 ``"torch"`` implementation; the row ops do the same tensor by tensor
 (:mod:`spherenet.kernels._choice`). An implementation never falls back on its family's module.
+
+Under ``torch.func``'s transforms (``vmap``, ``grad``, ``jvp``, ``jacrev``, ...) a call runs
+``"reference"``, whatever was chosen: plain torch operations, which the transforms batch and
+differentiate, where the fused autograd functions and kernels declare no rules for them.
 """
 
 from __future__ import annotations
@@ -43,7 +47,19 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-__all__ = ["VALUES", "ENVIRONMENT_VARIABLE", "Op", "resolve", "check", "use", "active", "environment", "checkpoint"]
+from ..manifolds.geodesic import in_func_transform
+
+__all__ = [
+    "VALUES",
+    "ENVIRONMENT_VARIABLE",
+    "Op",
+    "resolve",
+    "check",
+    "use",
+    "active",
+    "environment",
+    "checkpoint",
+]
 
 IMPLEMENTATIONS = ("reference", "torch", "native", "triton")
 VALUES = ("auto", *IMPLEMENTATIONS)
@@ -122,6 +138,8 @@ def resolve(op: Op, requested: str | None = None, device_type: str = "cpu", args
         name = _scope or _ENVIRONMENT
         if name == "auto" or name not in op.implementations:
             name = op.auto.get(device_type, op.auto["*"])
+    if args is not None and name != "reference" and "reference" in op.implementations and in_func_transform():
+        return "reference"
     if args is not None and name in op.takes and not op.takes[name](*args):
         return "torch"
     return name

@@ -25,6 +25,7 @@ __all__ = [
     "slerp",
     "riemannian_update",
     "check_points",
+    "in_func_transform",
     "TINY",
     "ANTIPODAL_SIN",
     "work_dtype",
@@ -36,6 +37,17 @@ TINY = {torch.float64: 1e-300, torch.float32: 1e-30, torch.float16: 1e-7, torch.
 #: Below this sin(theta), per work dtype, a and b are antipodal: the geodesic from a to b is not
 #: unique (slerp's fallback direction; the fused SLERP implementations use the same values).
 ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
+
+
+# the innermost active torch.func transform, None outside them (absent from a torch: never active)
+_PEEK_TRANSFORM = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+
+
+def in_func_transform() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ...) is running this code:
+    it may not read a tensor's values on the host, and it batches and differentiates plain torch
+    operations only. False under ``torch.compile``, which traces the transforms itself."""
+    return _PEEK_TRANSFORM is not None and not torch.compiler.is_compiling() and _PEEK_TRANSFORM() is not None
 
 
 def work_dtype(*tensors) -> torch.dtype:
@@ -147,7 +159,7 @@ def _fallback_direction(a: torch.Tensor) -> torch.Tensor:
     """A unit tangent vector at ``a``, fixed and deterministic: the direction, within the tangent
     space, of the coordinate axis on which ``a`` has its smallest absolute component."""
     axis = a.detach().abs().argmin(dim=-1, keepdim=True)
-    e = torch.zeros_like(a).scatter_(-1, axis, 1.0)
+    e = torch.zeros_like(a).scatter(-1, axis, 1.0)  # not in place: vmap batches it
     w = e - _dot(a, e) * a
     return w / w.norm(dim=-1, keepdim=True).clamp_min(TINY[a.dtype])
 
@@ -184,10 +196,16 @@ def slerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     regular = torch.cos(alpha * theta) * aw + ratio * u
 
     # Antipodal branch: rotate by alpha*theta towards the fallback direction. On CPU, where the
-    # check costs no synchronization, it is skipped when no row needs it (a third of the op's
+    # check costs no synchronization (and outside compile and torch.func's transforms, which may
+    # not read values on the host), it is skipped when no row needs it (a third of the op's
     # time, forward and backward; the result and gradients are the same, since torch.where would
     # select the regular branch everywhere and send the other zeros).
-    if a.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(antipodal.any()):
+    if (
+        a.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not in_func_transform()
+        and not bool(antipodal.any())
+    ):
         return normalize(regular).to(a.dtype)
     along = torch.cos(alpha * theta) * aw + torch.sin(alpha * theta) * _fallback_direction(aw)
     out = torch.where(antipodal, along, regular)

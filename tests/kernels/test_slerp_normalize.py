@@ -11,7 +11,7 @@ import torch
 from model_references import unit
 
 from spherenet import kernels
-from spherenet.kernels import residual
+from spherenet.kernels import residual, residual_fused
 from spherenet.manifolds import normalize, slerp
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors
@@ -22,7 +22,7 @@ ALL_KINDS = ("regular", "equal", "near", "off_sphere", "near_antipodal", "antipo
 
 
 def fused(h, h_block, alpha):
-    return residual._SlerpNormalize.apply(h, h_block, alpha, None)
+    return residual_fused._SlerpNormalize.apply(h, h_block, alpha, None)
 
 
 def alpha_of(form: str, dtype=torch.float64, rows: int = len(ALL_KINDS)):
