@@ -47,7 +47,8 @@ def in_func_transform() -> bool:
     """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ...) is running this code:
     it may not read a tensor's values on the host, and it batches and differentiates plain torch
     operations only. False under ``torch.compile``, which traces the transforms itself."""
-    return _PEEK_TRANSFORM is not None and not torch.compiler.is_compiling() and _PEEK_TRANSFORM() is not None
+    # the stack first: cheaper than is_compiling, and dynamo traces it (it holds a transform there)
+    return _PEEK_TRANSFORM is not None and _PEEK_TRANSFORM() is not None and not torch.compiler.is_compiling()
 
 
 def work_dtype(*tensors) -> torch.dtype:
