@@ -121,6 +121,7 @@ def test_old_flat_config_dict_is_refused_naming_its_fields():
 def test_config_json_with_flat_keys_is_refused(tmp_path):
     pytest.importorskip("safetensors.torch")
     from spherenet.models import PretrainedFileError
+    from spherenet.models.hub import PretrainedFileWarning
 
     model = from_preset("ngpt-tiny", **NEW).eval()
     model.save_pretrained(tmp_path)
@@ -130,8 +131,11 @@ def test_config_json_with_flat_keys_is_refused(tmp_path):
     old.update({k: v for k, v in OLD_FLAT.items() if k not in SIZES and k not in old})
     (tmp_path / "config.json").write_text(json.dumps(old))
     (tmp_path / "sha256sums.json").unlink()  # that version wrote no manifest
-    with pytest.raises(
-        PretrainedFileError, match=re.escape(str(tmp_path / "config.json")) + " has field\\(s\\) 'alpha_abs'"
+    with (
+        pytest.warns(PretrainedFileWarning, match="has no sha256sums.json"),
+        pytest.raises(
+            PretrainedFileError, match=re.escape(str(tmp_path / "config.json")) + " has field\\(s\\) 'alpha_abs'"
+        ),
     ):
         load_pretrained(tmp_path)
 
