@@ -99,7 +99,7 @@ def residual_update(update: str, h: torch.Tensor, h_block: torch.Tensor, alpha: 
     learning rates ``alpha``: ``"lerp"`` ``Norm(h + alpha (h_block - h))`` (eq. 10, 11),
     ``"slerp"`` (eq. 6, then ``Norm``) or ``"riemannian"``
     ``Norm(h - alpha (h (h · h_block) - h_block))`` (eq. 24-26)."""
-    op = _update_op("residual_update", update)
+    op = _update_op("residual_update", update, h, h_block, alpha)
     try:
         return op(h, h_block, alpha)
     except Exception:
@@ -108,10 +108,16 @@ def residual_update(update: str, h: torch.Tensor, h_block: torch.Tensor, alpha: 
         raise
 
 
-def _update_op(caller: str, update: str) -> Op:
+def _update_op(caller: str, update: str, h: torch.Tensor, block: torch.Tensor, alpha) -> Op:
+    """The update's op, after the checks a failure would not reveal: the name, and an ``alpha`` of
+    more than one dimension, which may broadcast past the points' shape (the definitions refuse
+    that, where the fused functions would return the larger shape; the models' alpha is one
+    dimension, which cannot)."""
     op = UPDATES.get(update)
     if op is None:
         raise ValueError(f"{caller}: unknown update {update!r}; expected one of {', '.join(UPDATES)}")
+    if isinstance(alpha, torch.Tensor) and alpha.dim() > 1:
+        check_update(f"{caller}({update!r})", h, block, alpha)
     return op
 
 
@@ -125,7 +131,7 @@ def normalized_update(update: str, h: torch.Tensor, block_out: torch.Tensor, alp
     10, 11) in one call. Without gradients, where both ops resolve to ``"torch"``, their forward
     values are computed directly (no autograd function, one resolution each): the same values,
     fewer calls per token in decoding."""
-    op = _update_op("normalized_update", update)
+    op = _update_op("normalized_update", update, h, block_out, alpha)
     try:
         values = _FORWARD_VALUES.get(update)
         if values is not None and not torch.is_grad_enabled():

@@ -3,6 +3,8 @@ implementation (checked before one is chosen), and the broadcasting the ops defi
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spherenet import kernels
 from spherenet.kernels.residual import normalized_update
@@ -97,3 +99,48 @@ def test_a_failure_the_shapes_do_not_cause_keeps_its_own_error():
     x, weight = torch.ones(2, 4, dtype=torch.int64), torch.randn(3, 4)
     with pytest.raises(RuntimeError, match="same dtype"):
         kernels.scaled_linear(x, weight, torch.ones(3))
+
+
+def test_an_alpha_that_would_grow_the_points_is_refused_by_every_implementation():
+    """The definitions refuse an alpha broadcasting past the points' shape; the fused functions
+    would return the larger shape without failing, so the ops check an alpha of more than one
+    dimension before running."""
+    h, block, alpha = normal(3, 4), normal(3, 4), torch.full((1, 1, 4), 0.1, dtype=torch.float64)
+    for implementation in IMPLEMENTATIONS:
+        for update in ("lerp", "slerp", "riemannian"):
+            with kernels.use(implementation):
+                for op in (kernels.residual_update, normalized_update):
+                    with pytest.raises(ValueError, match=r"alpha has shape \(1, 1, 4\), which does not broadcast"):
+                        op(update, h, block, alpha)
+
+
+_dims = st.lists(st.integers(1, 3), min_size=0, max_size=2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    h_lead=_dims,
+    block_lead=_dims,
+    alpha_shape=st.sampled_from([(), (1,), (4,), (3,), (1, 4), (2, 1), (1, 1, 4), (3, 4)]),
+    update=st.sampled_from(["lerp", "slerp", "riemannian"]),
+)
+def test_the_implementations_accept_the_same_shapes_with_the_same_values(h_lead, block_lead, alpha_shape, update):
+    """For any shapes, the reference and the fused function both run, with the same values and
+    gradients, or both refuse with a ValueError."""
+    h = normal(*h_lead, 4).requires_grad_()
+    block = normal(*block_lead, 4).requires_grad_()
+    alpha = torch.full(alpha_shape, 0.2, dtype=torch.float64, requires_grad=True)
+    results = []
+    for implementation in IMPLEMENTATIONS:
+        with kernels.use(implementation):
+            try:
+                out = kernels.residual_update(update, h, block, alpha)
+            except ValueError:
+                results.append(None)
+                continue
+        results.append((out, *torch.autograd.grad(out.sum(), (h, block, alpha))))
+    reference, fused = results
+    assert (reference is None) == (fused is None), (h.shape, block.shape, alpha.shape)
+    if reference is not None:
+        for got, expected in zip(fused, reference):
+            torch.testing.assert_close(got, expected)
