@@ -144,3 +144,30 @@ def test_the_implementations_accept_the_same_shapes_with_the_same_values(h_lead,
     if reference is not None:
         for got, expected in zip(fused, reference):
             torch.testing.assert_close(got, expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    first_lead=_dims,
+    second_shape=st.sampled_from([(), (1,), (4,), (5,), (1, 4), (3, 1), (2, 1, 4), (2, 3, 4)]),
+    op=st.sampled_from(["swiglu", "qk_normalize"]),
+)
+def test_swiglu_and_qk_accept_the_same_shapes_in_every_implementation(first_lead, second_shape, op):
+    """u and the gate v, or x and s_qk: what the reference broadcasts, the fused function takes with
+    the same values and gradients; what it refuses, every implementation names."""
+    first = torch.randn(*first_lead, 4, dtype=torch.float64, requires_grad=True)
+    second = (1 + torch.rand(second_shape, dtype=torch.float64)).requires_grad_()
+    results = []
+    for implementation in IMPLEMENTATIONS:
+        with kernels.use(implementation):
+            try:
+                out = getattr(kernels, op)(first, second)
+            except ValueError:
+                results.append(None)
+                continue
+        results.append((out, *torch.autograd.grad(out.sum(), (first, second))))
+    reference, fused = results
+    assert (reference is None) == (fused is None), (first.shape, second.shape)
+    if reference is not None:
+        for got, expected in zip(fused, reference):
+            torch.testing.assert_close(got, expected)
