@@ -18,7 +18,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import manifolds
-from ..manifolds.geodesic import ANTIPODAL_SIN, work_dtype
+from ..manifolds.geodesic import ANTIPODAL_SIN, may_hold_any, work_dtype
 from .norm import as_dtype, norm_backward, norm_forward, per_dtype, reuse, smallest_norm, tiny
 
 __all__ = ["lerp_normalize", "slerp_normalize", "riemannian_normalize"]
@@ -145,12 +145,6 @@ def _slerp_angle(aw: torch.Tensor, bw: torch.Tensor):
     return theta, diff, total, dot, u, antipodal
 
 
-def _any_antipodal(antipodal: torch.Tensor) -> bool:
-    """Whether the fallback branch must be computed: on CPU (no synchronization) only where a row
-    is antipodal, as spherenet.manifolds.slerp; elsewhere and under compile always (torch.where)."""
-    return antipodal.device.type != "cpu" or torch.compiler.is_compiling() or bool(antipodal.any())
-
-
 def _fallback(aw: torch.Tensor):
     """``(f, e, a_k, |w|)``: spherenet.manifolds.slerp's fallback direction ``f = w / |w|``,
     ``w = e - a_k a``, ``e`` the axis of a's smallest absolute component, ``a_k = a . e``."""
@@ -179,7 +173,7 @@ def _slerp_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tensor, f
     aw, bw = as_dtype(h, work), as_dtype(h_block, work)
     alpha_w = as_dtype(alpha, work) if isinstance(alpha, torch.Tensor) else alpha
     theta, _diff, _total, _dot, u, antipodal = _slerp_angle(aw, bw)
-    any_antipodal = _any_antipodal(antipodal)
+    any_antipodal = may_hold_any(antipodal)
     theta_safe = torch.where(antipodal, torch.zeros_like(theta), theta)
     turn = alpha_w * theta
     turn_safe = alpha_w * theta_safe if any_antipodal else turn  # the same values where no row is antipodal
@@ -239,7 +233,7 @@ class _SlerpNormalize(torch.autograd.Function):
         grad_dot = -gs_a.mul_(ratio).sum(dim=-1, keepdim=True)  # of a . b in u
         grad_a = torch.mul(gs, torch.addcmul(cos_turn, ratio, dot, value=-1), out=reuse(gs_a)).addcmul_(bw, grad_dot)
         grad_b = torch.mul(gs, ratio, out=reuse(gs_u)).addcmul_(aw, grad_dot)
-        if _any_antipodal(antipodal):  # s = cos(alpha theta) a + sin(alpha theta) f
+        if may_hold_any(antipodal):  # s = cos(alpha theta) a + sin(alpha theta) f
             f, e, a_axis, w_norm = _fallback(aw)
             gs_f_cos = gs * f * cos_turn
             grad_theta = torch.where(antipodal, (alpha * (gs_f_cos - gs_a_sin)).sum(dim=-1, keepdim=True), grad_theta)

@@ -26,6 +26,7 @@ __all__ = [
     "riemannian_update",
     "check_points",
     "in_func_transform",
+    "may_hold_any",
     "TINY",
     "ANTIPODAL_SIN",
     "work_dtype",
@@ -49,6 +50,14 @@ def in_func_transform() -> bool:
     operations only. False under ``torch.compile``, which traces the transforms itself."""
     # the stack first: cheaper than is_compiling, and dynamo traces it (it holds a transform there)
     return _PEEK_TRANSFORM is not None and _PEEK_TRANSFORM() is not None and not torch.compiler.is_compiling()
+
+
+def may_hold_any(mask: torch.Tensor) -> bool:
+    """False only where the host can tell, at no cost, that no entry of ``mask`` is set: on CPU,
+    outside ``torch.compile`` and ``torch.func``'s transforms (which may not read values on the
+    host). Elsewhere True, so that a branch selected by ``torch.where`` is computed without a
+    synchronization. Used to skip slerp's antipodal branch when no row needs it."""
+    return mask.device.type != "cpu" or torch.compiler.is_compiling() or in_func_transform() or bool(mask.any())
 
 
 def work_dtype(*tensors) -> torch.dtype:
@@ -196,17 +205,11 @@ def slerp(a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Tensor:
     ratio = alpha * sinc(alpha * theta_safe) / sinc(theta_safe)  # sin(alpha theta)/sin(theta)
     regular = torch.cos(alpha * theta) * aw + ratio * u
 
-    # Antipodal branch: rotate by alpha*theta towards the fallback direction. On CPU, where the
-    # check costs no synchronization (and outside compile and torch.func's transforms, which may
-    # not read values on the host), it is skipped when no row needs it (a third of the op's
-    # time, forward and backward; the result and gradients are the same, since torch.where would
-    # select the regular branch everywhere and send the other zeros).
-    if (
-        a.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not in_func_transform()
-        and not bool(antipodal.any())
-    ):
+    # Antipodal branch: rotate by alpha*theta towards the fallback direction. Skipped where the
+    # host can tell no row needs it (may_hold_any): a third of the op's time, forward and
+    # backward; the result and gradients are the same, since torch.where would select the
+    # regular branch everywhere and send the other zeros.
+    if not may_hold_any(antipodal):
         return normalize(regular).to(a.dtype)
     along = torch.cos(alpha * theta) * aw + torch.sin(alpha * theta) * _fallback_direction(aw)
     out = torch.where(antipodal, along, regular)
