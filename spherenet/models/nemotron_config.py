@@ -223,8 +223,8 @@ def layout_config(model: NGPT) -> dict:
         "hidden_act": "relu2",
         "max_position_embeddings": c.max_seq_len,
         "initializer_range": c.s_z.stored_scale(c.d_model),
+        # no "rope_scaling": absent means the plain rotation, and transformers >= 5 warns on the key
         "rope_theta": c.rope_base,
-        "rope_scaling": None,
         "partial_rotary_factor": 1.0,
         "attention_bias": False,
         "mlp_bias": False,
