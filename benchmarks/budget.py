@@ -224,7 +224,8 @@ def measure(args: argparse.Namespace, steps: int = 40) -> None:
 GPU_POINTS = ["base@1024", "base@4096", "0.5b@1024"]  # two contexts at base; a second size at 1024
 GPU_TOKENS_PER_STEP = 512 * 1024  # the paper's global batch: 512 sequences of 1k tokens (App. A.5)
 GPU_BUDGETS = [750, 3000, 12000]  # 2.4, 9.7 and 39 tokens per parameter at base: the CPU study's range
-GPU_PEAK_FLOPS = 790e12  # H200 dense bf16, per GPU
+# H100/H200 SXM dense bf16 per GPU: NVIDIA's datasheets give 1,979 TFLOP/s with 2:4 sparsity, half without
+GPU_PEAK_FLOPS = 989e12
 GPU_MFU = 0.4  # the fraction of peak a training step sustains: an assumption, to be measured
 
 
@@ -273,7 +274,7 @@ def gpu_plan() -> str:
         f"parameter, the size axis):\n\n    {command}\n\n"
         + "\n".join(lines)
         + f"\n\nIn all about {total_hours:,.0f} GPU-hours at {GPU_MFU:.0%} of {GPU_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
-        f"(an H200's dense bf16 peak; the fraction is an assumption until measured), {RUNS_PER_SWEEP} sweep runs "
+        f"(an H200's dense bf16 peak, NVIDIA's datasheet; the fraction is an assumption until measured), {RUNS_PER_SWEEP} sweep runs "
         "and 2 more seeds per arm and budget.\n"
     )
 

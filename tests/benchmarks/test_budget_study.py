@@ -268,7 +268,7 @@ def test_gpu_plan_costs_each_run_by_6_n_d(budget, capsys):
     attention = 6 * 12 * 1024 * 768 * tokens
     runs = (budget.RUNS_PER_SWEEP + 2) * len(budget.ARMS)  # each arm's sweep and two more seeds
     assert f"| {runs} |" in row
-    hours = runs * (6 * n * tokens + attention) / (790e12 * 0.4) / 3600
+    hours = runs * (6 * n * tokens + attention) / (989e12 * 0.4) / 3600
     assert row.endswith(f"| {hours:.0f} |")
     # the size axis: 0.5b at base's tokens per parameter, budget by budget
     big = budget.scaling.parameters(budget.scaling.Point.parse("0.5b@1024"))
