@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from _machine import cpu_name
-from scaling_ledger import BASELINE, TIE_MARGIN, Ledger, Point, chosen, final_loss
+from scaling_ledger import BASELINE, TIE_MARGIN, Ledger, Point, chosen, decide, final_loss, sweep_finals
 from scaling_report import fmt_values, mean_std
 
 # What the estimate assumes per arm and budget: the first grid of three rates, one growth past
@@ -189,7 +189,7 @@ def estimate_text(args: argparse.Namespace) -> str:
             lines.append(f"| {pt} | {arm} | {m['s_per_step']:.3f} | {m['startup_s']:.1f} | {shown} |")
             total += run_seconds(args, m, budgets_of(args, pt))
             for b in budgets_of(args, pt):
-                runs_left = max(0, planned - len(done.get(b, [])))
+                runs_left = runs_to_go(args, books.get(b), str(pt), arm, len(done.get(b, [])), planned)
                 one = b * measured if measured is not None else run_seconds(args, m, [b]) / planned
                 left += runs_left * one
     core_h = total * args.threads / 3600
@@ -206,10 +206,25 @@ def estimate_text(args: argparse.Namespace) -> str:
         + f"\n\nSpent so far: {spent:.1f} core-hours in {runs} runs (a resumed run at its last invocation's time "
         "per step; rows written before the ledger recorded where an invocation began count that invocation "
         "only). Left, at the measured time per step "
-        f"(the estimate where an arm has no run yet) and {planned} runs per arm and budget: "
+        f"(the estimate where an arm has no run yet), {planned} runs per arm and budget less those run, more "
+        "where a tie already asks for them, none once a rate is picked: "
         f"{left * args.threads / 3600:.1f} core-hours, {left / args.jobs / 3600:.1f} h wall at {args.jobs} runs "
         "at a time.\n\n"
     )
+
+
+def runs_to_go(args: argparse.Namespace, book: Ledger | None, point: str, arm: str, done: int, planned: int) -> int:
+    """The runs an arm still needs at one budget: none once the rate rule has a bracketed pick;
+    else the plan's ``planned`` less the ``done`` ones, or more where the ledger already asks for
+    more (a tie's seed runs for two rates, besides the sweep's own runs still to come)."""
+    if book is None:
+        return planned
+    pick, missing = decide(book, point, arm, args.seeds, args.sweep_seed, args.tie_margin)
+    if pick is not None and pick["bracketed"]:
+        return 0
+    growth = sum(1 for _, seed in missing if seed == args.sweep_seed)  # the sweep grown past a tie's pick
+    sweep_to_come = max(growth, RUNS_PER_SWEEP - len(sweep_finals(book, point, arm, args.sweep_seed)))
+    return max(planned - done, len(missing) - growth + sweep_to_come)
 
 
 def run_seconds(args: argparse.Namespace, timing: dict, budgets: list[int]) -> float:

@@ -183,11 +183,53 @@ def test_the_cost_paragraph_gives_the_measured_time_per_step_and_what_is_left(bu
     ledger.path.write_text("".join(line + "\n" for line in ledger.path.read_text().splitlines()[:-1]))
     assert "| tiny@32 | ngpt | 0.400 | 0.0 | - |" in text
     assert "Spent so far: 0.0 core-hours in 4 runs (a resumed run" in text
-    # left: gpt 1 run at 40 steps and 5 at 160 at 0.025 s a step; ngpt 5 + 5 runs at the estimate
+    # left: gpt 2 runs at 40 steps (its three rates tie: 0.003 on seed 1, and the sweep's one growth)
+    # and 5 at 160 at 0.025 s a step; ngpt 5 + 5 runs at the estimate
     planned = RUNS_PER_SWEEP + 1
     evals = 2 * args.eval_batches * EVAL_BATCH_COST
-    left = 1 * 40 * 0.025 + planned * 160 * 0.025 + planned * sum((b + evals) * 0.4 for b in (40, 160))
+    left = 2 * 40 * 0.025 + planned * 160 * 0.025 + planned * sum((b + evals) * 0.4 for b in (40, 160))
     assert f"{left * args.threads / 3600:.1f} core-hours, {left / args.jobs / 3600:.1f} h wall" in text
+
+
+def test_the_runs_left_follow_the_rate_rule(budget, tmp_path):
+    from budget_report import RUNS_PER_SWEEP, runs_to_go
+
+    # seed 0's sweep: 0.003 and 0.01 tie (0.005 nats apart), 0.03 well behind
+    finals = {("tiny@32", 40, "gpt", 0.003, 0): 3.0, ("tiny@32", 40, "gpt", 0.01, 0): 3.005,
+              ("tiny@32", 40, "gpt", 0.03, 0): 3.5}  # fmt: skip  # one ledger
+    write_study(tmp_path / "r", "python benchmarks/budget.py", finals)
+    args = budget.parse(["--points", "tiny@32", "--arms", "gpt", "ngpt", "--budgets", "40", "160", "--seeds", "0", "1",
+                         "2", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "out")])  # fmt: skip  # a command line
+    ledger = budget.scaling.Ledger(tmp_path / "r" / "steps0040" / "runs.jsonl")
+    planned = RUNS_PER_SWEEP + 2
+    assert runs_to_go(args, None, "tiny@32", "gpt", 0, planned) == planned  # a budget not started
+    assert runs_to_go(args, ledger, "tiny@32", "ngpt", 0, planned) == planned  # an arm not started
+    # the tie runs both rates on seeds 1 and 2 (4 runs), and the sweep grows once: 5, not 6 - 3
+    assert runs_to_go(args, ledger, "tiny@32", "gpt", 3, planned) == 5
+
+    def run(arm, lr, seed, final):
+        ledger.add(
+            {**ledger.rows[("tiny@32", "gpt", 0.003, 0)], "arm": arm, "lr": lr, "seed": seed, "val_loss": [final]}
+        )
+
+    for seed in (1, 2):
+        run("gpt", 0.003, seed, 3.0)
+        run("gpt", 0.01, seed, 3.1)
+    # 0.003 wins on the mean at the sweep's lower edge: one run past it, on the sweep seed
+    assert runs_to_go(args, ledger, "tiny@32", "gpt", 7, planned) == 1
+    run("gpt", 0.001, 0, 3.3)
+    assert runs_to_go(args, ledger, "tiny@32", "gpt", 8, planned) == 0  # picked and bracketed
+
+    # no tie: a bracketed pick on every seed after a sweep of three leaves none, one below the plan
+    for lr, seeds, final in ((0.003, [0], 3.3), (0.01, [0, 1, 2], 3.0), (0.03, [0], 3.4)):
+        for seed in seeds:
+            run("ngpt", lr, seed, final)
+    assert runs_to_go(args, ledger, "tiny@32", "ngpt", 5, planned) == 0
+    # while the sweep is one rate, unbracketed, the plan's count stands
+    (tmp_path / "r" / "steps0160").mkdir()
+    other = budget.scaling.Ledger(tmp_path / "r" / "steps0160" / "runs.jsonl")
+    other.add({**ledger.rows[("tiny@32", "ngpt", 0.01, 0)]})
+    assert runs_to_go(args, other, "tiny@32", "ngpt", 1, planned) == planned - 1
 
 
 def test_status_shows_the_runs_under_way_and_their_time_to_go(budget, tmp_path, capsys):
