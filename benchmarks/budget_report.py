@@ -220,10 +220,11 @@ def runs_to_go(args: argparse.Namespace, book: Ledger | None, point: str, arm: s
     if book is None:
         return planned
     pick, missing = decide(book, point, arm, args.seeds, args.sweep_seed, args.tie_margin)
-    if pick is not None and pick["bracketed"]:
+    finals = sweep_finals(book, point, arm, args.sweep_seed)
+    if pick is not None and min(finals) < float(pick["picked"]) < max(finals):  # as the table's "bracketed"
         return 0
     growth = sum(1 for _, seed in missing if seed == args.sweep_seed)  # the sweep grown past a tie's pick
-    sweep_to_come = max(growth, RUNS_PER_SWEEP - len(sweep_finals(book, point, arm, args.sweep_seed)))
+    sweep_to_come = max(growth, RUNS_PER_SWEEP - len(finals))
     return max(planned - done, len(missing) - growth + sweep_to_come)
 
 

@@ -225,6 +225,11 @@ def test_the_runs_left_follow_the_rate_rule(budget, tmp_path):
         for seed in seeds:
             run("ngpt", lr, seed, final)
     assert runs_to_go(args, ledger, "tiny@32", "ngpt", 5, planned) == 0
+    # a pick recorded by an older study (no "tried" or "bracketed") stands the same way
+    older = {"point": "tiny@32", "arm": "ngpt", "picked": 0.01, "candidates": [{"lr": 0.01, "sweep_final": 3.0,
+             "mean": 3.0}], "seeds": [0, 1, 2], "sweep_seed": 0, "tie_margin": 0.02}  # fmt: skip  # one picks.jsonl line
+    ledger.add_pick(older)
+    assert runs_to_go(args, ledger, "tiny@32", "ngpt", 5, planned) == 0
     # while the sweep is one rate, unbracketed, the plan's count stands
     (tmp_path / "r" / "steps0160").mkdir()
     other = budget.scaling.Ledger(tmp_path / "r" / "steps0160" / "runs.jsonl")
