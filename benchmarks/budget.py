@@ -274,8 +274,8 @@ def gpu_plan() -> str:
         f"parameter, the size axis):\n\n    {command}\n\n"
         + "\n".join(lines)
         + f"\n\nIn all about {total_hours:,.0f} GPU-hours at {GPU_MFU:.0%} of {GPU_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
-        f"(an H200's dense bf16 peak, NVIDIA's datasheet; the fraction is an assumption until measured), {RUNS_PER_SWEEP} sweep runs "
-        "and 2 more seeds per arm and budget.\n"
+        "(an H200's dense bf16 peak, NVIDIA's datasheet; the fraction is an assumption until measured), "
+        f"{RUNS_PER_SWEEP} sweep runs and 2 more seeds per arm and budget.\n"
     )
 
 
