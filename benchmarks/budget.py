@@ -73,12 +73,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import convergence  # noqa: E402  (benchmarks/ is on sys.path)
 import scaling  # noqa: E402
 from _machine import portable_command  # noqa: E402
+from budget_gpu_plan import gpu_plan  # noqa: E402
 from budget_report import (  # noqa: E402
     BASELINE,
     RUNS_PER_SWEEP,
     budget_dir,
     budgets_of,
     ledgers,
+    scaled_budgets,
     write_results,
 )
 from budget_size_axis import write_size_axis  # noqa: E402
@@ -117,7 +119,7 @@ class BudgetStudy(scaling.Study):
 
     def report(self) -> None:
         super().report()
-        write_results(self.study_args, plots=False)  # the plots: once a budget is done
+        write_results(reported(self.study_args), plots=False)  # the plots: once a budget is done
 
 
 def run_arms_through_budgets(args: argparse.Namespace, point: scaling.Point, bar) -> None:
@@ -158,7 +160,7 @@ def run_arms_through_budgets(args: argparse.Namespace, point: scaling.Point, bar
             start, _ = scaling.chosen(study.ledger, str(point), arm, args.sweep_seed, args.tie_margin)
             done[arm, budget].set()
             with places.lock:
-                write_results(args)
+                write_results(reported(args))
 
     def guarded(arm: str) -> None:
         try:
@@ -217,66 +219,6 @@ def measure(args: argparse.Namespace, steps: int = 40) -> None:
             est["timings"][key] = timing
     est.update(date=datetime.date.today().isoformat(), command=args.command)
     path.write_text(json.dumps(est, indent=1) + "\n")
-
-
-# ---------------------------------------------------------------- the GPU plan
-
-GPU_POINTS = ["base@1024", "base@4096", "0.5b@1024"]  # two contexts at base; a second size at 1024
-GPU_TOKENS_PER_STEP = 512 * 1024  # the paper's global batch: 512 sequences of 1k tokens (App. A.5)
-GPU_BUDGETS = [750, 3000, 12000]  # 2.4, 9.7 and 39 tokens per parameter at base: the CPU study's range
-# H100/H200 SXM dense bf16 per GPU: NVIDIA's datasheets give 1,979 TFLOP/s with 2:4 sparsity, half without
-GPU_PEAK_FLOPS = 989e12
-GPU_MFU = 0.4  # the fraction of peak a training step sustains: an assumption, to be measured
-
-
-def scaled_budgets(budgets: list[int], params: int, reference: int) -> list[int]:
-    """``--scale-budgets``: a point of ``params`` parameters trains as many tokens per parameter
-    as the first point (``reference`` parameters) does at ``budgets`` (the same tokens per step)."""
-    return [round(b * params / reference) for b in budgets]
-
-
-def gpu_plan() -> str:
-    """The command of the budget study at GPT-2 small's shape on a GPU (two contexts) and at a
-    second size (0.5b) at the same tokens per parameter, and its cost: training FLOPs by
-    ``6 N D`` per run (N: parameters, D: tokens), with attention's ``6 L T d`` per token beside
-    it, in GPU-hours at :data:`GPU_MFU` of :data:`GPU_PEAK_FLOPS`."""
-    from spherenet.models import preset_config
-
-    runs = (RUNS_PER_SWEEP + 3 - 1) * len(ARMS)  # per budget: each arm's sweep and two more seeds
-    lines = [
-        "| point | params N | budget (steps) | tokens D | tokens / param | runs | 6 N D per run | "
-        "with attention | GPU-hours |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    total_hours = 0.0
-    points = [scaling.Point.parse(t) for t in GPU_POINTS]
-    reference = scaling.parameters(points[0])
-    for pt in points:
-        n = scaling.parameters(pt)
-        c = preset_config(f"ngpt-{pt.size}", max_seq_len=pt.context)
-        attention = 6 * c.n_layers * pt.context * c.d_model  # per token, forward and backward
-        for budget in scaled_budgets(GPU_BUDGETS, n, reference):
-            tokens = budget * GPU_TOKENS_PER_STEP
-            flops, with_attention = 6 * n * tokens, (6 * n + attention) * tokens
-            hours = runs * with_attention / (GPU_PEAK_FLOPS * GPU_MFU) / 3600
-            total_hours += hours
-            lines.append(
-                f"| {pt} | {n / 1e6:.1f}M | {budget} | {tokens / 1e9:.2f}B | {tokens / n:.1f} | {runs} | "
-                f"{flops:.2e} | {with_attention:.2e} | {hours:.0f} |"
-            )
-    command = (
-        f"python benchmarks/budget.py --points {' '.join(GPU_POINTS)} --budgets {' '.join(map(str, GPU_BUDGETS))} "
-        f"--scale-budgets --tokens-per-step {GPU_TOKENS_PER_STEP} --evals 10 --jobs 1 --data openwebtext "
-        "data.tokenizer=bpe:32000 train.micro_batch_size=16"
-    )
-    return (
-        f"Command (one GPU, the runs one after another; --scale-budgets: {points[-1]} at {points[0]}'s tokens per "
-        f"parameter, the size axis):\n\n    {command}\n\n"
-        + "\n".join(lines)
-        + f"\n\nIn all about {total_hours:,.0f} GPU-hours at {GPU_MFU:.0%} of {GPU_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
-        "(an H200's dense bf16 peak, NVIDIA's datasheet; the fraction is an assumption until measured), "
-        f"{RUNS_PER_SWEEP} sweep runs and 2 more seeds per arm and budget.\n"
-    )
 
 
 # ---------------------------------------------------------------- main
@@ -364,9 +306,63 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def planned(args: argparse.Namespace) -> set[tuple[str, int, str]]:
+    """The (point, budget, arm) runs a command plans."""
+    return {(str(pt), b, arm) for pt in args.points for b in budgets_of(args, pt) for arm in args.arms}
+
+
+def recorded_starts(results: Path) -> list[argparse.Namespace]:
+    """The study's starts recorded in ``results/study.json``, parsed: the first, then each later
+    one that planned more (none when the study has no record yet)."""
+    meta = results / "study.json"
+    if not meta.is_file():
+        return []
+    record = json.loads(meta.read_text())
+    commands = [record["command"], *record.get("later", [])]
+    return [parse([*shlex.split(c)[2:], "--results", str(results)]) for c in commands]  # past "python budget.py"
+
+
+def remember_start(args: argparse.Namespace, trains: bool) -> None:
+    """``args.date`` and ``args.command``: the study's first start, from ``study.json`` (written
+    on the first start), so that the reports' header does not churn. A later start that trains
+    runs the record does not plan is added to its ``later`` list, so that the reports know the
+    whole plan whichever command wrote them last."""
+    meta = args.results / "study.json"
+    if not meta.is_file():
+        args.date = datetime.date.today().isoformat()
+        meta.write_text(json.dumps({"started": args.date, "command": args.command}, indent=1) + "\n")
+        return
+    record = json.loads(meta.read_text())
+    if trains and not planned(args) <= set().union(*map(planned, recorded_starts(args.results))):
+        record["later"] = [*record.get("later", []), args.command]
+        meta.write_text(json.dumps(record, indent=1) + "\n")
+    args.date, args.command = record["started"], portable_command(record["command"])
+
+
+def reported(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` as the reports read it: the points, budgets and arms of every recorded start and
+    of the ledgers besides this command's, and ``plan``, the (point, budget, arm) runs one of the
+    starts planned or a ledger holds. A start with fewer arms or budgets thus rewrites the same
+    tables, and a run nobody planned is neither costed nor marked "not run"."""
+    shown = copy.copy(args)
+    shown.arms, shown.points, shown.params = list(args.arms), list(args.points), dict(args.params)
+    shown.point_budgets = {str(pt): budgets_of(args, pt) for pt in args.points}
+    shown.plan = planned(args)
+    for start in recorded_starts(args.results):
+        shown.plan |= planned(start)
+        shown.arms += [a for a in start.arms if a not in shown.arms]
+        for pt in start.points:
+            if str(pt) not in shown.params:
+                shown.points.append(pt)
+                shown.params[str(pt)] = start.params[str(pt)]
+            shown.point_budgets[str(pt)] = sorted({*shown.point_budgets.get(str(pt), ()), *budgets_of(start, pt)})
+    return with_ledgers_on_disk(shown)
+
+
 def with_ledgers_on_disk(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` (a study's first command) with the points, budgets and arms its ledgers hold
-    beyond it (later starts of the study with other ``--budgets`` or ``--arms``)."""
+    """``args`` (a study's command) with the points, budgets and arms its ledgers hold beyond it
+    (later starts of the study with other ``--budgets`` or ``--arms``); what they hold joins
+    ``args.plan`` where ``args`` has one."""
     held: dict[str, set[int]] = {}
     for path in sorted(args.results.glob("steps*/runs.jsonl")):
         budget = int(path.parent.name.removeprefix("steps"))
@@ -374,6 +370,8 @@ def with_ledgers_on_disk(args: argparse.Namespace) -> argparse.Namespace:
             held.setdefault(point, set()).add(budget)
             if arm not in args.arms:
                 args.arms.append(arm)
+            if getattr(args, "plan", None) is not None:
+                args.plan.add((point, budget, arm))
     for point in held:
         if point not in args.params:
             args.points.append(scaling.Point.parse(point))
@@ -392,7 +390,7 @@ def size_axis(dirs: list[Path], out: Path | None) -> Path:
         if not meta.is_file():
             raise SystemExit(f"error: {meta} not found: --size-axis takes budget studies' results directories")
         command = shlex.split(json.loads(meta.read_text())["command"])[2:]  # past "python benchmarks/budget.py"
-        studies.append(with_ledgers_on_disk(parse([*command, "--results", str(d.resolve())])))
+        studies.append(reported(parse([*command, "--results", str(d.resolve())])))
     out = (out or Path(os.path.commonpath([d.resolve() for d in dirs]))).resolve()
     write_size_axis(studies, out)
     return out
@@ -402,19 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     if args.gpu_plan:
-        print(gpu_plan(), end="")
+        print(gpu_plan(ARMS), end="")
         return 0
     if args.size_axis:
         out = size_axis(args.size_axis, args.results)
         print(f"wrote {out / 'size_axis.md'}, {out / 'size_axis.png'}", flush=True)
         return 0
-    meta = args.results / "study.json"  # the first start's date and command stay: the header does not churn
-    if meta.is_file():
-        first = json.loads(meta.read_text())
-        args.date, args.command = first["started"], portable_command(first["command"])
-    else:
-        args.date = datetime.date.today().isoformat()
-        meta.write_text(json.dumps({"started": args.date, "command": args.command}, indent=1) + "\n")
+    remember_start(args, trains=not (args.pending or args.status or args.report_only or args.estimate_only))
     probe = scaling.Study(budget_args(args, args.budgets[0], {}), bar=None)
     compare.check_overrides(
         DEFAULT_CONFIG,
@@ -435,24 +427,24 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(status(args)), flush=True)
         return 0
     if args.report_only:
-        write_results(args)
+        write_results(reported(args))
         print(f"wrote {args.results / 'budget.md'}", flush=True)
         return 0
     with subprocesses.stop_children_on_signals():
         measure(args)
-        write_results(args)
+        write_results(reported(args))
         if args.estimate_only:
             print(f"wrote {args.results / 'budget.md'} (estimate only)", flush=True)
             return 0
         per_budget = (RUNS_PER_SWEEP - 1 + len(args.seeds)) * len(args.arms)
-        planned = per_budget * sum(len(budgets_of(args, pt)) for pt in args.points)
+        runs_planned = per_budget * sum(len(budgets_of(args, pt)) for pt in args.points)
         done = sum(len(book.rows) for book in ledgers(args).values())
-        bar = compare.progress_bar(max(planned, done), "budget study", enabled=args.progress, initial=done)
+        bar = compare.progress_bar(max(runs_planned, done), "budget study", enabled=args.progress, initial=done)
         for pt in args.points:
             run_arms_through_budgets(args, pt, bar)
         if bar is not None:
             bar.close()
-    write_results(args)
+    write_results(reported(args))
     print(f"wrote {args.results / 'budget.md'}", flush=True)
     return 0
 

@@ -74,6 +74,20 @@ def budget_dir(results: Path, budget: int) -> Path:
     return results / f"steps{budget:04d}"
 
 
+def scaled_budgets(budgets: list[int], params: int, reference: int) -> list[int]:
+    """``--scale-budgets``: a point of ``params`` parameters trains as many tokens per parameter
+    as the first point (``reference`` parameters) does at ``budgets`` (the same tokens per step)."""
+    return [round(b * params / reference) for b in budgets]
+
+
+def in_plan(args: argparse.Namespace, point: Point | str, budget: int, arm: str) -> bool:
+    """Whether the study plans (or has run) ``arm`` at ``point`` and ``budget``: the whole grid of
+    the command's points, budgets and arms unless ``args.plan`` (every start's, as the reports
+    read it) says otherwise."""
+    plan = getattr(args, "plan", None)
+    return plan is None or (str(point), budget, arm) in plan
+
+
 def budgets_of(args: argparse.Namespace, point: Point) -> list[int]:
     """The point's budgets: ``args.budgets``, unless ``--scale-budgets`` gave each point its own
     (``args.point_budgets``)."""
@@ -187,8 +201,9 @@ def estimate_text(args: argparse.Namespace) -> str:
             measured = sum(r.get("wall_s", 0.0) for rows in done.values() for r in rows) / steps if steps else None
             shown = f"{measured:.3f} ({sum(map(len, done.values()))})" if measured is not None else "-"
             lines.append(f"| {pt} | {arm} | {m['s_per_step']:.3f} | {m['startup_s']:.1f} | {shown} |")
-            total += run_seconds(args, m, budgets_of(args, pt))
-            for b in budgets_of(args, pt):
+            budgets = [b for b in budgets_of(args, pt) if in_plan(args, pt, b, arm)]
+            total += run_seconds(args, m, budgets)
+            for b in budgets:
                 runs_left = runs_to_go(args, books.get(b), str(pt), arm, len(done.get(b, [])), planned)
                 one = b * measured if measured is not None else run_seconds(args, m, [b]) / planned
                 left += runs_left * one
@@ -263,7 +278,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
     overrides = f" Overrides for every run: `{' '.join(args.overrides)}`." if args.overrides else ""
     budgets = ", ".join(map(str, args.budgets))
     margin = getattr(args, "tie_margin", TIE_MARGIN)
-    if getattr(args, "point_budgets", None):  # --scale-budgets: each point its own, at equal tokens per parameter
+    if len({tuple(budgets_of(args, pt)) for pt in args.points}) > 1:  # each point its own (--scale-budgets)
         budgets = "; ".join(f"{pt}: {', '.join(map(str, budgets_of(args, pt)))}" for pt in args.points)
     (args.results / "budget.md").write_text(
         "# Budget study: nGPT's compute multiplier over GPT against training length\n\n"

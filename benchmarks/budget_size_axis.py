@@ -8,7 +8,7 @@ import argparse
 import math
 from pathlib import Path
 
-from budget_report import budgets_of, fmt_multiplier, multiplier_axes, summary, tokens_per_param
+from budget_report import budgets_of, fmt_multiplier, in_plan, multiplier_axes, summary, tokens_per_param
 from scaling_ledger import BASELINE
 from scaling_report import fmt_values, mean_std
 
@@ -18,7 +18,7 @@ RULE_ARMS = ("ngpt-slerp", "ngpt-riemannian", "ngpt-tangent")
 
 
 def size_axis_rows(studies: list[argparse.Namespace]) -> list[dict]:
-    """Every (point, budget, arm) the studies plan (their points, budgets and arms), ordered by
+    """Every (point, budget, arm) the studies plan (:func:`budget_report.in_plan`), ordered by
     model size, context and budget: its :func:`summary` row with the paired differences to LERP
     (``vs_lerp``: per seed, the arm's final loss minus LERP's), or ``None`` ("not run")."""
     out = []
@@ -26,7 +26,7 @@ def size_axis_rows(studies: list[argparse.Namespace]) -> list[dict]:
         found = {(str(r["point"]), r["budget"], r["arm"]): r for r in summary(args)}
         for pt in args.points:
             for b in budgets_of(args, pt):
-                for arm in args.arms:
+                for arm in (a for a in args.arms if in_plan(args, pt, b, a)):
                     r = found.get((str(pt), b, arm))
                     if r is not None and arm in RULE_ARMS and (str(pt), b, LERP) in found:
                         lerp = dict(zip(found[str(pt), b, LERP]["seeds"], found[str(pt), b, LERP]["finals"]))

@@ -48,12 +48,15 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def summary(args: argparse.Namespace, ledger: Ledger) -> list[dict]:
-    """One row per (point, arm) with a chosen rate."""
+    """One row per (point, arm) with a chosen rate: the command's arms, then any other the
+    ledger holds at the point (run by a start of the study with other ``--arms``)."""
     out = []
     for point in args.points:
         margin = getattr(args, "tie_margin", TIE_MARGIN)
         base_lr, _ = chosen(ledger, str(point), BASELINE, args.sweep_seed, margin)
-        for arm in arms_at(args, point):
+        arms = arms_at(args, point)
+        arms += [a for a in dict.fromkeys(a for (p, a, _, _) in ledger.rows if p == str(point)) if a not in arms]
+        for arm in arms:
             lr, bracketed = chosen(ledger, str(point), arm, args.sweep_seed, margin)
             if lr is None:
                 continue

@@ -15,16 +15,18 @@ def params(budget, point: str) -> int:
     return budget.scaling.parameters(budget.scaling.Point.parse(point))
 
 
-def write_study(results: Path, command: str, finals: dict[tuple[str, int, str, float, int], float]) -> None:
+def write_study(
+    results: Path, command: str, finals: dict[tuple[str, int, str, float, int], float], wall_s: float = 1.0
+) -> None:
     """A results directory as the study leaves it: its first command and one ledger per budget
-    ((point, budget, arm, lr, seed) -> final validation loss)."""
+    ((point, budget, arm, lr, seed) -> final validation loss; each run ``wall_s`` seconds)."""
     results.mkdir(parents=True)
     (results / "study.json").write_text(json.dumps({"started": "2026-01-01", "command": command}))
     for (point, b, arm, lr, seed), final in finals.items():
         ledger = results / f"steps{b:04d}" / "runs.jsonl"
         ledger.parent.mkdir(exist_ok=True)
         row = {"point": point, "arm": arm, "lr": lr, "seed": seed, "finished": True, "exit": 0, "steps": [b],
-               "val_loss": [final], "tokens": [b * 256], "wall_s": 1.0, "date": "2026-01-01"}  # fmt: skip  # one ledger line
+               "val_loss": [final], "tokens": [b * 256], "wall_s": wall_s, "date": "2026-01-01"}  # fmt: skip  # one ledger line
         with ledger.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -85,7 +87,8 @@ def test_size_axis_reads_several_studies_and_marks_what_has_not_run(budget, tmp_
         *(("cpu@32", str(b2), arm) for arm in ("gpt", "ngpt", "ngpt-slerp")),
     ]:
         assert "| not run |" in rows[key]
-    assert "| 2.0000 |" in rows["cpu@32", str(b3), "ngpt"] and "| not run |" in rows["cpu@32", str(b3), "ngpt-slerp"]
+    assert "| 2.0000 |" in rows["cpu@32", str(b3), "ngpt"]
+    assert ("cpu@32", str(b3), "ngpt-slerp") not in rows  # no start planned it: not "not run"
     assert (out / "size_axis.png").stat().st_size > 0
     # the directories' common parent by default
     assert budget.main(["--size-axis", str(tmp_path / "tiny"), str(tmp_path / "cpu")]) == 0
@@ -270,3 +273,55 @@ def test_status_shows_the_runs_under_way_and_their_time_to_go(budget, tmp_path, 
     assert "tiny@32 gpt_lr3e-3 seed 0: logged step 20 of 160 (stopped, about 2 min to go at 1.00 s a step)" in text
     assert "tiny@32 gpt_lr3e-2 seed 0: logged step 160 of 160 (finished, not yet in the ledger)" in text
     assert "40 steps gpt" not in text and text.count("gpt_lr") == 3
+
+
+def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget, tmp_path):
+    """A study started again with other --arms or --budgets (GPT and LERP at a longer budget,
+    one arm alone) keeps every arm the ledgers hold in budget.md, records a start that plans
+    more in study.json, and costs and marks "not run" only what some start planned."""
+    results, seeds = tmp_path / "r", (0, 1)
+    finals = {("tiny@32", b, arm, lr, s): v - 0.1 * s for b, v in ((40, 3.0), (160, 2.5))
+              for arm, lr in (("gpt", 0.01), ("ngpt", 0.03), ("ngpt-slerp", 0.03)) for s in seeds}  # fmt: skip  # one ledger per budget
+    common = ["--points", "tiny@32", "--seeds", "0", "1", "--tokens-per-step", "256", "--evals", "4", "--jobs", "1"]
+    first = ["--budgets", "40", "160", "--arms", "gpt", "ngpt", "ngpt-slerp", *common]
+    write_study(results, "python benchmarks/budget.py " + " ".join(first), finals, wall_s=3600.0)
+    est = {f"tiny@32|{arm}": {"s_per_step": 1.0, "startup_s": 0.0} for arm in ("gpt", "ngpt", "ngpt-slerp")}
+    (results / "estimate.json").write_text(json.dumps({"timings": est, "date": "2026-01-01", "command": "x"}))
+    at = ["--results", str(results), "--out", str(tmp_path / "out")]
+    longer = ["--budgets", "40", "160", "640", "--arms", "gpt", "ngpt", *common, *at]
+
+    def tables(argv):
+        assert budget.main([*argv, "--report-only"]) == 0
+        return (results / "budget.md").read_text()
+
+    before = tables([*first, *at])
+    # starts that only look, or plan nothing new, leave the record as it is
+    budget.remember_start(budget.parse(longer), trains=False)
+    budget.remember_start(budget.parse(["--budgets", "40", "160", "--arms", "gpt", *common, *at]), trains=True)
+    assert "later" not in json.loads((results / "study.json").read_text())
+    # a start that trains more is recorded once, and from then on the first command's tables cost its runs
+    for _ in range(2):
+        budget.remember_start(budget.parse(longer), trains=True)
+    record = json.loads((results / "study.json").read_text())
+    assert record["later"] == ["python benchmarks/budget.py " + " ".join(longer[: -len(at)] + at[:2])]
+    assert record["command"] == "python benchmarks/budget.py " + " ".join(first)
+    after = tables([*first, *at])
+    assert after != before and "Budgets: 40, 160, 640 steps" in after
+    left = [float(t.split("none once a rate is picked: ")[1].split(" ")[0]) for t in (before, after)]
+    # GPT's and LERP's 640-step runs (5 each: the sweep and one more seed) at the measured time per step
+    per_step = 4 * 3600.0 / (40 * 2 + 160 * 2)  # each arm's four runs, an hour each
+    assert left[1] - left[0] == pytest.approx(5 * 640 * 2 * per_step / 3600, abs=0.11)
+    # whichever start writes them, the tables are the same: every arm the ledgers hold stays
+    for argv in (longer, ["--budgets", "40", "160", "--arms", "gpt", *common, *at]):
+        assert tables(argv) == after
+    row = next(line for line in after.splitlines() if line.startswith("| tiny@32 | 160 |") and "| ngpt-slerp |" in line)
+    assert "| 2 |" in row
+    shown = budget.reported(budget.parse(["--budgets", "40", "160", "--arms", "gpt", *common, *at]))
+    assert ("tiny@32", 640, "ngpt") in shown.plan and ("tiny@32", 640, "ngpt-slerp") not in shown.plan
+    # the size axis: what a start planned and has not run says so; what none planned is left out
+    assert budget.main(["--size-axis", str(results), "--results", str(tmp_path / "axis")]) == 0
+    axis = (tmp_path / "axis" / "size_axis.md").read_text()
+    assert "| tiny@32 | 0.17M | 640 |" in axis and "| ngpt | not run |" in axis
+    assert "| 640 | 9.9 | ngpt-slerp |" not in axis and not any(
+        line.startswith("| tiny@32 |") and "| 640 |" in line and "ngpt-slerp" in line for line in axis.splitlines()
+    )

@@ -298,6 +298,10 @@ def test_a_ratio_reached_at_the_first_evaluation_is_reported_as_a_lower_bound(sc
     gpt_row = next(line for line in table.splitlines() if "| gpt |" in line)
     assert "≥" not in gpt_row
     assert "3x is the most this budget can measure" in table
+    # a start with fewer --arms rewrites the same table: the arms the ledger holds stay in it
+    args.arms = ["gpt"]
+    scaling.write_results(args, ledger, plots=False)
+    assert (tmp_path / "scaling.md").read_text() == table
 
 
 def test_a_hyperball_arm_sweeps_its_matrix_rate_after_gpt_with_gpts_rate_for_its_adamw_part(
