@@ -3,7 +3,7 @@ tokens per parameter.
 
     nice python benchmarks/budget.py                  # the study on the default corpus (hours: see its estimate)
     python benchmarks/budget.py --estimate-only       # time every arm, write the estimate, train nothing
-    python benchmarks/budget.py --report-only         # rewrite budget.md and the plots from the ledgers
+    python benchmarks/budget.py --report-only         # rewrite the tables and plots from the ledgers
     python benchmarks/budget.py --gpu-plan            # the GPU version's command and its cost (6 N D), no training
     python benchmarks/budget.py --pending             # the seed runs the rate rule still needs, no training
     python benchmarks/budget.py --status --out DIR    # runs done, runs under way in DIR and their time to go
@@ -427,7 +427,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(status(args)), flush=True)
         return 0
     if args.report_only:
-        write_results(reported(args))
+        shown = reported(args)
+        for b in shown.budgets:  # each budget's own table and plots, as its last run left them
+            ledger = budget_dir(args.results, b) / "runs.jsonl"
+            if ledger.is_file():
+                scaling.write_results(budget_args(shown, b, {}), scaling.Ledger(ledger))
+        write_results(shown)
         print(f"wrote {args.results / 'budget.md'}", flush=True)
         return 0
     with subprocesses.stop_children_on_signals():

@@ -316,6 +316,8 @@ def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget
         assert tables(argv) == after
     row = next(line for line in after.splitlines() if line.startswith("| tiny@32 | 160 |") and "| ngpt-slerp |" in line)
     assert "| 2 |" in row
+    # so does each budget's own table, which --report-only rewrites too
+    assert "| tiny@32 | 0.17M | ngpt-slerp | **0.03** (0.03) |" in (results / "steps0160" / "scaling.md").read_text()
     shown = budget.reported(budget.parse(["--budgets", "40", "160", "--arms", "gpt", *common, *at]))
     assert ("tiny@32", 640, "ngpt") in shown.plan and ("tiny@32", 640, "ngpt-slerp") not in shown.plan
     # the size axis: what a start planned and has not run says so; what none planned is left out
