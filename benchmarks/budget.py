@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(todo)} run(s) pending", flush=True)
         return 0
     if args.status:
-        print("\n".join(status(args)), flush=True)
+        print("\n".join(status(reported(args))), flush=True)  # the whole study, whichever start asks
         return 0
     if args.report_only:
         shown = reported(args)

@@ -275,7 +275,7 @@ def test_status_shows_the_runs_under_way_and_their_time_to_go(budget, tmp_path, 
     assert "40 steps gpt" not in text and text.count("gpt_lr") == 3
 
 
-def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget, tmp_path):
+def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget, tmp_path, capsys):
     """A study started again with other --arms or --budgets (GPT and LERP at a longer budget,
     one arm alone) keeps every arm the ledgers hold in budget.md, records a start that plans
     more in study.json, and costs and marks "not run" only what some start planned."""
@@ -316,6 +316,9 @@ def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget
         assert tables(argv) == after
     row = next(line for line in after.splitlines() if line.startswith("| tiny@32 | 160 |") and "| ngpt-slerp |" in line)
     assert "| 2 |" in row
+    # --status tells where the whole study stands, whichever start asks
+    assert budget.main(["--budgets", "40", "160", "--arms", "gpt", *common, *at, "--status"]) == 0
+    assert "640 steps: 0 run(s) in the ledger" in capsys.readouterr().out
     # so does each budget's own table, which --report-only rewrites too
     assert "| tiny@32 | 0.17M | ngpt-slerp | **0.03** (0.03) |" in (results / "steps0160" / "scaling.md").read_text()
     shown = budget.reported(budget.parse(["--budgets", "40", "160", "--arms", "gpt", *common, *at]))
