@@ -250,20 +250,33 @@ def test_training_is_bitwise_the_same_with_eval_forwards_between_steps(update):
 
 
 # Recorded with the code before folding (same seeds, same steps), per (update, variant):
-# `_train_record(_model(update, seed=3, **VARIANTS[variant]))` with 2 threads. Bitwise on this
-# project's machine and torch; another BLAS may round differently (the test above is portable).
+# `_train_record(_model(update, seed=3, **VARIANTS[variant]))` with 2 threads: the losses, and the
+# gradients' digest on each CPU the project has been checked on. The losses agree bitwise on both;
+# the gradients' last bits do not (the CPUs' BLAS kernels sum in another order): first, the CPU they
+# were recorded on; then an AVX-512 AMD EPYC (recorded there with the code before folding, and for
+# SLERP with its autograd function; the digests of today's code are the same). Another CPU may
+# round otherwise still (the test above is portable).
 RECORDED_BEFORE_FOLDING = {
     ("lerp", "mha"): (
         ["0x1.0b30680000000p+2", "0x1.0b30fa0000000p+2", "0x1.0ac4bc0000000p+2"],
-        "f973ec4659c77cf15facd4d48e3a5e14148487f4624030a77bcf0b2977068a59",
+        {
+            "f973ec4659c77cf15facd4d48e3a5e14148487f4624030a77bcf0b2977068a59",
+            "04e68f37c109c487810d07527161a2658ce9c4477cab601fee0b1bc54ff1214d",
+        },
     ),
     ("riemannian", "gqa"): (
         ["0x1.09c36a0000000p+2", "0x1.099dde0000000p+2", "0x1.0853c40000000p+2"],
-        "d77e72815a87bf0c9e319a0e5a518a07e6718a2adc344f0cf89c364f02697172",
+        {
+            "d77e72815a87bf0c9e319a0e5a518a07e6718a2adc344f0cf89c364f02697172",
+            "9b695a1fc29b6c6b87dcd39279fd79fa689e02aafc58635a48454ad36eff1bd3",
+        },
     ),
     ("slerp", "relu2"): (  # the gradients re-recorded with SLERP's autograd function (last bits; same losses)
         ["0x1.0d0b6a0000000p+2", "0x1.0aac560000000p+2", "0x1.0b58440000000p+2"],
-        "cc5607c0d23c31940680366db6dea35628dde8977f95ca89992d141f5d1582a3",
+        {
+            "cc5607c0d23c31940680366db6dea35628dde8977f95ca89992d141f5d1582a3",
+            "e9ed74ac3b06f73e36ec779379ebfdaffe03ed977e9b57a5743d8241dbe6d2b1",
+        },
     ),
 }
 
@@ -280,7 +293,10 @@ def two_threads():
 @pytest.mark.parametrize("update, variant", sorted(RECORDED_BEFORE_FOLDING))
 def test_training_losses_and_gradients_are_those_recorded_before_folding(update, variant, two_threads):
     model = _model(update, seed=3, **VARIANTS[variant])
-    assert _train_record(model) == RECORDED_BEFORE_FOLDING[update, variant]
+    losses, digest = _train_record(model)
+    recorded_losses, recorded_digests = RECORDED_BEFORE_FOLDING[update, variant]
+    assert losses == recorded_losses
+    assert digest in recorded_digests, f"gradients changed, or a CPU that rounds otherwise ({digest})"
 
 
 def test_a_wrapped_linear_is_not_folded_past():
