@@ -346,51 +346,40 @@ def reported(args: argparse.Namespace) -> argparse.Namespace:
     tables, and a run nobody planned is neither costed nor marked "not run"."""
     shown = copy.copy(args)
     shown.arms, shown.points, shown.params = list(args.arms), list(args.points), dict(args.params)
-    shown.point_budgets = {str(pt): budgets_of(args, pt) for pt in args.points}
-    shown.plan = planned(args)
-    for start in recorded_starts(args.results):
-        shown.plan |= planned(start)
-        shown.arms += [a for a in start.arms if a not in shown.arms]
+    shown.point_budgets, shown.plan = {}, set()
+    for start in [args, *recorded_starts(args.results)]:
         for pt in start.points:
-            if str(pt) not in shown.params:
-                shown.points.append(pt)
-                shown.params[str(pt)] = start.params[str(pt)]
-            shown.point_budgets[str(pt)] = sorted({*shown.point_budgets.get(str(pt), ()), *budgets_of(start, pt)})
-    return with_ledgers_on_disk(shown)
-
-
-def with_ledgers_on_disk(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` (a study's command) with the points, budgets and arms its ledgers hold beyond it
-    (later starts of the study with other ``--budgets`` or ``--arms``); what they hold joins
-    ``args.plan`` where ``args`` has one."""
-    held: dict[str, set[int]] = {}
+            join(shown, pt, budgets_of(start, pt), start.arms)
     for path in sorted(args.results.glob("steps*/runs.jsonl")):
         budget = int(path.parent.name.removeprefix("steps"))
         for point, arm, _, _ in scaling.Ledger(path).rows:
-            held.setdefault(point, set()).add(budget)
-            if arm not in args.arms:
-                args.arms.append(arm)
-            if getattr(args, "plan", None) is not None:
-                args.plan.add((point, budget, arm))
-    for point in held:
-        if point not in args.params:
-            args.points.append(scaling.Point.parse(point))
-            args.params[point] = scaling.parameters(args.points[-1])
-    args.point_budgets = {str(pt): sorted({*budgets_of(args, pt), *held.get(str(pt), ())}) for pt in args.points}
-    args.budgets = sorted({b for budgets in args.point_budgets.values() for b in budgets})
-    return args
+            join(shown, scaling.Point.parse(point), [budget], [arm])
+    shown.budgets = sorted({b for budgets in shown.point_budgets.values() for b in budgets})
+    return shown
+
+
+def join(shown: argparse.Namespace, point: scaling.Point, budgets: list[int], arms: list[str]) -> None:
+    """Adds ``arms`` at ``point`` and ``budgets`` to the reported study ``shown`` and its plan."""
+    if str(point) not in shown.params:
+        shown.points.append(point)
+        shown.params[str(point)] = scaling.parameters(point)
+    shown.point_budgets[str(point)] = sorted({*shown.point_budgets.get(str(point), ()), *budgets})
+    shown.arms += [a for a in arms if a not in shown.arms]
+    shown.plan |= {(str(point), b, a) for b in budgets for a in arms}
 
 
 def size_axis(dirs: list[Path], out: Path | None) -> Path:
-    """The size-axis report of the studies in ``dirs``, each read with its first command
-    (``study.json``), written into ``out`` (default: the directories' common parent)."""
+    """The size-axis report of the studies in ``dirs``, each read as its first recorded start
+    (``study.json``) and all it plans or holds, written into ``out`` (default: the directories'
+    common parent)."""
     studies = []
     for d in dirs:
-        meta = d / "study.json"
-        if not meta.is_file():
-            raise SystemExit(f"error: {meta} not found: --size-axis takes budget studies' results directories")
-        command = shlex.split(json.loads(meta.read_text())["command"])[2:]  # past "python benchmarks/budget.py"
-        studies.append(reported(parse([*command, "--results", str(d.resolve())])))
+        starts = recorded_starts(d.resolve())
+        if not starts:
+            raise SystemExit(
+                f"error: {d / 'study.json'} not found: --size-axis takes budget studies' results directories"
+            )
+        studies.append(reported(starts[0]))
     out = (out or Path(os.path.commonpath([d.resolve() for d in dirs]))).resolve()
     write_size_axis(studies, out)
     return out
