@@ -143,6 +143,32 @@ def test_a_bidirectional_model_matches_too(cls, tmp_path):
     assert not torch.allclose(model(ids).logits[:, :3], reference(ids[:, :3]), atol=1e-3)  # the future counts
 
 
+# torch's own notice that SDPA has no batching rule under vmap (it loops over the batch)
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+@pytest.mark.parametrize("case", ["ngpt-lerp", "ngpt-slerp", "ngpt-riemannian", "gpt"])
+def test_per_sample_gradients_by_vmap_equal_autograd_on_each_sample(case, tmp_path):
+    """torch.func over an export: the vocabulary assertion (no batching rule) stands aside under
+    the transform, and the embedding still refuses an id outside the table."""
+    from torch.func import functional_call, grad, vmap
+
+    model = portable_export(spherenet_model(*CASES[case]), tmp_path)
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    ids = torch.randint(0, VOCAB, (3, 8), generator=torch.Generator().manual_seed(1))
+
+    def loss(p, x):
+        logits = functional_call(model, p, (x[None],), {"use_cache": False}).logits
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), x)
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0))(params, ids)
+    for i in range(len(ids)):
+        model.zero_grad()
+        loss(dict(model.named_parameters()), ids[i]).backward()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(per_sample[name][i], p.grad, rtol=1e-4, atol=1e-6)
+    with pytest.raises(IndexError, match="out of range"):
+        vmap(grad(loss), in_dims=(None, 0))(params, ids.clamp_max(VOCAB - 1) + 1)
+
+
 @torch.no_grad()
 def test_labels_hidden_states_logits_to_keep_embeds_sampling_and_beams_match_spherenets_class(tmp_path):
     reference = spherenet_model(NGPT, {"n_kv_heads": 2, "mlp": "relu2"})

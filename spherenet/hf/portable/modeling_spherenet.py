@@ -28,6 +28,14 @@ def _work(*tensors) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
+_PEEK_TRANSFORM = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+
+
+def _in_func_transform() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ...) runs this code (not while compiling)."""
+    return _PEEK_TRANSFORM is not None and _PEEK_TRANSFORM() is not None and not torch.compiler.is_compiling()
+
+
 def normalize(x: torch.Tensor) -> torch.Tensor:
     """``Norm(x) = x / ‖x‖`` over the last dimension (Table 1); a zero vector stays zero."""
     xw = x.to(_work(x))
@@ -294,7 +302,8 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
         if input_ids is not None:
             if input_ids.ndim != 2 or input_ids.dtype.is_floating_point or input_ids.shape[1] < 1:
                 raise ValueError(f"input_ids must be integer ids of shape (batch, seq_len), got {input_ids.shape}")
-            torch._assert_async(((input_ids >= 0) & (input_ids < c.vocab_size)).all(), "token id out of vocabulary")
+            if not _in_func_transform():  # vmap has no batching rule for the assertion
+                torch._assert_async(((input_ids >= 0) & (input_ids < c.vocab_size)).all(), "token id out of vocabulary")
         elif inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != c.d_model:
             raise ValueError(f"inputs_embeds must have shape (batch, seq_len, {c.d_model}), got {inputs_embeds.shape}")
         h = self.embed_in(input_ids) if input_ids is not None else inputs_embeds
