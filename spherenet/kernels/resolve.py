@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-from ..manifolds.geodesic import in_func_transform
+from ..manifolds.geodesic import func_transform_active
 
 __all__ = [
     "VALUES",
@@ -138,7 +138,7 @@ def resolve(op: Op, requested: str | None = None, device_type: str = "cpu", args
         name = _scope or _ENVIRONMENT
         if name == "auto" or name not in op.implementations:
             name = op.auto.get(device_type, op.auto["*"])
-    if args is not None and name != "reference" and "reference" in op.implementations and in_func_transform():
+    if args is not None and name != "reference" and "reference" in op.implementations and func_transform_active():
         return "reference"
     if args is not None and name in op.takes and not op.takes[name](*args):
         return "torch"

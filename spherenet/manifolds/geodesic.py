@@ -26,6 +26,7 @@ __all__ = [
     "riemannian_update",
     "check_points",
     "in_func_transform",
+    "func_transform_active",
     "may_hold_any",
     "TINY",
     "ANTIPODAL_SIN",
@@ -44,12 +45,19 @@ ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
 _PEEK_TRANSFORM = getattr(torch._C._functorch, "peek_interpreter_stack", None)
 
 
+def func_transform_active() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ...) is active, also while
+    ``torch.compile`` traces one (dynamo traces the stack: it holds the transform there). An
+    operation with no batching rule, such as ``torch._assert_async``, must stand aside then."""
+    return _PEEK_TRANSFORM is not None and _PEEK_TRANSFORM() is not None
+
+
 def in_func_transform() -> bool:
-    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ...) is running this code:
-    it may not read a tensor's values on the host, and it batches and differentiates plain torch
-    operations only. False under ``torch.compile``, which traces the transforms itself."""
-    # the stack first: cheaper than is_compiling, and dynamo traces it (it holds a transform there)
-    return _PEEK_TRANSFORM is not None and _PEEK_TRANSFORM() is not None and not torch.compiler.is_compiling()
+    """Whether a ``torch.func`` transform is running this code eagerly: it may not read a tensor's
+    values on the host, and it batches and differentiates plain torch operations only. False under
+    ``torch.compile``, which traces the transforms itself."""
+    # the stack first: cheaper than is_compiling
+    return func_transform_active() and not torch.compiler.is_compiling()
 
 
 def may_hold_any(mask: torch.Tensor) -> bool:

@@ -39,6 +39,26 @@ def test_per_sample_gradients_by_vmap_equal_autograd_on_each_sample(kind, update
             torch.testing.assert_close(per_sample[name][i], p.grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # compiles a model's per-sample gradient
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+@pytest.mark.parametrize("kind, update", [("ngpt", "slerp"), ("gpt", None)])
+def test_compiled_per_sample_gradients_equal_eager_ones(kind, update):
+    """torch.compile traces the transforms itself: the vocabulary assertion (no batching rule)
+    stands aside and every op takes its plain-torch reference there too."""
+    model = tiny_model(kind, **({"update": update} if update else {}))
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    ids = torch.randint(0, 32, (3, 8), generator=torch.Generator().manual_seed(1))
+
+    def loss(p, x):
+        return F.cross_entropy(functional_call(model, p, (x[None],)).flatten(0, 1), x)
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0))
+    compiled = torch.compile(per_sample, fullgraph=True)(params, ids)
+    eager = per_sample(params, ids)
+    for name in params:
+        torch.testing.assert_close(compiled[name], eager[name], rtol=1e-4, atol=1e-6)
+
+
 def test_forward_mode_jvp_of_ngpt_matches_a_central_difference():
     """Forward mode through attention needs SDPA's math backend (torch's CPU flash kernel has no
     forward-mode derivative)."""

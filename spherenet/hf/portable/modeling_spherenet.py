@@ -31,9 +31,9 @@ def _work(*tensors) -> torch.dtype:
 _PEEK_TRANSFORM = getattr(torch._C._functorch, "peek_interpreter_stack", None)
 
 
-def _in_func_transform() -> bool:
-    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ...) runs this code (not while compiling)."""
-    return _PEEK_TRANSFORM is not None and _PEEK_TRANSFORM() is not None and not torch.compiler.is_compiling()
+def _func_transform_active() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ...) is active, compiled or not."""
+    return _PEEK_TRANSFORM is not None and _PEEK_TRANSFORM() is not None
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
@@ -302,7 +302,7 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
         if input_ids is not None:
             if input_ids.ndim != 2 or input_ids.dtype.is_floating_point or input_ids.shape[1] < 1:
                 raise ValueError(f"input_ids must be integer ids of shape (batch, seq_len), got {input_ids.shape}")
-            if not _in_func_transform():  # vmap has no batching rule for the assertion
+            if not _func_transform_active():  # vmap has no batching rule for the assertion
                 torch._assert_async(((input_ids >= 0) & (input_ids < c.vocab_size)).all(), "token id out of vocabulary")
         elif inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != c.d_model:
             raise ValueError(f"inputs_embeds must have shape (batch, seq_len, {c.d_model}), got {inputs_embeds.shape}")
