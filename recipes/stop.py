@@ -7,20 +7,24 @@ a file write) reach Python as one handler call: the operating system's handler r
 Python runs the Python-level handler once. Every delivery also writes one byte into the wakeup
 file descriptor (``signal.set_wakeup_fd``), so the handler counts those bytes instead of its own
 calls. A second Ctrl-C that comes after the loop (while the stop checkpoint is finished, the
-run's last records are written or the process shuts down) is remembered, and
-:meth:`StopOnSignal.exit_code` turns the run's exit code into 130."""
+run's last records are written) is remembered, and :meth:`StopOnSignal.exit_code` turns the
+run's exit code into 130. After a Ctrl-C, :func:`exit_process` ends the process right after that
+last look: the interpreter's teardown (a second or more with torch loaded, on a busy machine)
+runs no Python signal handler, so a Ctrl-C inside it would be lost and the run would exit 0."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
+from typing import NoReturn
 
 import torch
 
 from spherenet.train.distributed import all_reduce_max
 
-__all__ = ["StopOnSignal", "ABORT_EXIT_CODE"]
+__all__ = ["StopOnSignal", "ABORT_EXIT_CODE", "exit_process"]
 
 #: The exit code of a run aborted by a second Ctrl-C (the shell's 128 + SIGINT).
 ABORT_EXIT_CODE = 130
@@ -118,8 +122,8 @@ class StopOnSignal:
         self.aborted = True
 
     def exit_code(self, code: int) -> int:
-        """``code``, or 130 when a second Ctrl-C came, checked once more with SIGINT blocked so
-        that one arriving now is seen too; the previous SIGINT handler comes back."""
+        """``code``, or 130 when a second Ctrl-C came, checked once more with SIGINT blocked in
+        this thread so that one arriving now is seen too (it stays blocked: the process is ending)."""
         if self.sigints and hasattr(signal, "pthread_sigmask"):
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             if signal.SIGINT in signal.sigpending():
@@ -149,3 +153,20 @@ class StopOnSignal:
     def saved_at(self, step: int) -> str:
         """The line that reports the stop, once its checkpoint is saved at ``step``."""
         return f"stop requested ({self.describe()}): checkpoint saved at step {step}; continue with --resume"
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process with ``code``: the way out of a recipe's ``__main__``. Without a Ctrl-C,
+    as ``sys.exit``. After one, the run has already saved and closed what it writes, so the exit
+    code is read once more (130 if a second Ctrl-C came since) and the process ends at once, its
+    standard streams flushed, without the interpreter's teardown."""
+    stop = StopOnSignal.last
+    if stop is None or not stop.sigints:
+        sys.exit(code)
+    code = stop.exit_code(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said there
+            pass
+    os._exit(code)

@@ -38,7 +38,7 @@ from recipes.init_from import adopt_published_model, check_init_from_target, sta
 from recipes.lora import checkpoint_models, lora_training
 from recipes.resume import QuietRefusal, Resumption, open_run_directory, release_claims
 from recipes.run_data import batch_geometry, prepare_data, run_windows
-from recipes.stop import StopOnSignal
+from recipes.stop import StopOnSignal, exit_process
 from recipes.train_loop import TrainingRun, train
 from spherenet.checkpoint import (
     RUN_CHECKPOINTS,
@@ -243,4 +243,4 @@ def _run(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    exit_process(cli())

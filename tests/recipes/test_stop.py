@@ -6,13 +6,27 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from recipes.stop import ABORT_EXIT_CODE, StopOnSignal
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def sigint_unblocked_after():
+    """``exit_code`` leaves SIGINT blocked in the calling thread (the process is ending); in
+    this test process, the next test starts with it unblocked again."""
+    yield
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def send_later(*delays: float, sig: int = signal.SIGINT) -> threading.Thread:
@@ -85,3 +99,69 @@ def test_sigterm_then_nothing_keeps_the_exit_code_and_the_handlers_come_back():
         assert stop.signal == signal.SIGTERM and stop.sigints == 0
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     assert stop.exit_code(0) == 0
+
+
+def run_child(body: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """A Python process that enters ``StopOnSignal``, takes one Ctrl-C in it, then runs ``body``;
+    an ``atexit`` hook writes ``teardown`` into ``tmp_path`` if the interpreter's teardown runs."""
+    script = textwrap.dedent(
+        f"""
+        import atexit, os, signal, sys, time
+        import torch
+        from recipes.stop import StopOnSignal, exit_process
+        atexit.register(lambda: open({str(tmp_path / "teardown")!r}, "w").close())
+        torch.randn(256, 256) @ torch.randn(256, 256)  # torch's threads exist, as in a run
+        with StopOnSignal(announce=False) as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script + textwrap.dedent(body)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_second_ctrl_c_after_the_exit_code_was_read_still_exits_130(tmp_path):
+    """The run read its exit code (0: one Ctrl-C so far), then the second Ctrl-C comes while the
+    process ends. ``sys.exit`` would run the interpreter's teardown, in which no Python handler
+    runs, and exit 0; ``exit_process`` reads the code once more and ends at once."""
+    child = run_child(
+        """
+        code = stop.exit_code(0)
+        assert code == 0, code
+        os.kill(os.getpid(), signal.SIGINT)
+        print("stopped cleanly", end="")  # left in the buffer: exit_process flushes it
+        exit_process(code)
+        """,
+        tmp_path,
+    )
+    assert child.returncode == ABORT_EXIT_CODE, (child.returncode, child.stderr[-2000:])
+    assert child.stdout == "stopped cleanly"
+    assert not (tmp_path / "teardown").exists()
+
+
+def test_one_ctrl_c_exits_with_the_runs_code_and_its_output_flushed(tmp_path):
+    child = run_child(
+        """
+        code = stop.exit_code(0)
+        print("stopped cleanly", end="")
+        sys.stderr.write("last line")
+        exit_process(code)
+        """,
+        tmp_path,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert (child.stdout, child.stderr) == ("stopped cleanly", "last line")
+    assert not (tmp_path / "teardown").exists()
+
+
+def test_without_a_ctrl_c_the_process_ends_through_the_normal_teardown(tmp_path):
+    script = (
+        "import atexit\n"
+        "from recipes.stop import exit_process\n"
+        f"atexit.register(lambda: open({str(tmp_path / 'teardown')!r}, 'w').close())\n"
+        "exit_process(3)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 3, child.stderr[-2000:]
+    assert (tmp_path / "teardown").exists()
