@@ -6,13 +6,21 @@ A field left at ``None`` takes spherenet's default. transformers' generic names
 """
 
 import dataclasses
+import json
+import os
+from pathlib import Path
 from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
 
 from ..layers import GPTConfig, NGPTConfig, ScaleSpec
+from ..models import MODEL_CLASSES, PretrainedFileError
+from ..models.hub import CONFIG_NAME, exported_model_type
 
-__all__ = ["SpherenetNGPTConfig", "SpherenetGPTConfig", "SpherenetConfigBase"]
+__all__ = ["SpherenetNGPTConfig", "SpherenetGPTConfig", "SpherenetConfigBase", "check_is_export"]
+
+#: transformers' download arguments of ``from_pretrained``, which a local directory does not use
+_HUB_ARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies", "subfolder")
 
 _GENERIC_NAMES = {
     "hidden_size": "d_model",
@@ -57,6 +65,34 @@ class SpherenetConfigBase(PretrainedConfig):
         return self.spherenet_config_class(**values)
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """transformers' ``from_pretrained``, with the model classes' checks: a local directory
+        that is not a spherenet export of this model raises :class:`PretrainedFileError` saying
+        what it holds (transformers would only log it and build a config of the other's fields).
+        A directory in NVIDIA's Normalized-Nemotron layout gives nGPT's config of it, as
+        :func:`spherenet.hf.nemotron_config_of` reads it (GPT's config refuses it)."""
+        from ..models.published import is_published_directory
+
+        if is_published_directory(pretrained_model_name_or_path):
+            if cls.spherenet_config_class is not NGPTConfig:
+                raise PretrainedFileError(
+                    f"{pretrained_model_name_or_path} holds an nGPT in the Normalized-Nemotron layout, not a "
+                    f"GPT: read its config with {SpherenetNGPTConfig.__name__}.from_pretrained"
+                )
+            from ..models.nemotron import nemotron_config_of
+
+            for name in _HUB_ARGS:
+                kwargs.pop(name, None)
+            values = cls.from_spherenet_config(nemotron_config_of(pretrained_model_name_or_path)).to_dict()
+            values.pop("model_type", None)
+            config = cls.from_dict(values, **kwargs)
+            target = config[0] if isinstance(config, tuple) else config  # return_unused_kwargs=True
+            target.name_or_path = os.fspath(pretrained_model_name_or_path)
+            return config
+        check_is_export(pretrained_model_name_or_path, cls.model_type, reader="transformers.AutoConfig")
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
     def from_spherenet_config(cls, config, **kwargs):
         """The transformers config of spherenet's ``config``; ``kwargs``: transformers' own fields."""
         values = {}
@@ -92,3 +128,34 @@ class SpherenetGPTConfig(SpherenetConfigBase):
 
     init_std: float | None = None
     norm_eps: float | None = None
+
+
+def check_is_export(path, model_type: str, reader: str = "transformers.AutoModelForCausalLM") -> None:
+    """Refuse, saying what it holds, a local directory that is not a spherenet export of
+    ``model_type``; an export of the other model is pointed to ``reader``."""
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        return  # a Hub repository id, or nothing: spherenet's loader says which
+    config_file = local / CONFIG_NAME
+    if not config_file.is_file():
+        found = sorted(os.listdir(local))
+        listing = ", ".join(found[:10]) + (", ..." if len(found) > 10 else "") if found else "nothing"
+        raise PretrainedFileError(f"{local} is not a spherenet export: it has no {CONFIG_NAME} (it holds {listing})")
+    try:
+        values = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PretrainedFileError(f"{config_file} is not readable JSON: {exc}") from None
+    found_type = values.get("model_type") if isinstance(values, dict) else None
+    if found_type == model_type:
+        return
+    exported = {exported_model_type(t) for t in MODEL_CLASSES}
+    if found_type in exported:
+        raise PretrainedFileError(
+            f"{local} is a spherenet export of model_type {found_type!r}, not {model_type!r}: load it with {reader}"
+        )
+    architectures = values.get("architectures") if isinstance(values, dict) else None
+    raise PretrainedFileError(
+        f"{local} is not a spherenet export: its {CONFIG_NAME} has model_type {found_type!r}"
+        + (f" and architectures {architectures}" if architectures else "")
+        + f"; spherenet's exports have model_type {' or '.join(map(repr, sorted(exported)))}"
+    )

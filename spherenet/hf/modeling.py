@@ -13,9 +13,7 @@ token, so a left-padded row gives the logits of the row alone), a :class:`transf
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -23,10 +21,10 @@ from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..models import GPT, MODEL_CLASSES, NGPT, PretrainedFileError
+from ..models import GPT, NGPT, PretrainedFileError
 from ..models.common import check_input_ids, check_inputs_embeds
-from ..models.hub import CONFIG_NAME, exported_model_type
-from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig
+from ..models.hub import exported_model_type
+from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig, check_is_export
 from .surface import SpherenetModelSurface, check_attn_implementation
 
 __all__ = ["SpherenetNGPTForCausalLM", "SpherenetGPTForCausalLM", "padding_mask", "positions_from_mask", "sdpa_inputs"]
@@ -195,7 +193,7 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
                 )
             model = load_saved(pretrained_model_name_or_path, **loader_args)
         else:
-            _check_is_export(pretrained_model_name_or_path, exported_model_type(cls.spherenet_class.model_type))
+            check_is_export(pretrained_model_name_or_path, exported_model_type(cls.spherenet_class.model_type))
             model = cls.spherenet_class.from_pretrained(pretrained_model_name_or_path, **loader_args)
         hf_model = cls.from_spherenet(model).eval()
         # what transformers records: peft saves it as an adapter's base_model_name_or_path
@@ -310,34 +308,3 @@ class SpherenetGPTForCausalLM(_SpherenetForCausalLM):
 
     config_class = SpherenetGPTConfig
     spherenet_class = GPT
-
-
-def _check_is_export(path, model_type: str) -> None:
-    """Refuse, saying what it holds, a local directory that is not a spherenet export of ``model_type``."""
-    local = Path(path).expanduser()
-    if not local.is_dir():
-        return  # a Hub repository id, or nothing: spherenet's loader says which
-    config_file = local / CONFIG_NAME
-    if not config_file.is_file():
-        found = sorted(os.listdir(local))
-        listing = ", ".join(found[:10]) + (", ..." if len(found) > 10 else "") if found else "nothing"
-        raise PretrainedFileError(f"{local} is not a spherenet export: it has no {CONFIG_NAME} (it holds {listing})")
-    try:
-        values = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PretrainedFileError(f"{config_file} is not readable JSON: {exc}") from None
-    found_type = values.get("model_type") if isinstance(values, dict) else None
-    if found_type == model_type:
-        return
-    exported = {exported_model_type(t) for t in MODEL_CLASSES}
-    if found_type in exported:
-        raise PretrainedFileError(
-            f"{local} is a spherenet export of model_type {found_type!r}, not {model_type!r}: "
-            "load it with transformers.AutoModelForCausalLM"
-        )
-    architectures = values.get("architectures") if isinstance(values, dict) else None
-    raise PretrainedFileError(
-        f"{local} is not a spherenet export: its {CONFIG_NAME} has model_type {found_type!r}"
-        + (f" and architectures {architectures}" if architectures else "")
-        + f"; spherenet's exports have model_type {' or '.join(map(repr, sorted(exported)))}"
-    )

@@ -18,7 +18,12 @@ import spherenet.hf as shf  # noqa: E402
 from recipes.checkpoints import Trained  # noqa: E402
 from recipes.export import export  # noqa: E402
 from spherenet.data.tokenizer_classes import ByteTokenizer  # noqa: E402
-from spherenet.hf import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
+from spherenet.hf import (  # noqa: E402
+    SpherenetGPTConfig,
+    SpherenetGPTForCausalLM,
+    SpherenetNGPTConfig,
+    SpherenetNGPTForCausalLM,
+)
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, PretrainedFileError  # noqa: E402
 from spherenet.models.hub import PORTABLE_MODELING  # noqa: E402
 
@@ -266,6 +271,29 @@ def test_a_directory_that_is_not_a_spherenet_export_is_named(tmp_path, exported)
         SpherenetNGPTForCausalLM.from_pretrained(exported[GPT])
     with pytest.raises(TypeError, match="does not take quantization_config"):
         SpherenetNGPTForCausalLM.from_pretrained(exported[NGPT], quantization_config={})
+
+
+def test_a_config_of_a_directory_that_is_not_a_spherenet_export_is_refused(tmp_path, exported, capfd):
+    """The config classes check a directory as the model classes do: transformers alone would
+    log "model of type ... to instantiate ..." and build a config of the other model's fields."""
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(PretrainedFileError, match=r"is not a spherenet export: its config.json has model_type 'llama'"):
+        SpherenetNGPTConfig.from_pretrained(llama)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PretrainedFileError, match=r"has no config.json \(it holds nothing\)"):
+        SpherenetGPTConfig.from_pretrained(tmp_path / "empty")
+    with pytest.raises(
+        PretrainedFileError,
+        match=r"spherenet export of model_type 'spherenet-gpt', not 'spherenet-ngpt': load it with transformers\.AutoConfig$",
+    ):
+        SpherenetNGPTConfig.from_pretrained(exported[GPT])
+    assert "model of type" not in capfd.readouterr().err
+    assert (
+        SpherenetGPTConfig.from_pretrained(exported[GPT]).spherenet_config()
+        == GPT.from_pretrained(exported[GPT]).config
+    )
 
 
 def test_versions_outside_the_supported_range_get_one_line():

@@ -18,7 +18,7 @@ import torch
 
 from spherenet.layers import KVCache
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, PretrainedFileError, ScaleSpec
-from spherenet.models.nemotron import INDEX_NAME, from_normalized_nemotron, to_normalized_nemotron
+from spherenet.models.nemotron import INDEX_NAME, from_normalized_nemotron, nemotron_config_of, to_normalized_nemotron
 from spherenet.models.tensorfile import read_header, read_into
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -632,6 +632,24 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"the tokenizer has 257 ids, more than vocab_size=40"):
         to_normalized_nemotron(layout_ngpt(), tmp_path, tokenizer=ByteTokenizer(extra_eos=True))
     assert not any(tmp_path.iterdir())
+
+
+def test_transformers_configs_read_a_layout_directory_as_the_converter_does(checkpoint, capfd):
+    """nGPT's transformers config of a layout directory is the converter's config, without
+    transformers' "model of type ngpt" complaint; GPT's config refuses it in one line."""
+    hf = pytest.importorskip("spherenet.hf")
+    directory, _ = checkpoint
+    config = hf.SpherenetNGPTConfig.from_pretrained(directory)
+    assert config.spherenet_config() == nemotron_config_of(directory)
+    assert config.name_or_path == str(directory) and config.model_type == "spherenet-ngpt"
+    config, unused = hf.SpherenetNGPTConfig.from_pretrained(
+        directory, return_unused_kwargs=True, use_cache=False, not_a_field=1, revision="main"
+    )
+    assert (config.use_cache, unused) == (False, {"not_a_field": 1})
+    with pytest.raises(PretrainedFileError, match=r"in the Normalized-Nemotron layout, not a GPT") as info:
+        hf.SpherenetGPTConfig.from_pretrained(directory)
+    assert "\n" not in str(info.value)
+    assert "model of type" not in capfd.readouterr().err
 
 
 def test_transformers_classes_load_a_layout_directory_or_name_the_converter(tmp_path, checkpoint):
