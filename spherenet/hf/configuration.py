@@ -89,7 +89,8 @@ class SpherenetConfigBase(PretrainedConfig):
             target = config[0] if isinstance(config, tuple) else config  # return_unused_kwargs=True
             target.name_or_path = os.fspath(pretrained_model_name_or_path)
             return config
-        check_is_export(pretrained_model_name_or_path, cls.model_type, reader="transformers.AutoConfig")
+        where = Path(pretrained_model_name_or_path) / kwargs.get("subfolder", "")  # a subfolder holds the config
+        check_is_export(where, cls.model_type, reader="transformers.AutoConfig")
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
