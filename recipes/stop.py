@@ -121,17 +121,28 @@ class StopOnSignal:
         """A Ctrl-C after the loop: recorded, the exit code becomes 130 (see :meth:`exit_code`)."""
         self.aborted = True
 
-    def exit_code(self, code: int) -> int:
+    def exit_code(self, code: int, ending: bool = False) -> int:
         """``code``, or 130 when a second Ctrl-C came, checked once more with SIGINT blocked in
-        this thread so that one arriving now is seen too (it stays blocked: the process is ending)."""
+        this thread so that one arriving now is seen too. ``ending``: the process ends right
+        after (:func:`exit_process`), so SIGINT stays blocked and recorded; otherwise (a caller
+        that goes on, such as a notebook) SIGINT's handler and this thread's signal mask come
+        back as they were before the run, a pending Ctrl-C counted here consumed."""
+        mask = None
+        pending = False
         if self.sigints and hasattr(signal, "pthread_sigmask"):
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            if signal.SIGINT in signal.sigpending():
-                self.aborted = True
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            pending = signal.SIGINT in signal.sigpending()
+            self.aborted = self.aborted or pending
         if self._wakeup is not None:
             if self._count_deliveries() and self.sigints:
                 self.aborted = True
             self._close_wakeup()
+        if self.sigints and not ending:
+            if pending:
+                signal.sigwait({signal.SIGINT})  # counted above: not raised in the caller
+            signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
+            if mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return ABORT_EXIT_CODE if self.aborted else code
 
     @property
@@ -163,7 +174,7 @@ def exit_process(code: int) -> NoReturn:
     stop = StopOnSignal.last
     if stop is None or not stop.sigints:
         sys.exit(code)
-    code = stop.exit_code(code)
+    code = stop.exit_code(code, ending=True)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -200,14 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     return train(TrainingRun(*parts, state, files, micro, accum, start, resume.notes, lora))
 
 
-def cli(argv: list[str] | None = None) -> int:
+def cli(argv: list[str] | None = None, *, ending: bool = False) -> int:
     """Entry point: user errors (config, data, checkpoints) print one clear line, exit code 2;
     non-finite values (a NaN loss under train.nonfinite=stop, NaN weights that a checkpoint
-    refused) exit code 3; a second Ctrl-C, whenever it comes after the first, 130."""
+    refused) exit code 3; a second Ctrl-C, whenever it comes after the first, 130. ``ending``:
+    the process ends with the code returned (:func:`recipes.stop.exit_process`); otherwise
+    Ctrl-C's handling is the caller's again once this returns."""
     StopOnSignal.last = None
     code = _run(argv)
     stop = StopOnSignal.last  # the run's signal handling, entered around its training loop
-    return stop.exit_code(code) if stop is not None else code
+    return stop.exit_code(code, ending=ending) if stop is not None else code
 
 
 def _run(argv: list[str] | None) -> int:
@@ -243,4 +245,4 @@ def _run(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(cli())
+    exit_process(cli(ending=True))

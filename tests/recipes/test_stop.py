@@ -21,12 +21,8 @@ from recipes.stop import ABORT_EXIT_CODE, StopOnSignal
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def sigint_unblocked_after():
-    """``exit_code`` leaves SIGINT blocked in the calling thread (the process is ending); in
-    this test process, the next test starts with it unblocked again."""
-    yield
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+def sigint_blocked_here() -> bool:
+    return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
 
 
 def send_later(*delays: float, sig: int = signal.SIGINT) -> threading.Thread:
@@ -91,6 +87,30 @@ def test_a_second_ctrl_c_after_the_loop_makes_the_exit_code_130():
     assert stop.exit_code(0) == ABORT_EXIT_CODE
 
 
+def test_after_the_exit_code_ctrl_c_is_the_callers_again():
+    """A caller that goes on after a stopped run (a notebook, a script of several runs): the
+    handler from before the run is back, SIGINT is not blocked, and a Ctrl-C interrupts it."""
+    before = signal.getsignal(signal.SIGINT)
+    with StopOnSignal(announce=False) as stop:
+        send_later(0.0).join()
+        time.sleep(0.05)
+    assert stop.exit_code(0) == 0
+    assert signal.getsignal(signal.SIGINT) is before and not sigint_blocked_here()
+    with pytest.raises(KeyboardInterrupt):
+        send_later(0.0).join()
+        time.sleep(1.0)
+    ending = StopOnSignal(announce=False)
+    with ending:
+        send_later(0.0).join()
+        time.sleep(0.05)
+    try:
+        assert ending.exit_code(0, ending=True) == 0
+        assert sigint_blocked_here()  # the process ends next: a Ctrl-C from here on stays counted
+    finally:
+        signal.signal(signal.SIGINT, before)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_sigterm_then_nothing_keeps_the_exit_code_and_the_handlers_come_back():
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with StopOnSignal(announce=False) as stop:
@@ -127,7 +147,7 @@ def test_a_second_ctrl_c_after_the_exit_code_was_read_still_exits_130(tmp_path):
     runs, and exit 0; ``exit_process`` reads the code once more and ends at once."""
     child = run_child(
         """
-        code = stop.exit_code(0)
+        code = stop.exit_code(0, ending=True)  # as `python -m recipes.train` reads it
         assert code == 0, code
         os.kill(os.getpid(), signal.SIGINT)
         print("stopped cleanly", end="")  # left in the buffer: exit_process flushes it
@@ -143,7 +163,7 @@ def test_a_second_ctrl_c_after_the_exit_code_was_read_still_exits_130(tmp_path):
 def test_one_ctrl_c_exits_with_the_runs_code_and_its_output_flushed(tmp_path):
     child = run_child(
         """
-        code = stop.exit_code(0)
+        code = stop.exit_code(0, ending=True)
         print("stopped cleanly", end="")
         sys.stderr.write("last line")
         exit_process(code)
