@@ -337,6 +337,7 @@ def remember_start(args: argparse.Namespace, trains: bool) -> None:
         record["later"] = [*record.get("later", []), args.command]
         meta.write_text(json.dumps(record, indent=1) + "\n")
     args.date, args.command = record["started"], portable_command(record["command"])
+    args.later_commands = [portable_command(c) for c in record.get("later", [])]
 
 
 def reported(args: argparse.Namespace) -> argparse.Namespace:

@@ -283,7 +283,8 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
     (args.results / "budget.md").write_text(
         "# Budget study: nGPT's compute multiplier over GPT against training length\n\n"
         f"Command: `{args.command}`  \n"
-        f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
+        + "".join(f"Later start: `{c}`  \n" for c in getattr(args, "later_commands", []))
+        + f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
         f"{args.threads} thread(s); started {args.date}.  \n"
         f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Budgets: "
         f"{budgets} steps of {args.tokens_per_step} tokens, each its own run, cosine "

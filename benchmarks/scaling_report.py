@@ -103,7 +103,9 @@ def write_results(args: argparse.Namespace, ledger: Ledger, plots: bool = True) 
         "per seed in parentheses; ≥: the arm was at the target by its first evaluation (step "
         f"{args.eval_every}), so the ratio is a lower bound and {args.steps // args.eval_every}x is the most "
         "this budget can measure. Every arm at its own best rate (bold) of the sweep (seed "
-        f"{args.sweep_seed}); bracketed: a tried rate on both sides of it. The Hyperball arms' rate is "
+        f"{args.sweep_seed}); where the runner-up was within {getattr(args, 'tie_margin', TIE_MARGIN):g} nats "
+        "of it (`--tie-margin`), both run on every seed and the lower mean is picked. Bracketed: a tried "
+        "rate on both sides of it. The Hyperball arms' rate is "
         "`optim.matrix_lr` (the angle a step turns a hidden matrix by), their AdamW part at GPT's bold rate "
         "at the point. Final val loss: at equal tokens, "
         "mean ± std over the seeds. This file is rewritten after every run; rows appear as arms finish.\n\n"
@@ -180,7 +182,8 @@ def header(args: argparse.Namespace) -> str:
     )
     return (
         f"Command: `{args.command}`  \n"
-        f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
+        + "".join(f"Later start: `{c}`  \n" for c in getattr(args, "later_commands", []))
+        + f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
         f"{args.threads} thread(s); started {args.date}.  \n"
         f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Every run: {args.steps} steps of "
         f"{args.tokens_per_step} tokens ({args.steps * args.tokens_per_step / 1e6:.2f}M tokens), cosine to 0 "

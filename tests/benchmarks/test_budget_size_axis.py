@@ -307,6 +307,8 @@ def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget
     assert record["command"] == "python benchmarks/budget.py " + " ".join(first)
     after = tables([*first, *at])
     assert after != before and "Budgets: 40, 160, 640 steps" in after
+    later = f"Later start: `{record['later'][0]}`"  # each table names every start, not the first alone
+    assert later not in before and later in after and later in (results / "steps0160" / "scaling.md").read_text()
     left = [float(t.split("none once a rate is picked: ")[1].split(" ")[0]) for t in (before, after)]
     # GPT's and LERP's 640-step runs (5 each: the sweep and one more seed) at the measured time per step
     per_step = 4 * 3600.0 / (40 * 2 + 160 * 2)  # each arm's four runs, an hour each
