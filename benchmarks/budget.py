@@ -85,6 +85,7 @@ from budget_report import (  # noqa: E402
 )
 from budget_size_axis import write_size_axis  # noqa: E402
 from budget_status import pending, status  # noqa: E402
+from scaling_report import DEFAULT_JOBS  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
@@ -275,7 +276,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--data", default="stdlib", help="data.source (default: the trainer's default corpus)")
     p.add_argument("--out", type=Path, default=None, help="scratch run directories (default /tmp/budget[_quick])")
     p.add_argument("--results", type=Path, default=None, help="ledgers, tables and plots")
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (none off a terminal)")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from _machine import cpu_name
 from scaling_ledger import BASELINE, TIE_MARGIN, Ledger, Point, chosen, decide, final_loss, sweep_finals
-from scaling_report import fmt_values, mean_std
+from scaling_report import fmt_values, jobs_in, mean_std, study_jobs
 
 # What the estimate assumes per arm and budget: the first grid of three rates, one growth past
 # its edge, and the other seeds at the chosen rate.
@@ -209,13 +209,14 @@ def estimate_text(args: argparse.Namespace) -> str:
                 left += runs_left * one
     core_h = total * args.threads / 3600
     spent, runs = spent_core_hours(args)
+    est_jobs, jobs = jobs_in(est["command"]), study_jobs(args)  # the recorded commands', not this one's
     return (
         f"**Cost.** Estimated before the first run ({est['date']}, `{est['command']}`): "
-        f"{core_h:.1f} core-hours, {total / args.jobs / 3600:.1f} h wall at {args.jobs} runs at a time, "
+        f"{core_h:.1f} core-hours, {total / est_jobs / 3600:.1f} h wall at {est_jobs} runs at a time, "
         f"assuming {RUNS_PER_SWEEP} sweep runs per arm and budget (the grid of three and one growth) plus "
         f"{len(args.seeds) - 1} more seeds, each run its start-up plus its steps and validation batches "
         f"(one validation batch counted as {EVAL_BATCH_COST:.2g} of a step) at the time per step measured "
-        f"with {args.jobs} runs at a time. Measured: the ledgers' runs, wall time over steps (start-up, "
+        f"with {est_jobs} runs at a time. Measured: the ledgers' runs, wall time over steps (start-up, "
         "validation and whatever else loaded the machine included):\n\n"
         + "\n".join(lines)
         + f"\n\nSpent so far: {spent:.1f} core-hours in {runs} runs (a resumed run at its last invocation's time "
@@ -223,7 +224,7 @@ def estimate_text(args: argparse.Namespace) -> str:
         "only). Left, at the measured time per step "
         f"(the estimate where an arm has no run yet), {planned} runs per arm and budget less those run, more "
         "where a tie already asks for them, none once a rate is picked: "
-        f"{left * args.threads / 3600:.1f} core-hours, {left / args.jobs / 3600:.1f} h wall at {args.jobs} runs "
+        f"{left * args.threads / 3600:.1f} core-hours, {left / jobs / 3600:.1f} h wall at {jobs} runs "
         "at a time.\n\n"
     )
 
@@ -284,7 +285,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         "# Budget study: nGPT's compute multiplier over GPT against training length\n\n"
         f"Command: `{args.command}`  \n"
         + "".join(f"Later start: `{c}`  \n" for c in getattr(args, "later_commands", []))
-        + f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {args.jobs} runs at a time x "
+        + f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {study_jobs(args)} runs at a time x "
         f"{args.threads} thread(s); started {args.date}.  \n"
         f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Budgets: "
         f"{budgets} steps of {args.tokens_per_step} tokens, each its own run, cosine "

@@ -313,9 +313,12 @@ def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget
     # GPT's and LERP's 640-step runs (5 each: the sweep and one more seed) at the measured time per step
     per_step = 4 * 3600.0 / (40 * 2 + 160 * 2)  # each arm's four runs, an hour each
     assert left[1] - left[0] == pytest.approx(5 * 640 * 2 * per_step / 3600, abs=0.11)
-    # whichever start writes them, the tables are the same: every arm the ledgers hold stays
-    for argv in (longer, ["--budgets", "40", "160", "--arms", "gpt", *common, *at]):
+    # whichever start writes them, the tables are the same: every arm the ledgers hold stays, and
+    # the runs at a time are the recorded commands' (the study's --jobs 1; the estimate's default 2)
+    assert "torch CPU, 1 runs at a time" in after and "h wall at 2 runs at a time, assuming" in after
+    for argv in (longer, ["--budgets", "40", "160", "--arms", "gpt", *common, *at], [*first, *at, "--jobs", "2"]):
         assert tables(argv) == after
+    assert "torch CPU, 1 runs at a time" in (results / "steps0160" / "scaling.md").read_text()
     row = next(line for line in after.splitlines() if line.startswith("| tiny@32 | 160 |") and "| ngpt-slerp |" in line)
     assert "| 2 |" in row
     # --status tells where the whole study stands, whichever start asks
