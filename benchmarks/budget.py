@@ -5,7 +5,7 @@ tokens per parameter.
     python benchmarks/budget.py --estimate-only       # time every arm, write the estimate, train nothing
     python benchmarks/budget.py --report-only         # rewrite the tables and plots from the ledgers
     python benchmarks/budget.py --gpu-plan            # the GPU version's command and its cost (6 N D), no training
-    python benchmarks/budget.py --pending             # the seed runs the rate rule still needs, no training
+    python benchmarks/budget.py --pending             # the seed runs the rate rule still needs (every start's), no training
     python benchmarks/budget.py --status --out DIR    # runs done, runs under way in DIR and their time to go
     python benchmarks/budget.py --quick               # a smoke run of the pipeline (minutes)
     python benchmarks/budget.py --points cpu@256 --budgets 677 2707 --results benchmarks/results/budget/default_corpus_cpu
@@ -235,7 +235,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--report-only", action="store_true", help="rewrite the tables and plots from the ledgers, train nothing"
     )
-    p.add_argument("--pending", action="store_true", help="list the seed runs the rate rule still needs, train nothing")
+    p.add_argument(
+        "--pending",
+        action="store_true",
+        help="list the seed runs the rate rule still needs (every start's arms and budgets), train nothing",
+    )
     p.add_argument(
         "--status",
         action="store_true",
@@ -409,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip  # one comprehension per line
     print(f"data: {args.corpus_label}; results in {args.results}", flush=True)
     if args.pending:
-        todo = pending(args)
+        todo = pending(reported(args))  # the whole study's, as --status, whichever start asks
         for point, b, arm, lr, seed in todo:
             print(f"  {point} {b} steps {arm} lr {lr:g} seed {seed}")
         print(f"{len(todo)} run(s) pending", flush=True)

@@ -110,6 +110,10 @@ def test_pending_lists_the_seed_runs_the_rate_rule_still_needs(budget, tmp_path,
     assert "  tiny@32 40 steps gpt lr 0.003 seed 1\n1 run(s) pending" in text
     assert budget.main([*argv, "--pending", "--tie-margin", "0.005"]) == 0
     assert "0 run(s) pending" in capsys.readouterr().out
+    # a start of the study with other budgets lists them too: the ledgers', not the command's alone
+    other = [*argv[:4], "--budgets", "160", "640", *argv[7:]]
+    assert budget.main([*other, "--pending"]) == 0
+    assert "  tiny@32 40 steps gpt lr 0.003 seed 1\n1 run(s) pending" in capsys.readouterr().out
 
     # once the runner-up has run on seed 1 the study decides; the report shows the tie and how it went
     ledger = budget.scaling.Ledger(tmp_path / "r" / "steps0040" / "runs.jsonl")
