@@ -8,9 +8,13 @@ Python runs the Python-level handler once. Every delivery also writes one byte i
 file descriptor (``signal.set_wakeup_fd``), so the handler counts those bytes instead of its own
 calls. A second Ctrl-C that comes after the loop (while the stop checkpoint is finished, the
 run's last records are written) is remembered, and :meth:`StopOnSignal.exit_code` turns the
-run's exit code into 130. After a Ctrl-C, :func:`exit_process` ends the process right after that
-last look: the interpreter's teardown (a second or more with torch loaded, on a busy machine)
-runs no Python signal handler, so a Ctrl-C inside it would be lost and the run would exit 0."""
+run's exit code into 130. After a Ctrl-C, :func:`exit_process` ends the process right after its
+last look: ``sys.exit`` would fix the code before the interpreter's teardown (a second or more
+with torch loaded, on a busy machine), and a Ctrl-C inside that would change nothing.
+
+What no process can count: two Ctrl-Cs that reach it while the first is still pending in the
+kernel (an overloaded machine that has not scheduled any of its threads in between) are one
+signal, as standard signals are not queued."""
 
 from __future__ import annotations
 
@@ -122,27 +126,16 @@ class StopOnSignal:
         self.aborted = True
 
     def exit_code(self, code: int, ending: bool = False) -> int:
-        """``code``, or 130 when a second Ctrl-C came, checked once more with SIGINT blocked in
-        this thread so that one arriving now is seen too. ``ending``: the process ends right
-        after (:func:`exit_process`), so SIGINT stays blocked and recorded; otherwise (a caller
-        that goes on, such as a notebook) SIGINT's handler and this thread's signal mask come
-        back as they were before the run, a pending Ctrl-C counted here consumed."""
-        mask = None
-        pending = False
-        if self.sigints and hasattr(signal, "pthread_sigmask"):
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            pending = signal.SIGINT in signal.sigpending()
-            self.aborted = self.aborted or pending
+        """``code``, or 130 when a second Ctrl-C came (the wakeup bytes read once more, for one
+        whose handler call merged with the first's). ``ending``: the process ends right after
+        (:func:`exit_process`), so a later Ctrl-C is still recorded; otherwise (a caller that goes
+        on, such as a notebook) SIGINT's handler from before the run comes back."""
         if self._wakeup is not None:
             if self._count_deliveries() and self.sigints:
                 self.aborted = True
             self._close_wakeup()
         if self.sigints and not ending:
-            if pending:
-                signal.sigwait({signal.SIGINT})  # counted above: not raised in the caller
             signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
-            if mask is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return ABORT_EXIT_CODE if self.aborted else code
 
     @property
@@ -180,4 +173,7 @@ def exit_process(code: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said there
             pass
-    os._exit(code)
+    # SIGINT is not blocked: the kernel hands it to this (running) thread, whose handler runs
+    # before the next bytecode; blocking it would send it to an idle thread, which might not run
+    # before the process ends.
+    os._exit(ABORT_EXIT_CODE if stop.aborted else code)

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 from corpora import write_paragraphs
+from signals import wait_until_taken
 
 import recipes.train
 import recipes.train_loop
@@ -613,6 +614,7 @@ def test_a_second_ctrl_c_aborts_at_once_and_the_last_checkpoint_stays(tmp_path, 
     def two_ctrl_cs(proc, out):
         proc.send_signal(signal.SIGINT)
         time.sleep(0.05)  # the step in flight, or the stop checkpoint's write, takes longer than this
+        wait_until_taken(proc.pid)  # else the kernel merges the two
         proc.send_signal(signal.SIGINT)
 
     proc, text, out = _signal_during_save(tmp_path, cache, text_file, two_ctrl_cs)
@@ -851,8 +853,9 @@ def cpu_load(processes: int = 2):
 @needs_proc
 def test_two_ctrl_cs_50_ms_apart_always_exit_130_under_load(tmp_path, cache, text_file):
     """Two SIGINTs 50 ms apart into a running tiny model, 4 times, while two busy processes load
-    the machine: wherever they land (one step, the stop checkpoint, the last records, both inside
-    one C call), the exit code is 130 and the newest checkpoint verifies."""
+    the machine: wherever they land (one step, the stop checkpoint, the last records, the
+    process's end, both inside one C call), the exit code is 130 and the newest checkpoint
+    verifies. The second waits, past the 50 ms, until the kernel has handed the first over."""
     codes = []
     with cpu_load():
         for attempt in range(4):
@@ -862,6 +865,7 @@ def test_two_ctrl_cs_50_ms_apart_always_exit_130_under_load(tmp_path, cache, tex
                 wait_until(lambda: max_step(out) >= 3, proc, log, "step 3")
                 proc.send_signal(signal.SIGINT)
                 time.sleep(0.05)
+                wait_until_taken(proc.pid)  # else the kernel merges the two (standard signals are not queued)
                 assert proc.poll() is None, "the run ended within 50 ms of the first Ctrl-C"
                 proc.send_signal(signal.SIGINT)
                 text = finish(proc, log)

@@ -1,0 +1,36 @@
+"""Waiting for a signal to reach a process, for tests that send two of the same.
+
+Standard signals are not queued: a second SIGINT sent while the first is still pending (the
+process not yet scheduled to take it, on an overloaded machine) is dropped by the kernel, and no
+program can count two. Tests that mean two Ctrl-Cs send the second once the first has left the
+kernel's pending sets (``/proc/PID/status`` and each thread's)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+
+def signal_pending(pid: int, sig: int = signal.SIGINT) -> bool:
+    """Whether ``sig`` waits in ``pid``'s shared pending set or in one of its threads' own
+    (False where /proc is absent, or the process is gone)."""
+    bit = 1 << (sig - 1)
+    for status in [Path(f"/proc/{pid}/status"), *Path(f"/proc/{pid}/task").glob("*/status")]:
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith(("ShdPnd:", "SigPnd:")) and int(line.split()[1], 16) & bit:
+                return True
+    return False
+
+
+def wait_until_taken(pid: int, sig: int = signal.SIGINT, timeout: float = 60.0) -> None:
+    """Return once ``sig`` is no longer pending in ``pid``; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while signal_pending(pid, sig):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"signal {signal.Signals(sig).name} still pending in process {pid} after {timeout} s")
+        time.sleep(0.001)
