@@ -85,7 +85,6 @@ from budget_report import (  # noqa: E402
 )
 from budget_size_axis import write_size_axis  # noqa: E402
 from budget_status import pending, status  # noqa: E402
-from scaling_report import DEFAULT_JOBS  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
@@ -280,7 +279,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--data", default="stdlib", help="data.source (default: the trainer's default corpus)")
     p.add_argument("--out", type=Path, default=None, help="scratch run directories (default /tmp/budget[_quick])")
     p.add_argument("--results", type=Path, default=None, help="ledgers, tables and plots")
-    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS)
+    p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (none off a terminal)")
@@ -323,16 +322,25 @@ def recorded_starts(results: Path) -> list[argparse.Namespace]:
     if not meta.is_file():
         return []
     record = json.loads(meta.read_text())
-    commands = [record["command"], *record.get("later", [])]
-    return [parse([*shlex.split(c)[2:], "--results", str(results)]) for c in commands]  # past "python budget.py"
+    return [parsed(c, results) for c in [record["command"], *record.get("later", [])]]
+
+
+def parsed(command: str, results: Path) -> argparse.Namespace:
+    """A recorded ``python benchmarks/budget.py ...`` command, parsed as it ran at ``results``."""
+    return parse([*shlex.split(command)[2:], "--results", str(results)])  # past "python budget.py"
 
 
 def remember_start(args: argparse.Namespace, trains: bool) -> None:
-    """``args.date`` and ``args.command``: the study's first start, from ``study.json`` (written
-    on the first start), so that the reports' header does not churn. A later start that trains
+    """``args.date``, ``args.command`` and ``args.study_jobs``: the study's first start, from
+    ``study.json`` (written on the first start), so that the reports' header does not churn;
+    ``args.estimate_jobs``: the runs at a time ``estimate.json`` was timed with. A later start that trains
     runs the record does not plan is added to its ``later`` list, so that the reports know the
     whole plan whichever command wrote them last."""
-    meta = args.results / "study.json"
+    meta, estimate = args.results / "study.json", args.results / "estimate.json"
+    # runs at a time, of the first start (the header) and of the estimate's timing (its wall time)
+    args.study_jobs = args.estimate_jobs = args.jobs
+    if estimate.is_file():
+        args.estimate_jobs = parsed(json.loads(estimate.read_text())["command"], args.results).jobs
     if not meta.is_file():
         args.date = datetime.date.today().isoformat()
         meta.write_text(json.dumps({"started": args.date, "command": args.command}, indent=1) + "\n")
@@ -343,6 +351,7 @@ def remember_start(args: argparse.Namespace, trains: bool) -> None:
         meta.write_text(json.dumps(record, indent=1) + "\n")
     args.date, args.command = record["started"], portable_command(record["command"])
     args.later_commands = [portable_command(c) for c in record.get("later", [])]
+    args.study_jobs = parsed(record["command"], args.results).jobs
 
 
 def reported(args: argparse.Namespace) -> argparse.Namespace:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from _machine import cpu_name
 from scaling_ledger import BASELINE, TIE_MARGIN, Ledger, Point, chosen, decide, final_loss, sweep_finals
-from scaling_report import fmt_values, jobs_in, mean_std, study_jobs
+from scaling_report import fmt_values, mean_std
 
 # What the estimate assumes per arm and budget: the first grid of three rates, one growth past
 # its edge, and the other seeds at the chosen rate.
@@ -209,7 +209,8 @@ def estimate_text(args: argparse.Namespace) -> str:
                 left += runs_left * one
     core_h = total * args.threads / 3600
     spent, runs = spent_core_hours(args)
-    est_jobs, jobs = jobs_in(est["command"]), study_jobs(args)  # the recorded commands', not this one's
+    # the recorded commands' runs at a time (budget.remember_start), not this command's
+    est_jobs, jobs = getattr(args, "estimate_jobs", args.jobs), getattr(args, "study_jobs", args.jobs)
     return (
         f"**Cost.** Estimated before the first run ({est['date']}, `{est['command']}`): "
         f"{core_h:.1f} core-hours, {total / est_jobs / 3600:.1f} h wall at {est_jobs} runs at a time, "
@@ -285,7 +286,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         "# Budget study: nGPT's compute multiplier over GPT against training length\n\n"
         f"Command: `{args.command}`  \n"
         + "".join(f"Later start: `{c}`  \n" for c in getattr(args, "later_commands", []))
-        + f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {study_jobs(args)} runs at a time x "
+        + f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {getattr(args, 'study_jobs', args.jobs)} runs at a time x "
         f"{args.threads} thread(s); started {args.date}.  \n"
         f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Budgets: "
         f"{budgets} steps of {args.tokens_per_step} tokens, each its own run, cosine "

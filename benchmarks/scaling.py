@@ -88,7 +88,7 @@ from scaling_ledger import (  # noqa: E402
     next_lr,
     parameters,
 )
-from scaling_report import DEFAULT_JOBS, write_results  # noqa: E402
+from scaling_report import write_results  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=None, help="data.source (default: tinyshakespeare when present, else stdlib)")
     p.add_argument("--out", type=Path, default=None, help="scratch run directories (default /tmp/scaling[_quick])")
     p.add_argument("--results", type=Path, default=None, help="ledger, tables and plots")
-    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS)
+    p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (none off a terminal)")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shlex
 import statistics
 
 from _machine import cpu_name
@@ -175,27 +174,6 @@ def plot(args: argparse.Namespace, rows: list[dict]) -> None:
         plt.close(fig)
 
 
-#: ``--jobs`` when a command names none (the studies' parsers' default)
-DEFAULT_JOBS = 2
-
-
-def jobs_in(command: str) -> int:
-    """The ``--jobs`` a recorded command ran with."""
-    words = shlex.split(command)
-    for i, word in enumerate(words):
-        if word == "--jobs" and i + 1 < len(words):
-            return int(words[i + 1])
-        if word.startswith("--jobs="):
-            return int(word.split("=", 1)[1])
-    return DEFAULT_JOBS
-
-
-def study_jobs(args: argparse.Namespace) -> int:
-    """The runs at a time of the study's first start (its reports' header), whichever command
-    writes them; this command's own when the study has no record yet."""
-    return jobs_in(args.command) if getattr(args, "command", None) else args.jobs
-
-
 def header(args: argparse.Namespace) -> str:
     overrides = f" Overrides for every run: `{' '.join(args.overrides)}`." if args.overrides else ""
     points = ", ".join(
@@ -205,7 +183,7 @@ def header(args: argparse.Namespace) -> str:
     return (
         f"Command: `{args.command}`  \n"
         + "".join(f"Later start: `{c}`  \n" for c in getattr(args, "later_commands", []))
-        + f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {study_jobs(args)} runs at a time x "
+        + f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch CPU, {getattr(args, 'study_jobs', args.jobs)} runs at a time x "
         f"{args.threads} thread(s); started {args.date}.  \n"
         f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Every run: {args.steps} steps of "
         f"{args.tokens_per_step} tokens ({args.steps * args.tokens_per_step / 1e6:.2f}M tokens), cosine to 0 "
