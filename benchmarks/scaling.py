@@ -360,7 +360,7 @@ class Study:
     def report(self) -> None:
         elapsed = time.monotonic() - self.started
         print(
-            f"  [{len(self.ledger.rows)} runs in the ledger, {self.done_now} this session, {elapsed / 60:.1f} min]",
+            f"  [{len(self.ledger.rows)} runs in the ledger, {self.done_now} run by this command, {elapsed / 60:.1f} min]",
             flush=True,
         )
         write_results(self.args, self.ledger, plots=False)  # the plots: once a point is done
