@@ -32,7 +32,7 @@ def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
 def status(args: argparse.Namespace) -> list[str]:
     """Where a study stands: per budget, the runs in its ledger and the seed runs the rate rule
     still needs (:func:`pending`), then every run in ``--out`` that is not in a ledger yet: its
-    last logged step, whether a trainer holds it now, and the time to its end at its last logged
+    last logged step (a stop's checkpoint and a resume included), whether a trainer holds it now, and the time to its end at its last logged
     speed. Read from the files alone; nothing starts or stops."""
     todo = pending(args)
     lines = []
@@ -44,9 +44,10 @@ def status(args: argparse.Namespace) -> list[str]:
             point, name, seed = run.parent.parent.name, run.parent.name, run.name.removeprefix("seed")
             if not seed.isdigit() or (point, name, int(seed)) in finished:
                 continue
-            logged = [r for r in MetricsLog.read_complete(run / "metrics.jsonl") if "step" in r and "event" not in r]
-            last = logged[-1] if logged else {}
-            step, speed = last.get("step", 0), last.get("tok_per_s")
+            logged = [r for r in MetricsLog.read_complete(run / "metrics.jsonl") if "step" in r]
+            # events count for the step (a stop's checkpoint and a resume log theirs), not the speed
+            step = max((r["step"] for r in logged), default=0)
+            speed = next((r["tok_per_s"] for r in reversed(logged) if "event" not in r and r.get("tok_per_s")), None)
             holder = live_trainer(run)
             state = "running" if holder else ("finished, not yet in the ledger" if step >= b else "stopped")
             left = ""

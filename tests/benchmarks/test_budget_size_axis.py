@@ -263,6 +263,9 @@ def test_status_shows_the_runs_under_way_and_their_time_to_go(budget, tmp_path, 
     run_dir(40, "gpt_lr1e-2", 0, [{"step": 40, "tok_per_s": 512.0}])  # in the ledger: not listed
     live = run_dir(160, "gpt_lr1e-2", 0, [{"step": 40, "tok_per_s": 100.0}, {"step": 100, "tok_per_s": 512.0}])
     run_dir(160, "gpt_lr3e-3", 0, [{"step": 20, "tok_per_s": 256.0}])
+    # stopped at step 30 (its checkpoint), resumed there, stopped again before its next log line
+    resumed = [{"step": 10, "tok_per_s": 512.0}, {"event": "halted", "step": 30}, {"event": "start", "step": 30}]
+    run_dir(160, "gpt_lr1e-3", 0, resumed)
     run_dir(160, "gpt_lr3e-2", 0, [{"step": 160, "tok_per_s": 256.0}, {"event": "done", "step": 160}])
     with (live / "train.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -276,7 +279,8 @@ def test_status_shows_the_runs_under_way_and_their_time_to_go(budget, tmp_path, 
     assert "tiny@32 gpt_lr1e-2 seed 0: logged step 100 of 160 (running, about 0 min to go at 0.50 s a step)" in text
     assert "tiny@32 gpt_lr3e-3 seed 0: logged step 20 of 160 (stopped, about 2 min to go at 1.00 s a step)" in text
     assert "tiny@32 gpt_lr3e-2 seed 0: logged step 160 of 160 (finished, not yet in the ledger)" in text
-    assert "40 steps gpt" not in text and text.count("gpt_lr") == 3
+    assert "tiny@32 gpt_lr1e-3 seed 0: logged step 30 of 160 (stopped, about 1 min to go at 0.50 s a step)" in text
+    assert "40 steps gpt" not in text and text.count("gpt_lr") == 4
 
 
 def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget, tmp_path, capsys):
