@@ -32,8 +32,9 @@ def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
 def status(args: argparse.Namespace) -> list[str]:
     """Where a study stands: per budget, the runs in its ledger and the seed runs the rate rule
     still needs (:func:`pending`), then every run in ``--out`` that is not in a ledger yet: its
-    last logged step (a stop's checkpoint and a resume included), whether a trainer holds it now, and the time to its end at its last logged
-    speed. Read from the files alone; nothing starts or stops."""
+    last logged step (a stop's checkpoint and a resume included), whether a trainer holds it now,
+    and the time to its end at its last logged speed. Read from the files alone; nothing starts
+    or stops."""
     todo = pending(args)
     lines = []
     for b, book in ledgers(args).items():
