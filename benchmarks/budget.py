@@ -50,6 +50,12 @@ run, from which ``budget.md`` states the study's cost. ``RESULTS`` defaults to
 ``benchmarks/results/budget/<corpus>/``; run directories are scratch in ``--out``, where a
 restart continues a half-done run from its checkpoints (runs of 1000 steps or more checkpoint
 every 5% of their steps).
+
+Places: ``--jobs`` runs train at once, the waiting run of the shortest budget first. A sweep
+waits for its runs before it grows, so with fewer runs to go than places a place can sit idle
+for a whole run; ``--ahead`` lets such a place train the seed runs of the sweep's best rate so
+far (``benchmarks/study_places.py``), at most ``--jobs`` - 1 at once. The rule may pick another
+rate, and then the run was spent for nothing (it stays in the ledger, counted in the cost).
 """
 
 from __future__ import annotations
@@ -280,6 +286,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="scratch run directories (default /tmp/budget[_quick])")
     p.add_argument("--results", type=Path, default=None, help="ledgers, tables and plots")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--ahead", action="store_true", help=scaling.AHEAD_HELP)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (none off a terminal)")

@@ -55,10 +55,7 @@ run found there half done (its checkpoints, the same spec) continues from its la
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import heapq
-import itertools
 import json
 import shlex
 import sys
@@ -89,6 +86,7 @@ from scaling_ledger import (  # noqa: E402
     parameters,
 )
 from scaling_report import write_results  # noqa: E402
+from study_places import Places, go_ahead  # noqa: E402
 
 from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
@@ -97,45 +95,15 @@ from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
 #: ``optim.lr`` (the AdamW part: embeddings, head, gains) at the best rate of the named arm at the
 #: same point and budget; that arm's sweep runs first.
 MATRIX_RATE_ARMS = {"gpt-adamh": "gpt", "gpt-muonh": "gpt"}
+AHEAD_HELP = (
+    "while a sweep runs, a place no other run asks for trains the seed runs of its best rate so far "
+    "(at most --jobs - 1 at once; the rule may not need them)"
+)
 #: Where a matrix-rate sweep starts: an AdamW step of lr on a matrix of init std 0.02 turns it by
 #: about lr / 0.02, so GPT's rates (0.003-0.01) correspond to angles of about 0.15-0.5.
 MATRIX_START_LR = 0.1
 OPTIMIZER_ARMS = ["gpt", "ngpt-adam_normalize", "ngpt", "gpt-muon", "ngpt-muon", "gpt-adamh", "gpt-muonh"]
 DEFAULT_POINTS = ["tiny@64", "tiny@256", "tiny@1024", "cpu@256"]
-
-
-class Places:
-    """What the studies of several ledgers running at once share: ``jobs`` places for trainings,
-    one lock for the ledgers and reports they write, and whether a run has crashed.
-
-    When runs wait for a place, the next free one goes to the run of fewest steps (then to the
-    earliest to ask): a shorter budget's seed runs, which finish that budget's answer and can
-    settle a tie, do not wait hours behind a longer budget's sweep."""
-
-    def __init__(self, jobs: int):
-        self.free = jobs
-        self._turns = threading.Condition()
-        self._waiting: list[tuple[int, int]] = []  # a heap of (steps, arrival)
-        self._arrivals = itertools.count()
-        self.lock = threading.Lock()
-        self.failed = threading.Event()  # a run crashed: no other starts
-
-    @contextlib.contextmanager
-    def place(self, steps: int):
-        """Hold one of the places for a run of ``steps`` steps (waiting for it in turn)."""
-        ticket = (steps, next(self._arrivals))
-        with self._turns:
-            heapq.heappush(self._waiting, ticket)
-            self._turns.wait_for(lambda: self.free > 0 and self._waiting[0] == ticket)
-            heapq.heappop(self._waiting)
-            self.free -= 1
-            self._turns.notify_all()  # the next in line may take another free place
-        try:
-            yield
-        finally:
-            with self._turns:
-                self.free += 1
-                self._turns.notify_all()
 
 
 class Study:
@@ -159,6 +127,8 @@ class Study:
             bar = compare.progress_bar(max(planned, done), "scaling study", enabled=args.progress, initial=done)
         self.bar = bar
         self.tie_margin = getattr(args, "tie_margin", TIE_MARGIN)
+        self.under_way: set[tuple[str, str, float, int]] = set()  # runs training now, by ledger key
+        self.changed = threading.Condition()  # a run began or ended, or a sweep ended
 
     def point_args(self, point: Point) -> argparse.Namespace:
         """The namespace ``convergence.train_one`` reads, for one point."""
@@ -205,20 +175,37 @@ class Study:
         return f"{arm}_lr{convergence.lr_tag(lr)}:{','.join(items)}"
 
     def run(self, point: Point, arm: str, lr: float, seed: int) -> dict:
-        """One training (or its ledger line when it already ran). None starts once a run has
-        failed: the study stops when the runs under way end."""
-        row = self.ledger.get(point, arm, lr, seed)
-        if row is not None:
-            return row
+        """One training (or its ledger line when it already ran, or when the same run, gone
+        ahead, ends). None starts once a run has failed: the study stops when the runs under
+        way end."""
+        key = (str(point), arm, float(lr), seed)
+        with self.changed:
+            self.changed.wait_for(lambda: key not in self.under_way)
+            row = self.ledger.get(point, arm, lr, seed)
+            if row is not None:
+                return row
+            self.under_way.add(key)
+        try:
+            with self.places.place(self.args.steps):  # one of --jobs, shared by every study running
+                return self.train(point, arm, lr, seed)
+        finally:
+            self.ended(key)
+
+    def ended(self, key: tuple[str, str, float, int]) -> None:
+        with self.changed:
+            self.under_way.discard(key)
+            self.changed.notify_all()
+
+    def train(self, point: Point, arm: str, lr: float, seed: int) -> dict:
+        """Train one run in the place the caller holds, and add its line to the ledger."""
         pargs = self.point_args(point)
         spec = self.spec(point, arm, lr)
         say = self.bar.write if self.bar is not None else lambda line: print(line, flush=True)
-        with self.places.place(self.args.steps):  # one of --jobs, shared by every study running
-            if self.failed.is_set():
-                raise SystemExit(f"error: {arm} lr {lr:g} seed {seed} at {point} not started: another run failed")
-            began = time.monotonic()
-            name, _, rc = convergence.train_one(pargs, spec, seed, say)
-            wall_s = time.monotonic() - began
+        if self.failed.is_set():
+            raise SystemExit(f"error: {arm} lr {lr:g} seed {seed} at {point} not started: another run failed")
+        began = time.monotonic()
+        name, _, rc = convergence.train_one(pargs, spec, seed, say)
+        wall_s = time.monotonic() - began
         run_dir = pargs.runs / name / f"seed{seed}"
         curve = compare.read_curve(run_dir) if (run_dir / "metrics.jsonl").is_file() else {}
         row = {
@@ -289,12 +276,27 @@ class Study:
         }
         start = {**default, **getattr(self.args, "start_lr", {})}  # a study may centre each arm's grid
         grid = {arm: (self.args.grid if arm not in MATRIX_RATE_ARMS else None) or lr_grid(start[arm]) for arm in arms}
-        with ThreadPoolExecutor(max_workers=self.args.jobs) as pool:
+        going_ahead = getattr(self.args, "ahead", False) and self.args.jobs > 1
+        with ThreadPoolExecutor(max_workers=self.args.jobs) as pool, ThreadPoolExecutor(len(arms)) as aheads:
+            ahead_runs = []
 
             def run_all(jobs: list[tuple[str, float, int]]) -> None:
                 list(pool.map(lambda job: self.run(point, *job), jobs))
 
             def sweep(group: list[str]) -> None:
+                sweeping = threading.Event()
+                sweeping.set()
+                if going_ahead:
+                    ahead_runs.extend(aheads.submit(go_ahead, self, point, arm, sweeping) for arm in group)
+                try:
+                    grown(group)
+                finally:  # what goes ahead stops choosing; a run under way ends on its own
+                    sweeping.clear()
+                    with self.changed:
+                        self.changed.notify_all()
+                    self.places.wake()
+
+            def grown(group: list[str]) -> None:
                 run_all([(arm, lr, seed0) for arm in group for lr in grid[arm]])
                 while True:
                     more = []
@@ -354,6 +356,8 @@ class Study:
             side_by_side([arm for arm in arms if arm not in MATRIX_RATE_ARMS])
             self.drop_stale(point, [arm for arm in arms if arm in MATRIX_RATE_ARMS])
             side_by_side([arm for arm in arms if arm in MATRIX_RATE_ARMS])
+            for run in ahead_runs:
+                run.result()  # a run gone ahead that crashed stops the study here
         with self.lock:  # another arm's run_point may be writing the same tables
             write_results(self.args, self.ledger)
 
@@ -410,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="scratch run directories (default /tmp/scaling[_quick])")
     p.add_argument("--results", type=Path, default=None, help="ledger, tables and plots")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--ahead", action="store_true", help=AHEAD_HELP)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (none off a terminal)")
