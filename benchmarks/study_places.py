@@ -97,9 +97,11 @@ def go_ahead(study, point, arm: str, sweeping: threading.Event) -> None:
 def ahead_key(study, point, arm: str) -> tuple[str, str, float, int] | None:
     """The ledger key of the run to go ahead: the first seed whose run of the sweep's best finite
     rate is neither in the ledger nor training; None when there is none."""
-    finals = {lr: loss for lr, loss in study.sweep_finals(point, arm).items() if math.isfinite(loss)}
+    with study.lock:  # the ledger grows on other threads
+        finals = {lr: loss for lr, loss in study.sweep_finals(point, arm).items() if math.isfinite(loss)}
+        done = set(study.ledger.rows)
     if not finals:
         return None
     best = min(finals, key=lambda lr: (finals[lr], lr))
     keys = [(str(point), arm, float(best), s) for s in study.args.seeds if s != study.args.sweep_seed]
-    return next((k for k in keys if k not in study.ledger.rows and k not in study.under_way), None)
+    return next((k for k in keys if k not in done and k not in study.under_way), None)
