@@ -175,12 +175,16 @@ def _fsync_dir(path: Path) -> None:
 
 class _Writer:
     """A file for ``torch.save`` that keeps the OSError of a failed write: torch's writer turns it
-    into ``unexpected pos N vs M``, which hides a full disk."""
+    into ``unexpected pos N vs M``, which hides a full disk. Once the file is closed (the save
+    given up), torch's zip writer may still write its end from its destructor, where an
+    exception ends the process (``std::terminate``): those bytes are dropped."""
 
     def __init__(self, f):
         self.f, self.error = f, None
 
     def write(self, data) -> int:
+        if self.f.closed:
+            return len(data)
         try:
             return self.f.write(data)
         except OSError as exc:
@@ -188,7 +192,19 @@ class _Writer:
             raise
 
     def flush(self) -> None:
-        self.f.flush()
+        if not self.f.closed:
+            self.f.flush()
+
+
+def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C an exception was raised while handling, if any (the chain of contexts)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__context__
+    return None
 
 
 def _torch_save_synced(obj, path: Path) -> None:
@@ -196,7 +212,10 @@ def _torch_save_synced(obj, path: Path) -> None:
         writer = _Writer(f)
         try:
             torch.save(obj, writer)
-        except Exception:
+        except Exception as exc:
+            interrupt = _interrupt_behind(exc)
+            if interrupt is not None:
+                raise interrupt from None
             if writer.error is not None:
                 if writer.error.filename is None:
                     writer.error.filename = str(path)

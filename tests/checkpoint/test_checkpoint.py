@@ -234,6 +234,57 @@ def test_failed_save_raises_and_cleans_up(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_00000010"]
 
 
+def test_a_ctrl_c_inside_torch_save_reaches_the_caller_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
+    """torch's zip writer turns an exception raised by the file's ``write`` into ``unexpected pos
+    N vs M`` when it closes the zip; a Ctrl-C there is an abort (exit 130 in the trainer), not a
+    failed save (exit 2)."""
+    from spherenet.checkpoint import format as checkpoint_format
+
+    mgr, snaps, (model, opt, sched) = saved_run(tmp_path)
+    train_step(model, opt, sched)
+    write, calls = checkpoint_format._Writer.write, []
+
+    def interrupted_write(self, data):
+        calls.append(len(data))
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return write(self, data)
+
+    monkeypatch.setattr(checkpoint_format._Writer, "write", interrupted_write)
+    with pytest.raises(KeyboardInterrupt):
+        mgr.save(20, state_of(model, opt, sched))
+    monkeypatch.undo()
+    assert len(calls) >= 5 and [s for s, _ in mgr.checkpoints()] == [10]
+    m2, o2, s2 = make()
+    assert mgr.load_latest(state_of(m2, o2, s2)).step == 10
+    assert_same(m2.state_dict(), snaps[10])
+
+
+def test_a_zip_writer_finished_after_its_file_closed_does_not_abort_the_process(tmp_path):
+    """A Ctrl-C right after torch made its zip writer and before the save used it: the writer is
+    never finished, and its destructor writes the zip's end after the file is closed. An
+    exception there is ``std::terminate`` (the process aborts, exit -6); the write is dropped."""
+    import subprocess
+
+    script = f"""
+import gc, torch, torch.serialization as serialization
+from pathlib import Path
+from spherenet.checkpoint.format import _torch_save_synced
+
+def interrupted(self):
+    raise KeyboardInterrupt
+serialization._opener.__enter__ = interrupted
+try:
+    _torch_save_synced({{"x": torch.zeros(10)}}, Path({str(tmp_path / "state.pt")!r}))
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+gc.collect()
+print("went on", flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.splitlines() == ["interrupted", "went on"], done.stderr[-2000:]
+
+
 def test_torn_directory_is_skipped_with_warning(tmp_path):
     mgr, snaps, _ = saved_run(tmp_path, steps=(10, 20))
     torn = tmp_path / "ckpt" / "step_00000030"
