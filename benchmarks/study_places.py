@@ -7,8 +7,9 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import math
 import threading
+
+from scaling_ledger import candidates
 
 
 class Places:
@@ -98,10 +99,10 @@ def ahead_key(study, point, arm: str) -> tuple[str, str, float, int] | None:
     """The ledger key of the run to go ahead: the first seed whose run of the sweep's best finite
     rate is neither in the ledger nor training; None when there is none."""
     with study.lock:  # the ledger grows on other threads
-        finals = {lr: loss for lr, loss in study.sweep_finals(point, arm).items() if math.isfinite(loss)}
+        ranked = candidates(study.sweep_finals(point, arm), study.tie_margin)
         done = set(study.ledger.rows)
-    if not finals:
+    if not ranked:
         return None
-    best = min(finals, key=lambda lr: (finals[lr], lr))
+    best = ranked[0]
     keys = [(str(point), arm, float(best), s) for s in study.args.seeds if s != study.args.sweep_seed]
     return next((k for k in keys if k not in done and k not in study.under_way), None)
