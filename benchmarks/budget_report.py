@@ -148,6 +148,7 @@ def summary(args: argparse.Namespace) -> list[dict]:
                         "bracketed": bracketed,
                         "tried": tried,
                         "tie": tie_note(books[b], point, arm),
+                        "pending": pending_note(args, books[b], point, arm),
                         "seeds": seeds,
                         "finals": finals,
                         "gaps": gaps,
@@ -165,6 +166,22 @@ def tie_note(ledger: Ledger, point: str, arm: str) -> str:
         return ""
     means = ", ".join(f"{c['lr']:g} {c['mean']:.4f}" for c in pick["candidates"])
     return f"; tie: mean {means} over {len(pick['seeds'])} seeds"
+
+
+def pending_note(args: argparse.Namespace, ledger: Ledger, point: str, arm: str) -> str:
+    """The runs the rate rule still needs before the shown rate is its pick, e.g. "; pending: 0.01 on
+    seeds 1, 2" (a tie's runner-up still to run); "" once the rule has decided."""
+    pick, missing = decide(ledger, point, arm, args.seeds, args.sweep_seed, getattr(args, "tie_margin", TIE_MARGIN))
+    if pick is not None or not missing:
+        return ""
+    by_rate: dict[float, list[int]] = {}
+    for lr, seed in missing:
+        by_rate.setdefault(float(lr), []).append(seed)
+    runs = "; ".join(
+        f"{lr:g} on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}"
+        for lr, seeds in sorted(by_rate.items())
+    )
+    return f"; pending: {runs}"
 
 
 def spent_core_hours(args: argparse.Namespace) -> tuple[float, int]:
@@ -268,7 +285,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         mean = fmt_values(finite) + mark if finite else "-"
         lines.append(
             f"| {r['point']} | {r['budget']} | {tokens_per_param(args, r['point'], r['budget']):.1f} | {r['arm']} | "
-            f"**{r['lr']:g}** ({', '.join(f'{x:g}' for x in r['tried'])}{r['tie']}) | {'yes' if r['bracketed'] else 'no'} | "
+            f"**{r['lr']:g}** ({', '.join(f'{x:g}' for x in r['tried'])}{r['tie']}{r['pending']}) | {'yes' if r['bracketed'] else 'no'} | "
             f"{len(r['seeds'])} | {fmt_values(r['finals'], 4)} | "
             f"{fmt_values(r['gaps'], 4)} | {mean} ({per_seed}) |"
         )
@@ -307,6 +324,12 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
             f"Tie: the runner-up's final loss on seed {args.sweep_seed} was within {margin:g} nats of the best's "
             "(`--tie-margin`), so both rates ran on every seed and the lower mean (shown) was picked. "
             if any(r["tie"] for r in rows)
+            else ""
+        )
+        + (
+            "Pending: the runs the rate rule still needs before the bold rate is its pick (a tie's runner-up "
+            "not yet run on every seed): the row may still change. "
+            if any(r["pending"] for r in rows)
             else ""
         )
         + "This file is rewritten after every run.\n\n"

@@ -60,7 +60,8 @@ def write_size_axis(studies: list[argparse.Namespace], out: Path) -> None:
         vs = r.get("vs_lerp")
         vs_text = f"{fmt_values(vs, 4)} ({', '.join(f'{v:+.4f}' for v in vs)})" if vs else "-"
         lines.append(
-            head + f" {r['lr']:g} | {len(r['seeds'])} | {fmt_values(r['finals'], 4)} | {fmt_values(r['gaps'], 4)} | "
+            head
+            + f" {r['lr']:g}{' (pending)' if r.get('pending') else ''} | {len(r['seeds'])} | {fmt_values(r['finals'], 4)} | {fmt_values(r['gaps'], 4)} | "
             f"{(fmt_values(finite) + mark) if finite else '-'} ({per_seed}) | {vs_text} |"
         )
     sources = "; ".join(
@@ -75,7 +76,8 @@ def write_size_axis(studies: list[argparse.Namespace], out: Path) -> None:
         f"From the budget studies' ledgers: {sources}. Each point at its own budgets, the same tokens per step "
         f"({', '.join(sorted({str(a.tokens_per_step) for a in studies}))}), so that the sizes meet at equal "
         "tokens per parameter (the nGPT model's count). Compute multiplier, gap to GPT and the rate: as in each "
-        "study's `budget.md` (the arm's picked rate; *: extrapolated beyond GPT's budgets at that point). Minus "
+        "study's `budget.md` (the arm's picked rate; *: extrapolated beyond GPT's budgets at that point; pending: "
+        "the rate rule still needs runs before this rate is its pick, so the row may change). Minus "
         "LERP: the update rule's final loss minus LERP's (`ngpt`) at the same point, budget and seed (< 0: the "
         "rule is ahead); mean ± std over the seeds both ran. Not run: planned by the study's command, not in its "
         "ledger yet.\n\n" + "\n".join(lines) + "\n"
@@ -88,9 +90,10 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
-def size_axis_curves(entries: list[dict]) -> dict[tuple[int, str, str], list[tuple[float, float, float, int]]]:
+def size_axis_curves(entries: list[dict]) -> dict[tuple[int, str, str], list[tuple]]:
     """The plot's lines, (study, point, arm) -> [(tokens per parameter, mean multiplier, std,
-    seeds with a finite multiplier, whether one is extrapolated past GPT's budgets)]:
+    seeds with a finite multiplier, whether one is extrapolated past GPT's budgets, whether the
+    rate rule still needs runs before the rate is its pick)]:
     where some context is planned at two sizes or more, only the arms planned at two sizes or
     more at such a context (the rest say nothing about size); else every arm."""
     sizes: dict[tuple[int, str], set[str]] = {}  # (context, arm) -> the sizes that plan it
@@ -103,7 +106,8 @@ def size_axis_curves(entries: list[dict]) -> dict[tuple[int, str, str], list[tup
         finite = [m for m, _ in r["multipliers"] if math.isfinite(m)] if r is not None else []
         if e["arm"] == BASELINE or not finite or (compared and (e["point"].context, e["arm"]) not in compared):
             continue
-        point = (e["tokens_per_param"], *mean_std(finite), len(finite), any(x for _, x in r["multipliers"]))
+        extrapolated = any(x for _, x in r["multipliers"])
+        point = (e["tokens_per_param"], *mean_std(finite), len(finite), extrapolated, bool(r.get("pending")))
         lines.setdefault((e["study"], str(e["point"]), e["arm"]), []).append(point)
     return lines
 
@@ -137,17 +141,17 @@ def plot_size_axis(entries: list[dict], path: Path, names: list[str]) -> None:
                     color=color, ls=styles[curves.index((study, point)) % len(styles)],
                     label=f"{arm} @ {where}")  # fmt: skip  # one call, its style beside it
         for marked, size, face in (
-            ([p for p in pts if p[3] < most_seeds], 140, "none"),
+            ([p for p in pts if p[3] < most_seeds or p[5]], 140, "none"),
             ([p for p in pts if p[4]], 36, "white"),
         ):
-            # a ring around a point of fewer seeds; an open marker for one read past GPT's budgets
+            # a ring around a point of fewer seeds or a pending pick; an open marker for one read past GPT's budgets
             ax.scatter(
                 [p[0] for p in marked], [p[1] for p in marked], s=size, facecolors=face, edgecolors=color, zorder=4
             )
     multiplier_axes(ax, [p[0] for pts in lines.values() for p in pts])
     ax.set_title(
-        f"colour: arm; line style: point (size@context); mean ± std over {most_seeds} seeds (ring: fewer)\n"
-        "open marker: extrapolated beyond GPT's budgets at that point",
+        f"colour: arm; line style: point (size@context); mean ± std over {most_seeds} seeds\n"
+        "ring: fewer seeds, or the pick pending; open marker: extrapolated beyond GPT's budgets",
         fontsize=9,
     )
     if lines:

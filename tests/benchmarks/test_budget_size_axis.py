@@ -114,6 +114,12 @@ def test_pending_lists_the_seed_runs_the_rate_rule_still_needs(budget, tmp_path,
     other = [*argv[:4], "--budgets", "160", "640", *argv[7:]]
     assert budget.main([*other, "--pending"]) == 0
     assert "  tiny@32 40 steps gpt lr 0.003 seed 1\n1 run(s) pending" in capsys.readouterr().out
+    # until then the report shows the sweep's best, and says the rule still needs a run
+    assert budget.main([*argv, "--report-only"]) == 0
+    table = (tmp_path / "r" / "budget.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| tiny@32 | 40 |"))
+    assert "| **0.01** (0.003, 0.01, 0.03; pending: 0.003 on seed 1) |" in row
+    assert "Pending: the runs the rate rule still needs" in table
 
     # once the runner-up has run on seed 1 the study decides; the report shows the tie and how it went
     ledger = budget.scaling.Ledger(tmp_path / "r" / "steps0040" / "runs.jsonl")
@@ -128,7 +134,7 @@ def test_pending_lists_the_seed_runs_the_rate_rule_still_needs(budget, tmp_path,
     table = (tmp_path / "r" / "budget.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| tiny@32 | 40 |"))
     assert "| **0.003** (0.001, 0.003, 0.01, 0.03; tie: mean 0.01 3.0500, 0.003 3.0050 over 2 seeds) |" in row
-    assert "within 0.02 nats of the best's" in table
+    assert "within 0.02 nats of the best's" in table and "pending" not in table
 
 
 def test_the_size_axis_plot_keeps_the_arms_two_sizes_share_at_a_context(budget):
@@ -156,9 +162,12 @@ def test_the_size_axis_plot_keeps_the_arms_two_sizes_share_at_a_context(budget):
     curves = size_axis_curves(entries)
     assert set(curves) == {(0, "tiny@256", "ngpt"), (1, "cpu@256", "ngpt")}
     assert curves[1, "cpu@256", "ngpt"] == [
-        (2.5, pytest.approx(1.6), pytest.approx(2**0.5 * 0.1), 2, False),
-        (10.0, pytest.approx(1.3), pytest.approx(2**0.5 * 0.1), 2, True),  # marked as extrapolated
+        (2.5, pytest.approx(1.6), pytest.approx(2**0.5 * 0.1), 2, False, False),
+        (10.0, pytest.approx(1.3), pytest.approx(2**0.5 * 0.1), 2, True, False),  # marked as extrapolated
     ]
+    # a rate the rule has not yet picked (a tie's runner-up still to run) is marked
+    pending = {**entries[5], "row": {**entries[5]["row"], "pending": "; pending: 0.01 on seed 1"}}
+    assert size_axis_curves([*entries[:5], pending])[1, "cpu@256", "ngpt"][0][5] is True
     # one size only: every arm but GPT
     assert set(size_axis_curves(entries[:4])) == {(0, "tiny@256", "ngpt"), (0, "tiny@256", "gpt-muon"),
                                                    (0, "tiny@1024", "ngpt")}  # fmt: skip  # one set
