@@ -59,9 +59,9 @@ def write_size_axis(studies: list[argparse.Namespace], out: Path) -> None:
         per_seed = ", ".join(fmt_multiplier(m, x) for m, x in r["multipliers"])
         vs = r.get("vs_lerp")
         vs_text = f"{fmt_values(vs, 4)} ({', '.join(f'{v:+.4f}' for v in vs)})" if vs else "-"
+        rate = f"{r['lr']:g}" + (" (pending)" if r.get("pending") else "")
         lines.append(
-            head
-            + f" {r['lr']:g}{' (pending)' if r.get('pending') else ''} | {len(r['seeds'])} | {fmt_values(r['finals'], 4)} | {fmt_values(r['gaps'], 4)} | "
+            head + f" {rate} | {len(r['seeds'])} | {fmt_values(r['finals'], 4)} | {fmt_values(r['gaps'], 4)} | "
             f"{(fmt_values(finite) + mark) if finite else '-'} ({per_seed}) | {vs_text} |"
         )
     sources = "; ".join(
@@ -144,7 +144,7 @@ def plot_size_axis(entries: list[dict], path: Path, names: list[str]) -> None:
             ([p for p in pts if p[3] < most_seeds or p[5]], 140, "none"),
             ([p for p in pts if p[4]], 36, "white"),
         ):
-            # a ring around a point of fewer seeds or a pending pick; an open marker for one read past GPT's budgets
+            # a ring: fewer seeds, or a pick pending; an open marker: read past GPT's budgets
             ax.scatter(
                 [p[0] for p in marked], [p[1] for p in marked], s=size, facecolors=face, edgecolors=color, zorder=4
             )
