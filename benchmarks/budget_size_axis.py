@@ -70,9 +70,12 @@ def write_size_axis(studies: list[argparse.Namespace], out: Path) -> None:
         + ")"
         for a in studies
     )
+    ran = [e for e in entries if e["row"] is not None and e["row"]["seeds"]]
+    sizes = sorted({e["params"] for e in ran})
     out.mkdir(parents=True, exist_ok=True)
     (out / "size_axis.md").write_text(
-        "# Budget study: the compute multiplier against tokens per parameter at two sizes\n\n"
+        "# Budget study: the compute multiplier against tokens per parameter at "
+        f"{_count(len(sizes), 'size')}\n\n"
         f"From the budget studies' ledgers: {sources}. Each point at its own budgets, the same tokens per step "
         f"({', '.join(sorted({str(a.tokens_per_step) for a in studies}))}), so that the sizes meet at equal "
         "tokens per parameter (the nGPT model's count). Compute multiplier, gap to GPT and the rate: as in each "
@@ -80,9 +83,39 @@ def write_size_axis(studies: list[argparse.Namespace], out: Path) -> None:
         "the rate rule still needs runs before this rate is its pick, so the row may change). Minus "
         "LERP: the update rule's final loss minus LERP's (`ngpt`) at the same point, budget and seed (< 0: the "
         "rule is ahead); mean ± std over the seeds both ran. Not run: planned by the study's command, not in its "
-        "ledger yet.\n\n" + "\n".join(lines) + "\n"
+        "ledger yet.\n\n" + "\n".join(lines) + "\n\n" + cannot_show(ran) + "\n"
     )
     plot_size_axis(entries, out / "size_axis.png", [a.results.name for a in studies])
+
+
+def cannot_show(ran: list[dict]) -> str:
+    """What the rows that ran cannot show, from what they span: sizes, tokens per parameter, and
+    whether a multiplier rests on GPT's loss continued past its longest run."""
+    if not ran:
+        return "Nothing has run yet."
+    sizes = sorted({e["params"] for e in ran})
+    names = " and ".join(f"{n / 1e6:.2f}M" for n in sizes) if len(sizes) < 3 else ""
+    if len(sizes) == 1:
+        size = f"any change with size (one size, {names} parameters)"
+    elif len(sizes) == 2:
+        size = f"a trend in size (two sizes, {names} parameters, make a line of any slope), or sizes outside them"
+    else:
+        size = f"sizes outside the {len(sizes)} measured ({sizes[0] / 1e6:.2f}M to {sizes[-1] / 1e6:.2f}M parameters)"
+    text = (
+        f"What these results cannot show: {size}; budgets past "
+        f"{max(e['tokens_per_param'] for e in ran):.1f} tokens per parameter"
+    )
+    if any(x for e in ran for _, x in e["row"]["multipliers"]):
+        text += (
+            ". A multiplier marked * rests on GPT's final loss continued past its longest run (linear in "
+            "log tokens), not on a GPT run that reached it"
+        )
+    return text + "."
+
+
+def _count(n: int, noun: str) -> str:
+    words = {1: "one", 2: "two", 3: "three"}
+    return f"{words.get(n, n)} {noun}{'' if n == 1 else 's'}"
 
 
 def _shown(path: Path) -> str:

@@ -90,6 +90,12 @@ def test_size_axis_reads_several_studies_and_marks_what_has_not_run(budget, tmp_
     assert "| 2.0000 |" in rows["cpu@32", str(b3), "ngpt"]
     assert ("cpu@32", str(b3), "ngpt-slerp") not in rows  # no start planned it: not "not run"
     assert (out / "size_axis.png").stat().st_size > 0
+    # the table ends with what its rows cannot show, from what they span
+    widest = b3 * 256 / params(budget, "cpu@32")
+    sizes = f"{params(budget, 'tiny@32') / 1e6:.2f}M and {params(budget, 'cpu@32') / 1e6:.2f}M"
+    assert table[-1].startswith(f"What these results cannot show: a trend in size (two sizes, {sizes} parameters")
+    assert f"budgets past {widest:.1f} tokens per parameter" in table[-1]
+    assert table[0].endswith("at two sizes")
     # the directories' common parent by default
     assert budget.main(["--size-axis", str(tmp_path / "tiny"), str(tmp_path / "cpu")]) == 0
     assert (tmp_path / "size_axis.md").read_text() != ""
@@ -352,3 +358,20 @@ def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget
     assert "| 640 | 9.9 | ngpt-slerp |" not in axis and not any(
         line.startswith("| tiny@32 |") and "| 640 |" in line and "ngpt-slerp" in line for line in axis.splitlines()
     )
+
+
+def test_what_the_size_axis_cannot_show_follows_the_sizes_and_budgets_run(budget):
+    from budget_size_axis import cannot_show
+
+    def entry(n_params: int, tokens_per_param: float, extrapolated: bool = False) -> dict:
+        return {"params": n_params, "tokens_per_param": tokens_per_param,
+                "row": {"seeds": [0], "multipliers": [(1.5, extrapolated)]}}  # fmt: skip  # one row
+
+    one = cannot_show([entry(170_000, 2.5), entry(170_000, 39.6)])
+    assert one == ("What these results cannot show: any change with size (one size, 0.17M parameters); "
+                   "budgets past 39.6 tokens per parameter.")  # fmt: skip  # one sentence
+    three = cannot_show([entry(170_000, 2.5), entry(1_120_000, 9.9), entry(5_000_000, 2.5, extrapolated=True)])
+    assert "sizes outside the 3 measured (0.17M to 5.00M parameters); budgets past 9.9 tokens" in three
+    assert three.endswith("continued past its longest run (linear in log tokens), not on a GPT run that reached it.")
+    assert "marked *" not in one
+    assert cannot_show([]) == "Nothing has run yet."
