@@ -334,10 +334,51 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         )
         + "This file is rewritten after every run.\n\n"
         + "\n".join(lines)
+        + "\n\n"
+        + cannot_show(
+            [
+                {
+                    "params": args.params[str(r["point"])],
+                    "tokens_per_param": tokens_per_param(args, r["point"], r["budget"]),
+                    "row": r,
+                }
+                for r in rows
+                if r["seeds"]
+            ],
+            corpus=args.corpus_label,
+        )
         + "\n"
     )
     if plots:
         plot(args, rows)
+
+
+def cannot_show(ran: list[dict], corpus: str | None = None) -> str:
+    """What the rows that ran cannot show, from what they span: sizes, tokens per parameter, the
+    corpus where there is one, and whether a multiplier rests on GPT's loss continued past its
+    longest run. ``ran``: one dict per row, with ``params``, ``tokens_per_param`` and ``row`` (its
+    :func:`summary` row)."""
+    if not ran:
+        return "Nothing has run yet."
+    sizes = sorted({e["params"] for e in ran})
+    names = " and ".join(f"{n / 1e6:.2f}M" for n in sizes) if len(sizes) < 3 else ""
+    if len(sizes) == 1:
+        size = f"any change with size (one size, {names} parameters)"
+    elif len(sizes) == 2:
+        size = f"a trend in size (two sizes, {names} parameters, make a line of any slope), or sizes outside them"
+    else:
+        size = f"sizes outside the {len(sizes)} measured ({sizes[0] / 1e6:.2f}M to {sizes[-1] / 1e6:.2f}M parameters)"
+    text = (
+        f"What these results cannot show: {size}; budgets past "
+        f"{max(e['tokens_per_param'] for e in ran):.1f} tokens per parameter"
+        + (f"; another corpus. Every row ran on one: {corpus}" if corpus else "")
+    )
+    if any(x for e in ran for _, x in e["row"]["multipliers"]):
+        text += (
+            ". A multiplier marked * rests on GPT's final loss continued past its longest run (linear in "
+            "log tokens), not on a GPT run that reached it"
+        )
+    return text + "."
 
 
 def tokens_per_param(args: argparse.Namespace, point: Point, budget: int) -> float:

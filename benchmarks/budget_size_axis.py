@@ -8,7 +8,15 @@ import argparse
 import math
 from pathlib import Path
 
-from budget_report import budgets_of, fmt_multiplier, in_plan, multiplier_axes, summary, tokens_per_param
+from budget_report import (
+    budgets_of,
+    cannot_show,
+    fmt_multiplier,
+    in_plan,
+    multiplier_axes,
+    summary,
+    tokens_per_param,
+)
 from scaling_ledger import BASELINE
 from scaling_report import fmt_values, mean_std
 
@@ -86,31 +94,6 @@ def write_size_axis(studies: list[argparse.Namespace], out: Path) -> None:
         "ledger yet.\n\n" + "\n".join(lines) + "\n\n" + cannot_show(ran) + "\n"
     )
     plot_size_axis(entries, out / "size_axis.png", [a.results.name for a in studies])
-
-
-def cannot_show(ran: list[dict]) -> str:
-    """What the rows that ran cannot show, from what they span: sizes, tokens per parameter, and
-    whether a multiplier rests on GPT's loss continued past its longest run."""
-    if not ran:
-        return "Nothing has run yet."
-    sizes = sorted({e["params"] for e in ran})
-    names = " and ".join(f"{n / 1e6:.2f}M" for n in sizes) if len(sizes) < 3 else ""
-    if len(sizes) == 1:
-        size = f"any change with size (one size, {names} parameters)"
-    elif len(sizes) == 2:
-        size = f"a trend in size (two sizes, {names} parameters, make a line of any slope), or sizes outside them"
-    else:
-        size = f"sizes outside the {len(sizes)} measured ({sizes[0] / 1e6:.2f}M to {sizes[-1] / 1e6:.2f}M parameters)"
-    text = (
-        f"What these results cannot show: {size}; budgets past "
-        f"{max(e['tokens_per_param'] for e in ran):.1f} tokens per parameter"
-    )
-    if any(x for e in ran for _, x in e["row"]["multipliers"]):
-        text += (
-            ". A multiplier marked * rests on GPT's final loss continued past its longest run (linear in "
-            "log tokens), not on a GPT run that reached it"
-        )
-    return text + "."
 
 
 def _count(n: int, noun: str) -> str:

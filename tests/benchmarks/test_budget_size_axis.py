@@ -361,7 +361,7 @@ def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget
 
 
 def test_what_the_size_axis_cannot_show_follows_the_sizes_and_budgets_run(budget):
-    from budget_size_axis import cannot_show
+    from budget_report import cannot_show
 
     def entry(n_params: int, tokens_per_param: float, extrapolated: bool = False) -> dict:
         return {"params": n_params, "tokens_per_param": tokens_per_param,
@@ -375,3 +375,7 @@ def test_what_the_size_axis_cannot_show_follows_the_sizes_and_budgets_run(budget
     assert three.endswith("continued past its longest run (linear in log tokens), not on a GPT run that reached it.")
     assert "marked *" not in one
     assert cannot_show([]) == "Nothing has run yet."
+    # a study's own budget.md names its corpus
+    assert "39.6 tokens per parameter; another corpus. Every row ran on one: input.txt." in cannot_show(
+        [entry(170_000, 39.6)], corpus="input.txt"
+    )

@@ -139,6 +139,14 @@ def test_study_sweeps_each_budget_from_the_last_rate_reports_the_multiplier_and_
     assert "2.00 ± 0.00* (2.00*, 2.00*)" in row160
     assert "-0.2500 ± 0.0000" in row40  # GPT's loss at 80 steps is 0.25 below its loss at 40
     assert "Estimated before the first run" in table
+    # the table ends with what one size and two budgets cannot show, from the rows that ran
+    n_params = budget.scaling.parameters(budget.scaling.Point.parse("tiny@32"))
+    last = table.splitlines()[-1]
+    assert last.startswith(f"What these results cannot show: any change with size (one size, {n_params / 1e6:.2f}M")
+    assert (
+        f"budgets past {160 * 256 / n_params:.1f} tokens per parameter; another corpus. Every row ran on one: " in last
+    )
+    assert "marked * rests on GPT's final loss continued past its longest run" in last  # row160 is read past it
     for name in ("multiplier.png", "loss_budget.png", "steps0040/scaling.md"):
         assert (results / name).stat().st_size > 0
 
