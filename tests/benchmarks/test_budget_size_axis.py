@@ -360,7 +360,7 @@ def test_every_start_of_a_study_writes_the_same_tables_and_plans_its_runs(budget
     )
 
 
-def test_what_the_size_axis_cannot_show_follows_the_sizes_and_budgets_run(budget):
+def test_what_a_table_cannot_show_follows_its_sizes_budgets_and_corpus(budget):
     from budget_report import cannot_show
 
     def entry(n_params: int, tokens_per_param: float, extrapolated: bool = False) -> dict:
