@@ -3,11 +3,15 @@
 Standard signals are not queued: a second SIGINT sent while the first is still pending (the
 process not yet scheduled to take it, on an overloaded machine) is dropped by the kernel, and no
 program can count two. Tests that mean two Ctrl-Cs send the second once the first has left the
-kernel's pending sets (``/proc/PID/status`` and each thread's)."""
+kernel's pending sets (``/proc/PID/status`` and each thread's). A signal meant for a running
+process is sent while the process is stopped (:func:`send_while_alive`): between a test's look
+and its ``kill`` the process could end, and a signal to a process that has ended is lost."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -34,3 +38,29 @@ def wait_until_taken(pid: int, sig: int = signal.SIGINT, timeout: float = 60.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"signal {signal.Signals(sig).name} still pending in process {pid} after {timeout} s")
         time.sleep(0.001)
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from ``/proc/PID/stat`` ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def send_while_alive(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 60.0) -> bool:
+    """Send ``sig`` to ``proc`` while it certainly runs: stop it (SIGSTOP), send ``sig`` (pending
+    until it goes on), continue it (SIGCONT). False, with nothing sent, when it had ended first."""
+    if proc.poll() is not None:
+        return False
+    os.kill(proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while (state := _state(proc.pid)) not in ("T", "Z", "X", ""):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {proc.pid} not stopped after {timeout} s (state {state})")
+        time.sleep(0.001)
+    if state != "T":  # it ended before the stop took hold; not reaped yet, so its pid is still its own
+        return False
+    os.kill(proc.pid, sig)
+    os.kill(proc.pid, signal.SIGCONT)
+    return True

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 from corpora import write_paragraphs
-from signals import wait_until_taken
+from signals import send_while_alive, wait_until_taken
 
 import recipes.train
 import recipes.train_loop
@@ -615,7 +615,7 @@ def test_a_second_ctrl_c_aborts_at_once_and_the_last_checkpoint_stays(tmp_path, 
         proc.send_signal(signal.SIGINT)
         time.sleep(0.05)  # the step in flight, or the stop checkpoint's write, takes longer than this
         wait_until_taken(proc.pid)  # else the kernel merges the two
-        proc.send_signal(signal.SIGINT)
+        assert send_while_alive(proc, signal.SIGINT), "the run ended before the second Ctrl-C"
 
     proc, text, out = _signal_during_save(tmp_path, cache, text_file, two_ctrl_cs)
     assert proc.returncode == 130, text[-3000:]
@@ -851,29 +851,38 @@ def cpu_load(processes: int = 2):
 
 @pytest.mark.slow
 @needs_proc
-def test_two_ctrl_cs_50_ms_apart_always_exit_130_under_load(tmp_path, cache, text_file):
-    """Two SIGINTs 50 ms apart into a running tiny model, 4 times, while two busy processes load
-    the machine: wherever they land (one step, the stop checkpoint, the last records, the
+def test_two_ctrl_cs_up_to_50_ms_apart_always_exit_130_under_load(tmp_path, cache, text_file):
+    """Two SIGINTs into a running tiny model, 0 to 50 ms apart, while two busy processes load the
+    machine: wherever the second lands (one step, the stop checkpoint, the last records, the
     process's end, both inside one C call), the exit code is 130 and the newest checkpoint
-    verifies. The second waits, past the 50 ms, until the kernel has handed the first over."""
-    codes = []
+    verifies. The second waits until the kernel has handed the first over (else the two merge:
+    standard signals are not queued) and is sent while the run is held stopped, so that it
+    reaches a live process. A run that had already finished its stop on the first (its stop can
+    take less than 50 ms) got one Ctrl-C: it must have exited 0 with its stop checkpoint, and
+    another attempt runs, until 4 runs got both (at most 12 attempts)."""
+    codes, single = [], 0
     with cpu_load():
-        for attempt in range(4):
+        for attempt in range(12):
             out, log = tmp_path / f"run{attempt}", tmp_path / f"train{attempt}.log"
             cmd = [sys.executable, "-m", "recipes.train", *args(out, cache, text_file, "train.steps=100000")]
             with launched(cmd, log) as proc:
                 wait_until(lambda: max_step(out) >= 3, proc, log, "step 3")
                 proc.send_signal(signal.SIGINT)
-                time.sleep(0.05)
-                wait_until_taken(proc.pid)  # else the kernel merges the two (standard signals are not queued)
-                assert proc.poll() is None, "the run ended within 50 ms of the first Ctrl-C"
-                proc.send_signal(signal.SIGINT)
+                time.sleep((0.0, 0.005, 0.02, 0.05)[attempt % 4])
+                wait_until_taken(proc.pid)
+                sent = send_while_alive(proc, signal.SIGINT)
                 text = finish(proc, log)
-            codes.append(proc.returncode)
             assert "Traceback" not in text, text[-3000:]
             newest = CheckpointManager(out / "checkpoints").latest_verified()
             assert newest is None or newest.step >= 1
-    assert codes == [130] * 4, codes
+            if not sent:  # one Ctrl-C: a clean stop
+                assert proc.returncode == 0 and "stop requested (SIGINT)" in text, text[-3000:]
+                single += 1
+                continue
+            codes.append(proc.returncode)
+            if len(codes) == 4:
+                break
+    assert codes == [130] * 4, (codes, f"{single} runs ended before the second Ctrl-C")
 
 
 @pytest.mark.slow
