@@ -40,8 +40,9 @@ def wait_until_taken(pid: int, sig: int = signal.SIGINT, timeout: float = 60.0) 
         time.sleep(0.001)
 
 
-def _state(pid: int) -> str:
-    """The process's state letter from ``/proc/PID/stat`` ("" once it is gone)."""
+def process_state(pid: int) -> str:
+    """The process's state letter from ``/proc/PID/stat`` ("Z": ended, not yet reaped; "" once it
+    is gone)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
@@ -55,7 +56,7 @@ def send_while_alive(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: 
         return False
     os.kill(proc.pid, signal.SIGSTOP)
     deadline = time.monotonic() + timeout
-    while (state := _state(proc.pid)) not in ("T", "Z", "X", ""):
+    while (state := process_state(proc.pid)) not in ("T", "Z", "X", ""):
         if time.monotonic() > deadline:
             raise AssertionError(f"process {proc.pid} not stopped after {timeout} s (state {state})")
         time.sleep(0.001)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from signals import process_state
 
 from recipes import compare
 
@@ -109,11 +110,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has stopped; only its exit status is left
+    return process_state(pid) not in ("Z", "")  # a zombie has stopped; only its exit status is left
 
 
 def _wait_for(predicate, timeout: float, what: str):
