@@ -319,7 +319,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def planned(args: argparse.Namespace) -> set[tuple[str, int, str]]:
     """The (point, budget, arm) runs a command plans."""
-    return {(str(pt), b, arm) for pt in args.points for b in budgets_of(args, pt) for arm in args.arms}
+    return {key for pt in args.points for key in planned_at(args, pt)}
+
+
+def planned_at(args: argparse.Namespace, pt: scaling.Point) -> set[tuple[str, int, str]]:
+    return {(str(pt), b, arm) for b in budgets_of(args, pt) for arm in args.arms}
 
 
 def recorded_starts(results: Path) -> list[argparse.Namespace]:
@@ -353,7 +357,9 @@ def remember_start(args: argparse.Namespace, trains: bool) -> None:
         meta.write_text(json.dumps({"started": args.date, "command": args.command}, indent=1) + "\n")
         return
     record = json.loads(meta.read_text())
-    if trains and not planned(args) <= set().union(*map(planned, recorded_starts(args.results))):
+    starts = recorded_starts(args.results)
+    more_runs = not planned(args) <= set().union(*map(planned, starts))
+    if trains and (more_runs or not set(args.seeds) <= {s for start in starts for s in start.seeds}):
         record["later"] = [*record.get("later", []), args.command]
         meta.write_text(json.dumps(record, indent=1) + "\n")
     args.date, args.command = record["started"], portable_command(record["command"])
@@ -369,9 +375,13 @@ def reported(args: argparse.Namespace) -> argparse.Namespace:
     shown = copy.copy(args)
     shown.arms, shown.points, shown.params = list(args.arms), list(args.points), dict(args.params)
     shown.point_budgets, shown.plan = {}, set()
-    for start in [args, *recorded_starts(args.results)]:
+    starts = [args, *recorded_starts(args.results)]
+    shown.plan_seeds = {}  # (point, budget, arm) -> the seeds of every start that planned it
+    for start in starts:
         for pt in start.points:
             join(shown, pt, budgets_of(start, pt), start.arms)
+            for key in planned_at(start, pt):
+                shown.plan_seeds[key] = sorted({*shown.plan_seeds.get(key, ()), *start.seeds})
     for path in sorted(args.results.glob("steps*/runs.jsonl")):
         budget = int(path.parent.name.removeprefix("steps"))
         for point, arm, _, _ in scaling.Ledger(path).rows:

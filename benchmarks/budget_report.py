@@ -94,6 +94,37 @@ def budgets_of(args: argparse.Namespace, point: Point) -> list[int]:
     return getattr(args, "point_budgets", {}).get(str(point), args.budgets)
 
 
+def seeds_of(args: argparse.Namespace, point, budget: int, arm: str) -> list[int]:
+    """The seeds the study runs ``arm`` on at ``point`` and ``budget``: ``--seeds``, or more where
+    a later start asked for more there (``budget.reported``'s ``plan_seeds``)."""
+    return getattr(args, "plan_seeds", {}).get((str(point), budget, arm), args.seeds)
+
+
+def seeds_text(args: argparse.Namespace) -> str:
+    """The header's seeds: "Seeds 0, 1, 2", and where a later start asked for more, which runs
+    got them ("; seeds 0-7 at tiny@1024 (100, 400 steps): gpt, ngpt")."""
+    plan = getattr(args, "plan_seeds", {})
+    counts: dict[tuple[int, ...], int] = {}
+    for seeds in plan.values():
+        counts[tuple(seeds)] = counts.get(tuple(seeds), 0) + 1
+    base = list(max(counts, key=counts.get)) if counts else list(args.seeds)
+    text = f"Seeds {', '.join(map(str, base))}"
+    more: dict[tuple, list[str]] = {}
+    for (point, budget, arm), seeds in sorted(plan.items()):
+        if list(seeds) != base:
+            more.setdefault((tuple(seeds), point), []).append((budget, arm))
+    for (seeds, point), runs in more.items():
+        budgets = ", ".join(str(b) for b in sorted({b for b, _ in runs}))
+        arms = ", ".join(dict.fromkeys(a for _, a in runs))
+        text += f"; seeds {seeds[0]}-{seeds[-1]} at {point} ({budgets} steps): {arms}"
+    return text
+
+
+def budget_of(ledger: Ledger) -> int:
+    """The budget whose ledger this is (``RESULTS/stepsNNNN/runs.jsonl``)."""
+    return int(ledger.path.parent.name.removeprefix("steps"))
+
+
 def ledgers(args: argparse.Namespace) -> dict[int, Ledger]:
     return {b: Ledger(budget_dir(args.results, b) / "runs.jsonl") for b in args.budgets}
 
@@ -119,7 +150,7 @@ def summary(args: argparse.Namespace) -> list[dict]:
         base_curve = {}  # seed -> [(budget, GPT's final loss)]
         for b in budgets_of(args, pt):
             lr, _ = rates[point, b, BASELINE]
-            for seed in args.seeds:
+            for seed in seeds_of(args, point, b, BASELINE):
                 loss = final(books[b], point, BASELINE, lr, seed) if lr is not None else math.nan
                 base_curve.setdefault(seed, []).append((b, loss))
         for b in budgets_of(args, pt):
@@ -130,7 +161,7 @@ def summary(args: argparse.Namespace) -> list[dict]:
                     continue
                 tried = sorted(lr_ for (p, a, lr_, s) in books[b].rows if (p, a, s) == (point, arm, args.sweep_seed))
                 seeds, finals, gaps, mults = [], [], [], []
-                for seed in args.seeds:
+                for seed in seeds_of(args, point, b, arm):
                     if (point, arm, float(lr), seed) not in books[b].rows:
                         continue
                     loss = final(books[b], point, arm, lr, seed)
@@ -138,7 +169,7 @@ def summary(args: argparse.Namespace) -> list[dict]:
                     finals.append(loss)
                     base = final(books[b], point, BASELINE, base_lr, seed) if base_lr is not None else math.nan
                     gaps.append(loss - base)
-                    mults.append(multiplier(loss, b, base_curve[seed]))
+                    mults.append(multiplier(loss, b, base_curve.get(seed, [])))
                 rows.append(
                     {
                         "point": pt,
@@ -171,7 +202,8 @@ def tie_note(ledger: Ledger, point: str, arm: str) -> str:
 def pending_note(args: argparse.Namespace, ledger: Ledger, point: str, arm: str) -> str:
     """The runs the rate rule still needs before the shown rate is its pick, e.g. "; pending: 0.01 on
     seeds 1, 2" (a tie's runner-up still to run); "" once the rule has decided."""
-    pick, missing = decide(ledger, point, arm, args.seeds, args.sweep_seed, getattr(args, "tie_margin", TIE_MARGIN))
+    seeds = seeds_of(args, point, budget_of(ledger), arm)
+    pick, missing = decide(ledger, point, arm, seeds, args.sweep_seed, getattr(args, "tie_margin", TIE_MARGIN))
     if pick is not None or not missing:
         return ""
     by_rate: dict[float, list[int]] = {}
@@ -253,10 +285,10 @@ def runs_to_go(args: argparse.Namespace, book: Ledger | None, point: str, arm: s
     more (a tie's seed runs for two rates, besides the sweep's own runs still to come)."""
     if book is None:
         return planned
-    pick, missing = decide(book, point, arm, args.seeds, args.sweep_seed, args.tie_margin)
+    pick, missing = decide(book, point, arm, seeds_of(args, point, budget_of(book), arm), args.sweep_seed, args.tie_margin)
     finals = sweep_finals(book, point, arm, args.sweep_seed)
     if pick is not None and min(finals) < float(pick["picked"]) < max(finals):  # as the table's "bracketed"
-        return 0
+        return len(missing)  # seeds a later start added at the pick
     growth = sum(1 for _, seed in missing if seed == args.sweep_seed)  # the sweep grown past a tie's pick
     sweep_to_come = max(growth, RUNS_PER_SWEEP - len(finals))
     return max(planned - done, len(missing) - growth + sweep_to_come)
@@ -308,7 +340,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         f"Data: {args.corpus_label}, byte tokenizer. Points: {points}. Budgets: "
         f"{budgets} steps of {args.tokens_per_step} tokens, each its own run, cosine "
         f"to 0 (GPT arms: warmup 5%, weight decay 0.1), validation {args.evals} times per run on "
-        f"{args.eval_batches} batches. Seeds {', '.join(map(str, args.seeds))}.{overrides}\n\n"
+        f"{args.eval_batches} batches. {seeds_text(args)}.{overrides}\n\n"
         + estimate_text(args)
         + "Compute multiplier: per seed, the budget GPT needs to reach the arm's final validation loss "
         "(read off GPT's final loss against budget, same seed, linear in log tokens) over the arm's budget; "

@@ -8,7 +8,7 @@ import argparse
 
 import convergence
 import scaling
-from budget_report import budgets_of, ledgers
+from budget_report import budgets_of, ledgers, seeds_of
 
 from recipes.run_directory import live_trainer
 from spherenet.train.loop import MetricsLog
@@ -24,7 +24,7 @@ def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
             for arm in args.arms:
                 if b not in budgets_of(args, pt):
                     continue
-                _, missing = scaling.decide(book, str(pt), arm, args.seeds, args.sweep_seed, args.tie_margin)
+                _, missing = scaling.decide(book, str(pt), arm, seeds_of(args, pt, b, arm), args.sweep_seed, args.tie_margin)
                 out += [(str(pt), b, arm, lr, s) for lr, s in missing]
     return out
 

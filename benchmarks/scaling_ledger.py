@@ -168,11 +168,13 @@ def decide(ledger: Ledger, point: str, arm: str, seeds: list[int], sweep_seed: i
     :data:`MAX_SWEEP_RATES` rates); in a tie every rate already run on all seeds competes by its
     mean. Returns (the decision to record in ``picks.jsonl``, or None
     while runs are missing; the runs (lr, seed) still missing). A decision already recorded
-    stands (see :func:`_stands`)."""
+    stands (see :func:`_stands`); ``seeds`` beyond those it was decided on run at its pick only
+    (more seeds sharpen the pick's mean, they do not reopen the choice)."""
     recorded = ledger.picks.get((point, arm))
     finals = sweep_finals(ledger, point, arm, sweep_seed)
     if recorded is not None and _stands(recorded, finals):
-        return recorded, []
+        picked = float(recorded["picked"])
+        return recorded, [(picked, s) for s in seeds if (point, arm, picked, s) not in ledger.rows]
     cands = candidates(finals, margin)
     if not cands:
         return None, []

@@ -379,3 +379,36 @@ def test_what_a_table_cannot_show_follows_its_sizes_budgets_and_corpus(budget):
     assert "39.6 tokens per parameter; another corpus. Every row ran on one: input.txt." in cannot_show(
         [entry(170_000, 39.6)], corpus="input.txt"
     )
+
+
+def test_a_later_start_with_more_seeds_runs_them_at_the_picks_it_plans_only(budget, tmp_path, capsys):
+    # seeds 0-2 decided at both budgets for gpt and ngpt; a later start asks for seeds 0-4
+    finals = {("tiny@32", b, arm, lr, s): 3.0 + 10 * lr for b in (40, 160) for arm in ("gpt", "ngpt")
+              for lr in (0.003, 0.01, 0.03) for s in ((0,) if lr != 0.003 else (0, 1, 2))}  # fmt: skip  # one ledger
+    results = tmp_path / "r"
+    write_study(results, "python benchmarks/budget.py --points tiny@32 --arms gpt ngpt --budgets 40 160", finals)
+    for b in (40, 160):
+        ledger = budget.scaling.Ledger(results / f"steps{b:04d}" / "runs.jsonl")
+        for arm in ("gpt", "ngpt"):
+            ledger.add_pick(budget.scaling.decide(ledger, "tiny@32", arm, [0, 1, 2], 0)[0])
+    more = ["--points", "tiny@32", "--arms", "gpt", "ngpt", "--budgets", "40", "160", "--seeds", *"01234",
+            "--results", str(results), "--out", str(tmp_path / "out")]  # fmt: skip  # a command line
+    assert budget.main(["--points", "tiny@32", "--arms", "gpt", "ngpt", "--budgets", "40", "160", "--results",
+                        str(results), "--out", str(tmp_path / "out"), "--pending"]) == 0  # fmt: skip  # a command line
+    assert "0 run(s) pending" in capsys.readouterr().out
+    assert budget.main([*more, "--pending"]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert lines == [f"tiny@32 {b} steps {arm} lr 0.003 seed {s}" for b in (40, 160) for arm in ("gpt", "ngpt")
+                     for s in (3, 4)]  # fmt: skip  # one list
+    # the start that trains them is recorded; the report reads the seeds that ran, of those it asks
+    budget.remember_start(budget.parse(more), trains=True)
+    assert "--seeds" in json.loads((results / "study.json").read_text())["later"][0]
+    ledger = budget.scaling.Ledger(results / "steps0040" / "runs.jsonl")
+    for s in (3, 4):
+        ledger.add({**ledger.rows[("tiny@32", "ngpt", 0.003, 0)], "seed": s})
+    assert budget.main(["--results", str(results), "--out", str(tmp_path / "out"), "--report-only"]) == 0
+    table = (results / "budget.md").read_text()
+    assert "Seeds 0, 1, 2; seeds 0-4 at tiny@32 (40, 160 steps): gpt, ngpt." in table
+    rows = {line.split(" | ")[1:4:2][0] + line.split(" | ")[3]: line for line in table.splitlines()
+            if line.startswith("| tiny@32 |")}  # fmt: skip  # budget + arm -> row
+    assert "| 5 |" in rows["40ngpt"] and "| 3 |" in rows["40gpt"] and "| 3 |" in rows["160ngpt"]

@@ -54,6 +54,13 @@ def test_a_tie_runs_both_rates_on_every_seed_and_the_better_mean_is_picked_and_k
     assert scaling.chosen(again, "tiny@32", "ngpt", 0, margin=0.0) == (1e-2, True)
     assert scaling.decide(again, "tiny@32", "ngpt", [0, 1, 2], 0, margin=0.0) == (again.picks[("tiny@32", "ngpt")], [])
     assert len(again.rows) == 8  # picks.jsonl is beside the runs, not among them
+    # more seeds later: they run at the recorded pick only (the tied runner-up does not), and
+    # the pick stands whatever they give
+    pick = again.picks[("tiny@32", "ngpt")]
+    assert scaling.decide(again, "tiny@32", "ngpt", [0, 1, 2, 3, 4], 0) == (pick, [(1e-2, 3), (1e-2, 4)])
+    again.add(row("tiny@32", "ngpt", 1e-2, 3, 9.0))
+    assert scaling.decide(again, "tiny@32", "ngpt", [0, 1, 2, 3, 4], 0) == (pick, [(1e-2, 4)])
+    assert scaling.chosen(again, "tiny@32", "ngpt", 0) == (1e-2, True)
 
 
 def test_a_tie_won_at_the_edge_grows_the_sweep_until_the_pick_is_bracketed(scaling, tmp_path):
