@@ -285,7 +285,9 @@ def runs_to_go(args: argparse.Namespace, book: Ledger | None, point: str, arm: s
     more (a tie's seed runs for two rates, besides the sweep's own runs still to come)."""
     if book is None:
         return planned
-    pick, missing = decide(book, point, arm, seeds_of(args, point, budget_of(book), arm), args.sweep_seed, args.tie_margin)
+    pick, missing = decide(
+        book, point, arm, seeds_of(args, point, budget_of(book), arm), args.sweep_seed, args.tie_margin
+    )
     finals = sweep_finals(book, point, arm, args.sweep_seed)
     if pick is not None and min(finals) < float(pick["picked"]) < max(finals):  # as the table's "bracketed"
         return len(missing)  # seeds a later start added at the pick

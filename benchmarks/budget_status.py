@@ -24,7 +24,9 @@ def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:
             for arm in args.arms:
                 if b not in budgets_of(args, pt):
                     continue
-                _, missing = scaling.decide(book, str(pt), arm, seeds_of(args, pt, b, arm), args.sweep_seed, args.tie_margin)
+                _, missing = scaling.decide(
+                    book, str(pt), arm, seeds_of(args, pt, b, arm), args.sweep_seed, args.tie_margin
+                )
                 out += [(str(pt), b, arm, lr, s) for lr, s in missing]
     return out
 
