@@ -17,8 +17,10 @@ not the time spent waiting for a core (the wall clock of a loaded machine varies
 percent between rounds, and OpenMP threads spinning for a busy core can slow 2 threads tenfold).
 ``--compile`` adds the same rows with every model's
 forward under ``torch.compile`` (dynamic shapes: the cache grows every step). The rows:
-``ngpt``, ``gpt``, ``llama``, ``ngpt-gqa`` (``--kv-heads`` key/value heads) and ``ngpt-relu2``
-(the squared-ReLU MLP, d_MLP 1.5 times as large: as many weights).
+``ngpt``, ``gpt``, ``llama``, ``ngpt-gqa`` (``--kv-heads`` key/value heads), ``ngpt-relu2``
+(the squared-ReLU MLP, d_MLP 1.5 times as large: as many weights), every nGPT folded for
+inference (:func:`spherenet.models.fold_for_inference`, as a server would apply it), and
+``ngpt-unfolded`` (the model's own equations, as in training and evaluation).
 
     python benchmarks/bench_infer.py                       # CPU, 2 threads, fp32, eager
     python benchmarks/bench_infer.py --compile --rounds 3
@@ -41,10 +43,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import header, pick_device, sync  # noqa: E402
 
 from spherenet.layers import GPTConfig, NGPTConfig  # noqa: E402
-from spherenet.models import GPT, NGPT  # noqa: E402
+from spherenet.models import GPT, NGPT, fold_for_inference  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-MODELS = ("ngpt", "gpt", "llama", "ngpt-gqa", "ngpt-relu2")
+MODELS = ("ngpt", "gpt", "llama", "ngpt-gqa", "ngpt-relu2", "ngpt-unfolded")
 SMALL = dict(d_model=64, layers=2, heads=4, kv_heads=2, d_mlp=176, vocab=512, batch=2, prefill_len=32)
 SMALL.update(prompt_len=8, new_tokens=8, rounds=2)
 
@@ -80,6 +82,8 @@ def build(name: str, args, device: torch.device, dtype: torch.dtype) -> torch.nn
         elif name == "ngpt-relu2":
             shape.update(mlp="relu2", d_mlp=args.d_mlp * 3 // 2)
         model = SpherenetNGPTForCausalLM.from_spherenet(NGPT(NGPTConfig(**shape)))
+        if name != "ngpt-unfolded":  # the transform a server applies (spherenet.models.fold_for_inference)
+            model = fold_for_inference(model, inplace=True)
     model = model.to(device=device, dtype=dtype).eval()
     model.generation_config.eos_token_id = None  # exactly --new-tokens new tokens
     model.generation_config.pad_token_id = 0

@@ -21,6 +21,7 @@ from recipes.checkpoints import load_weights
 from recipes.cli import prog
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError
+from spherenet.models import fold_for_inference
 
 
 def continuation(tokenizer, prompt_ids: list[int], ids: list[int]) -> str:
@@ -68,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = trained.tokenizer
         gen = torch.Generator(device=args.device).manual_seed(args.seed)
         prompt = torch.tensor([prompt_ids], device=args.device)
+        model = fold_for_inference(trained.model, inplace=True)  # it only decodes from here on
         print(f"# {trained.describe()}", file=sys.stderr)
         for i in range(args.num_samples):
             with torch.no_grad():
-                out = trained.model.generate(
+                out = model.generate(
                     prompt,
                     args.tokens,
                     temperature=args.temperature,

@@ -1,7 +1,7 @@
 """The parts custom spherical models share (nGPT's and the baseline's own attention, MLP and
 block classes are in :mod:`spherenet.models.ngpt` and :mod:`spherenet.models.gpt`): unit-vector
 linear maps and embeddings, learnable scalings, RoPE, the attention plumbing (KV cache, masks,
-heads, SDPA), RMSNorm, a classifier head on the sphere, inference-time folding, and the models'
+heads, SDPA), RMSNorm, a classifier head on the sphere, and the models'
 configs (:mod:`spherenet.layers.config`, with the paper's constants). The element-wise
 operations they share, and the choice of their implementation, are in :mod:`spherenet.kernels`."""
 

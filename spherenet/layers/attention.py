@@ -39,11 +39,11 @@ it is computed inside the graph instead, so no Python-side cache is mutated whil
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from .fold import cached
 
 __all__ = ["Attention", "KVCache", "RotaryEmbedding", "apply_rotary"]
 
@@ -137,10 +137,18 @@ class RotaryEmbedding(nn.Module):
             if torch.compiler.is_compiling():
                 cos, sin = self._position_cos_sin(positions, work)
             else:  # every layer, for q and k, gets the same positions: computed once for all
-                cos, sin = cached(
-                    self, f"positions {work}", (positions,), lambda: self._position_cos_sin(positions, work)
-                )
+                cos, sin = self._memo_cos_sin(positions, work)
         return apply_rotary(x, cos, sin)
+
+    def _memo_cos_sin(self, positions: torch.Tensor, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_position_cos_sin` of the same ``positions`` tensor as the last call, unchanged
+        (same object, storage and version counter), reused: the layers of one forward share it."""
+        key = (positions._version, positions.data_ptr(), positions.shape, work)
+        memo = self.__dict__.get("_positions_memo")
+        if memo is None or memo[0]() is not positions or memo[1] != key:
+            memo = (weakref.ref(positions), key, self._position_cos_sin(positions, work))
+            self.__dict__["_positions_memo"] = memo
+        return memo[2]
 
     def _position_cos_sin(self, positions: torch.Tensor, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the angles at ``positions`` ``(B, T)``, each ``(B, 1, T, head_dim/2)``."""

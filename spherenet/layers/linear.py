@@ -16,7 +16,6 @@ from torch import nn
 from .. import kernels
 from ..manifolds import UNIT_SPHERE, declare_sphere
 from ..manifolds.sphere import geoopt
-from .fold import Folding, cached, folding
 
 __all__ = ["SphereLinear", "SphereEmbedding", "scaled", "is_plain"]
 
@@ -31,7 +30,7 @@ def _sphere_parameter(shape: tuple[int, ...]) -> geoopt.ManifoldParameter:
     return geoopt.ManifoldParameter(UNIT_SPHERE.random_point(*shape), manifold=UNIT_SPHERE)
 
 
-class SphereLinear(Folding, nn.Module):
+class SphereLinear(nn.Module):
     """``y = x W`` with W made of unit vectors along its d_model-sized side.
 
     ``sphere="in"``: the input side is the embedding dimension (W_q, W_k, W_v, W_u, W_v-gate,
@@ -84,23 +83,6 @@ class SphereLinear(Folding, nn.Module):
         matrix = self.matrix()
         return (matrix * scale.unsqueeze(-1)).to(matrix.dtype)
 
-    def scaled(self, x: torch.Tensor, scale, factor: float = 1.0) -> torch.Tensor:
-        """``(x W) * (scale() * factor)`` for a :class:`~spherenet.layers.Scale` ``scale``
-        (eq. 20, 21, 3). In eval mode without gradients ``W`` times the scaling is folded once
-        (:mod:`spherenet.layers.fold`) and the map is one matmul; otherwise it is ``forward``."""
-        if not folding(self):
-            return self(x, out_scale=scale() if factor == 1.0 else scale() * factor)
-        if not self.fold_weights:
-            return self(
-                x, out_scale=cached(self, f"scale x{factor}", (scale.source,), lambda: scale.effective() * factor)
-            )
-        if x.shape[-1] != self.in_features:
-            return self(x)  # the shape error
-        weight = cached(
-            self, f"scaled x{factor}", (self.weight, scale.source), lambda: self.scaled_matrix(scale() * factor)
-        )
-        return F.linear(x, weight)
-
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, sphere={self.sphere}"
 
@@ -112,10 +94,9 @@ def is_plain(linear: nn.Module) -> bool:
 
 
 def scaled(linear: nn.Module, x: torch.Tensor, scale, factor: float = 1.0) -> torch.Tensor:
-    """``(x W) * (scale() * factor)`` through ``linear``: :meth:`SphereLinear.scaled` (folded in
-    eval mode) for a plain one, else its ``forward(x, out_scale=...)`` (a LoRA wrapper's)."""
-    if is_plain(linear):
-        return linear.scaled(x, scale, factor)
+    """``(x W) * (scale() * factor)`` through ``linear``'s ``forward(x, out_scale=...)`` (a
+    :class:`SphereLinear`, or a LoRA wrapper of one) for a :class:`~spherenet.layers.Scale`
+    ``scale``: s_u, s_v, s_z of eq. 20, 21, 3."""
     return linear(x, out_scale=scale() if factor == 1.0 else scale() * factor)
 
 

@@ -19,8 +19,6 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .fold import Folding, cached, folding
-
 __all__ = ["Scale", "ScaleSpec", "SCALE_MODES"]
 
 SCALE_MODES = ("vector", "scalar", "fixed")
@@ -93,7 +91,7 @@ class ScaleSpec:
         return cls(**merged)
 
 
-class Scale(Folding, nn.Module):
+class Scale(nn.Module):
     """A scaling factor ``s`` stored at ``scale`` and used as ``s * (init / scale)`` (Section 2.5).
 
     Adam moves every stored element by about ``lr`` per step, so the effective learning rate of
@@ -103,9 +101,8 @@ class Scale(Folding, nn.Module):
     ``mode``: ``"vector"`` (one learnable value per element, the paper's default),
     ``"scalar"`` (one learnable value, broadcast; Table 5), ``"fixed"`` (no parameter, the
     constant ``init``; Table 5). ``absolute``: return ``|s * (init / scale)|`` (Appendix A.2).
-    ``forward()`` returns the effective value, shape ``(size,)`` or ``(1,)``; in eval mode
-    without gradients it is computed once and reused until the stored value changes
-    (:mod:`spherenet.layers.fold`).
+    ``forward()`` returns the effective value, shape ``(size,)`` or ``(1,)``, computed from the
+    stored one at every call.
     """
 
     def __init__(self, size: int, init: float = 1.0, scale: float = 1.0, mode: str = "vector", absolute: bool = False):
@@ -151,8 +148,6 @@ class Scale(Folding, nn.Module):
         return value.abs() if self.absolute else value
 
     def forward(self) -> torch.Tensor:
-        if folding(self):
-            return cached(self, "value", (self.source,), self.effective)
         return self.effective()
 
     def extra_repr(self) -> str:

@@ -11,6 +11,7 @@ from .common import LanguageModel, generate, sample_next_token
 from .encoder_decoder import GPTCrossAttention, GPTCrossBlock, NGPTCrossAttention, NGPTCrossBlock
 from .gpt import GPT, GPTMLP, GPTAttention, GPTBlock, GPTConfig, GPTReLU2MLP, gpt_mlp
 from .hub import MODEL_CLASSES, PretrainedFileError, load_pretrained, model_class, model_class_of
+from .inference import fold_for_inference, is_folded
 from .ngpt import NGPT, NGPTMLP, NGPTAttention, NGPTBlock, NGPTConfig, NGPTReLU2MLP, ngpt_mlp, residual_alpha
 from .presets import PRESETS, from_preset, model_from_config, preset_config
 
@@ -45,6 +46,8 @@ __all__ = [
     "model_from_config",
     "generate",
     "sample_next_token",
+    "fold_for_inference",
+    "is_folded",
     "load_pretrained",
     "PretrainedFileError",
 ]

@@ -228,6 +228,11 @@ class HubMixin:
 
         Sphere weights off the sphere are refused before anything is written or created on the
         Hub (:meth:`check_on_sphere`)."""
+        if self.__dict__.get("folded_for_inference"):  # spherenet.models.inference: other tensors, no sphere weights
+            raise ValueError(
+                "save_pretrained: this model was folded for inference (fold_for_inference); save the model it was "
+                "folded from"
+            )
         if safe_serialization is False:
             raise ValueError("save_pretrained: safe_serialization=False is not supported; spherenet saves safetensors")
         if variant is not None:

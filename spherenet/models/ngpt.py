@@ -15,8 +15,9 @@ every block (Table 1):
 - :class:`NGPT`: ``E_in[ids]``, the blocks (the stack and its forward pass are
   :class:`spherenet.models.common.LanguageModel`'s), logits ``(E_out h) * s_z`` (eq. 1, 3).
 
-The config, with the paper's defaults, is :class:`spherenet.layers.config.NGPTConfig`. In eval
-mode without gradients the scalings are folded into the weights (:mod:`spherenet.layers.fold`).
+The config, with the paper's defaults, is :class:`spherenet.layers.config.NGPTConfig`. Every
+mode computes these equations as written; faster decoding is a transform applied to a trained
+model (:func:`spherenet.models.inference.fold_for_inference`), not a branch in here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
@@ -33,8 +33,7 @@ from ..kernels.residual import normalized_update
 from ..layers import KVCache, NGPTConfig, RotaryEmbedding, Scale, ScaleSpec, SphereEmbedding, SphereLinear
 from ..layers.attention import Attention
 from ..layers.config import S_QK, S_U, S_UV, S_V, ngpt_softmax_scale
-from ..layers.fold import Folding, cached, folding
-from ..layers.linear import is_plain, scaled
+from ..layers.linear import scaled
 from .common import LanguageModel
 
 __all__ = [
@@ -43,7 +42,6 @@ __all__ = [
     "NGPTMLP",
     "NGPTReLU2MLP",
     "ngpt_mlp",
-    "project_down",
     "ngpt_attention",
     "residual_alpha",
     "NGPTBlock",
@@ -54,7 +52,7 @@ __all__ = [
 # Attention (Section 2.3.2)
 
 
-class NGPTAttention(Folding, Attention):
+class NGPTAttention(Attention):
     """nGPT attention (Section 2.3.2).
 
     ``W_q``, ``W_k``, ``W_v`` are unit vectors along their d_model-sized input side (so q, k, v
@@ -113,43 +111,9 @@ class NGPTAttention(Folding, Attention):
 
     def _qk_scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The queries' and the keys' factors: ``s_qk`` and ``s_qk`` per head, or ``s_qk**2`` and
-        None with grouped key/value heads; computed once in eval mode (:mod:`spherenet.layers.fold`)."""
-        if folding(self):
-            return cached(self, "s_qk", (self.s_qk.source,), self._compute_qk_scales)
-        return self._compute_qk_scales()
-
-    def _compute_qk_scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        None with grouped key/value heads."""
         s_qk = self._s_qk()
         return (s_qk * s_qk, None) if self.grouped else (s_qk, s_qk)
-
-    def _project(self, x: torch.Tensor, offset: int, positions: torch.Tensor | None):
-        """q, k, v (eq. 15, 16). In eval mode without gradients, with plain weights: one matmul
-        for all three (``[W_q; W_k; W_v]``, folded once), RoPE and ``Norm(.) * s_qk`` once over
-        the query and key heads together (the keys' factor is 1 with grouped heads); the same
-        element-wise operations as the general path, fewer calls per token."""
-        weights = (self.w_q, self.w_k, self.w_v)
-        fast = self.qk_norm and folding(self) and self.fold_weights and all(is_plain(w) for w in weights)
-        if not fast or x.ndim != 3 or x.shape[-1] != self.d_model:
-            return super()._project(x, offset, positions)
-        scales = cached(self, "qk rows", (self.s_qk.source,), self._qk_scale_rows)
-        if x.dtype != scales.dtype:  # e.g. autocast: the keys' dtype would change
-            return super()._project(x, offset, positions)
-        sources = tuple(w.weight for w in weights)
-        qkv_weight = cached(self, "qkv", sources, lambda: torch.cat([w.matrix() for w in weights]))
-        heads, kv_heads = self.n_heads, self.n_kv_heads
-        qkv = F.linear(x, qkv_weight).unflatten(-1, (heads + 2 * kv_heads, self.head_dim)).transpose(1, 2)
-        qk = kernels.qk_normalize(self.rope(qkv[:, : heads + kv_heads], offset, positions), scales)
-        q, k = qk.split((heads, kv_heads), dim=1)
-        return q, k, qkv[:, heads + kv_heads :]
-
-    def _qk_scale_rows(self) -> torch.Tensor:
-        """The queries' and the keys' factors (:meth:`_qk_scales`) as one ``(n_heads + n_kv_heads,
-        1, d_k)`` tensor; ones for grouped keys."""
-        q_scale, k_scale = self._compute_qk_scales()
-        d = self.head_dim
-        q_rows = torch.broadcast_to(q_scale, (self.n_heads, 1, d))
-        k_rows = torch.ones_like(q_rows[:1]).expand(self.n_kv_heads, 1, d) if k_scale is None else k_scale
-        return torch.cat((q_rows, torch.broadcast_to(k_rows, (self.n_kv_heads, 1, d))))
 
     def _scale_q(self, x: torch.Tensor) -> torch.Tensor:
         """eq. 15 for q of shape (B, H, T, d_k): ``Norm(q) * s_qk``; ``Norm(q) * s_qk**2`` with
@@ -183,7 +147,7 @@ def ngpt_attention(config: NGPTConfig, rope: RotaryEmbedding | None, attention: 
 # MLP (Section 2.4.2)
 
 
-class NGPTMLP(Folding, nn.Module):
+class NGPTMLP(nn.Module):
     """nGPT's SwiGLU MLP (Section 2.4.2).
 
     ``W_u``, ``W_v`` (the gate) are unit vectors along their d_model-sized input side, so
@@ -196,8 +160,6 @@ class NGPTMLP(Folding, nn.Module):
     ``W_o_mlp`` is unit along its d_model-sized output side (stored transposed,
     ``(d_mlp, d_model)``). ``s_u``, ``s_v`` default to :data:`S_U`, :data:`S_V` (the paper's).
     The output is not normalized here: the block applies ``Norm`` (``h_M = Norm(MLP(h))``).
-    In eval mode without gradients ``W_u s_u`` and ``W_v s_v sqrt(d_model)`` are folded into one
-    weight, computed once (:mod:`spherenet.layers.fold`): one matmul for ``u`` and ``v``.
     """
 
     def __init__(self, d_model: int, d_mlp: int, *, s_u: ScaleSpec = S_U, s_v: ScaleSpec = S_V):
@@ -209,23 +171,13 @@ class NGPTMLP(Folding, nn.Module):
         self.s_u = Scale.from_spec(d_mlp, s_u, d_model)
         self.s_v = Scale.from_spec(d_mlp, s_v, d_model)
 
-    def _folded_up(self) -> torch.Tensor:
-        """``[W_u s_u; W_v s_v sqrt(d_model)]``, ``(2 d_mlp, d_model)``: eq. 20, 21 in one weight."""
-        v_scale = self.s_v() * math.sqrt(self.d_model)
-        return torch.cat((self.w_u.scaled_matrix(self.s_u()), self.w_v.scaled_matrix(v_scale)))
-
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        plain = is_plain(self.w_u) and is_plain(self.w_v) and h.shape[-1] == self.d_model
-        if plain and folding(self) and self.fold_weights:
-            sources = (self.w_u.weight, self.w_v.weight, self.s_u.source, self.s_v.source)
-            u, v = F.linear(h, cached(self, "up", sources, self._folded_up)).chunk(2, dim=-1)
-            return project_down(self, kernels.swiglu(u, v))
         u = scaled(self.w_u, h, self.s_u)  # eq. 20
         v = scaled(self.w_v, h, self.s_v, math.sqrt(self.d_model))  # eq. 21
         return self.w_o(kernels.swiglu(u, v))  # eq. 19
 
 
-class NGPTReLU2MLP(Folding, nn.Module):
+class NGPTReLU2MLP(nn.Module):
     """nGPT's squared-ReLU MLP, without a gate (not in the paper; the layout of NVIDIA's
     released normalized models). ``W_u`` is unit along its d_model-sized input side, so ``u`` is
     a cosine similarity, rescaled as the gate of eq. 21 is::
@@ -248,20 +200,7 @@ class NGPTReLU2MLP(Folding, nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         u = scaled(self.w_u, h, self.s_uv, math.sqrt(self.d_model))
-        return project_down(self, kernels.relu2(u))
-
-
-def project_down(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``x W_o_mlp`` for an nGPT MLP's activations ``x``. Decoding a single token (one row) in
-    eval mode with weight folding on, from a contiguous ``(d_model, d_mlp)`` copy of ``W_o_mlp``
-    made once (:mod:`spherenet.layers.fold`): a matrix-vector product streams it faster than the
-    stored transposed layout (another summation order: equal to float rounding). More rows (a
-    prompt, a batch) are as fast either way and keep the stored layout."""
-    w_o = mlp.w_o
-    one_row = x.numel() == x.shape[-1] == getattr(w_o, "in_features", None)
-    if one_row and is_plain(w_o) and folding(mlp) and mlp.fold_weights:
-        return F.linear(x, cached(mlp, "down", (w_o.weight,), lambda: w_o.matrix().contiguous()))
-    return w_o(x)
+        return self.w_o(kernels.relu2(u))
 
 
 def ngpt_mlp(config: NGPTConfig) -> nn.Module:
@@ -340,7 +279,7 @@ class NGPT(LanguageModel):
         self.s_z = Scale.from_spec(c.vocab_size, c.s_z, c.d_model)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = scaled(self.embed_out, h, self.s_z)  # z = (E_out h) * s_z, eq. 1, 3 (folded in eval)
+        logits = scaled(self.embed_out, h, self.s_z)  # z = (E_out h) * s_z, eq. 1, 3
         return logits.to(torch.promote_types(logits.dtype, self.s_z.source.dtype))
 
     def init_weights(self) -> None:

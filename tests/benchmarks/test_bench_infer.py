@@ -26,9 +26,9 @@ def test_a_smoke_run_prints_every_row_with_its_ratio_to_llama():
     done = _run("--small", "--threads", "1", "--rounds", "1")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {line.split("|")[2].strip(): line for line in done.stdout.splitlines() if line.startswith("| eager")}
-    assert sorted(rows) == sorted(["ngpt", "gpt", "llama", "ngpt-gqa", "ngpt-relu2"])
+    assert sorted(rows) == sorted(["ngpt", "gpt", "llama", "ngpt-gqa", "ngpt-relu2", "ngpt-unfolded"])
     assert rows["llama"].count("(1.00x)") == 2 and rows["llama"].endswith("| - |")  # no spherenet generate
-    for name in ("ngpt", "gpt", "ngpt-gqa", "ngpt-relu2"):
+    for name in ("ngpt", "gpt", "ngpt-gqa", "ngpt-relu2", "ngpt-unfolded"):
         assert len(re.findall(r"\d+\.\d ms|\d+\.\d \(\d+\.\d\dx\)", rows[name])) == 3, rows[name]
 
 

@@ -1,20 +1,19 @@
-"""Folded inference values (spherenet.layers.fold): in eval mode without gradients nGPT computes
-its effective scalings and scaled weights once; the logits must equal the unfolded path's, the
-folded values must follow every change of the parameters, and training must not change at all."""
+"""nGPT in eval mode computes the logits of its current weights, whatever way they were
+changed (no value is cached behind a parameter), and the inference transform
+(:func:`spherenet.models.fold_for_inference`) gives the same logits as the model it was folded
+from, to float rounding, while training stays bitwise what it was."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import pickle
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from spherenet.layers import KVCache, NGPTConfig
-from spherenet.layers.fold import set_weight_folding
-from spherenet.models import NGPT
+from spherenet.models import NGPT, fold_for_inference, is_folded
+from spherenet.models.inference import FoldedNGPTAttention, FoldedReLU2, FoldedSwiGLU, FrozenScale
 
 VARIANTS = {
     "mha": {},
@@ -43,177 +42,203 @@ def _ids(seed: int = 1, batch: int = 2, length: int = 12) -> torch.Tensor:
     return torch.randint(0, 64, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def _unfolded(model: NGPT, ids: torch.Tensor, **kwargs) -> torch.Tensor:
-    """The logits of the unfolded path (train mode: nGPT has no dropout), mode restored."""
-    mode = model.training
-    model.train()
-    with torch.no_grad():
-        out = model(ids, **kwargs)
-    model.train(mode)
-    return out
-
-
-def _folded(model: NGPT, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+def _eval_logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
     model.eval()
     with torch.no_grad():
         return model(ids, **kwargs)
 
 
+def _fresh(model: NGPT) -> NGPT:
+    """A newly built model holding ``model``'s current weights."""
+    twin = NGPT(model.config).to(next(model.parameters()).dtype)
+    twin.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
+    return twin
+
+
 def _close(a: torch.Tensor, b: torch.Tensor) -> None:
-    atol = 1e-12 if a.dtype == torch.float64 else 1e-5
+    atol = 1e-12 if a.dtype == torch.float64 else 1e-6
     torch.testing.assert_close(a, b, rtol=0, atol=atol)
+
+
+# ---------------------------------------------------------------------------------------------
+# Eval mode is never stale
+
+# one parameter of every kind: sphere matrices (attention, MLP in and out), scalings, embeddings
+PARAMETERS = {
+    "w_q": lambda m: m.blocks[0].attn.w_q.weight,
+    "w_v": lambda m: m.blocks[1].attn.w_v.weight,
+    "w_u": lambda m: m.blocks[0].mlp.w_u.weight,
+    "w_o_mlp": lambda m: m.blocks[1].mlp.w_o.weight,
+    "s_qk": lambda m: m.blocks[1].attn.s_qk.param,
+    "s_v": lambda m: m.blocks[0].mlp.s_v.param,
+    "alpha_attn": lambda m: m.blocks[0].residual_attn.alpha.param,
+    "s_z": lambda m: m.s_z.param,
+    "embed_in": lambda m: m.embed_in.weight,
+    "embed_out": lambda m: m.embed_out.weight,
+}
+
+
+def _uneven(p: torch.Tensor) -> torch.Tensor:
+    """Factors 0.25 .. 1.75 along ``p``'s last dimension: a uniform factor on a unit vector that
+    a ``Norm`` follows (W_q, W_v, W_o) would leave the logits as they were."""
+    return torch.linspace(0.25, 1.75, p.shape[-1], dtype=p.dtype)
+
+
+def _reassign_at_the_same_address(p: torch.Tensor, forward) -> None:
+    """``p.data = new`` twice over one piece of memory, a forward between: the second tensor is
+    another object at the address the first had."""
+    holder = p.detach().clone()
+    p.data = holder
+    forward()
+    holder.mul_(_uneven(holder))
+    p.data = holder.view_as(holder)
+
+
+EDITS = {
+    "data_mul": lambda p, forward: p.data.mul_(_uneven(p)),
+    "data_add": lambda p, forward: p.data.add_(0.125),
+    "data_copy": lambda p, forward: p.data.copy_(p.data.flip(0)),
+    "data_index": lambda p, forward: p.data.__setitem__(0, p.data[-1] * 0.5 + 0.25),
+    "numpy_view": lambda p, forward: p.data.numpy().__imul__(_uneven(p).numpy()),
+    "data_reassign": _reassign_at_the_same_address,
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+@pytest.mark.parametrize("parameter", sorted(PARAMETERS))
+def test_eval_logits_after_any_weight_edit_are_those_of_a_fresh_model(parameter, edit):
+    model = _model(n_kv_heads=2)
+    ids = _ids(batch=1)
+
+    def logits(model):  # a prompt, and a single token: decoding, where values were once kept
+        return torch.cat([_eval_logits(model, ids), _eval_logits(model, ids[:, :1])], dim=1)
+
+    before = logits(model)  # a first eval forward, as a user's evaluation would run
+    p = PARAMETERS[parameter](model)
+    EDITS[edit](p, lambda: logits(model))
+    after = logits(model)
+    assert (after - before).abs().max() > 1e-4  # the edit changed the model
+    torch.testing.assert_close(after, logits(_fresh(model)), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The inference transform
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("update", ["lerp", "slerp", "riemannian"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_eval_logits_equal_the_unfolded_path(update, variant, dtype):
+def test_folded_logits_equal_the_models(update, variant, dtype):
     model = _model(update, dtype, **VARIANTS[variant])
     ids = _ids()
-    reference = _unfolded(model, ids)
-    _close(_folded(model, ids), reference)
-    _close(_folded(model, ids), reference)  # the second forward reads the folded values
+    folded = fold_for_inference(model)
+    _close(_eval_logits(folded, ids), _eval_logits(model, ids))
+
+
+def test_folding_replaces_the_modules_it_speeds_up_and_freezes_every_scaling():
+    for variant, mlp_class in (("mha", FoldedSwiGLU), ("relu2", FoldedReLU2)):
+        folded = fold_for_inference(_model(**VARIANTS[variant]))
+        assert all(isinstance(b.attn, FoldedNGPTAttention) and isinstance(b.mlp, mlp_class) for b in folded.blocks)
+        assert isinstance(folded.s_z, FrozenScale) and isinstance(folded.blocks[0].residual_mlp.alpha, FrozenScale)
+        assert not any(p.requires_grad for p in folded.parameters()) and not folded.training
+        assert is_folded(folded) and is_folded(folded.blocks[0])
 
 
 @pytest.mark.parametrize("variant", ["mha", "gqa", "relu2", "mqa"])
-def test_kv_cached_decoding_equals_the_unfolded_full_forward(variant):
+def test_folded_kv_cached_decoding_equals_the_full_forward(variant):
     model = _model(**VARIANTS[variant])
     ids = _ids(length=10)
-    reference = _unfolded(model, ids)
-    caches = [KVCache() for _ in model.blocks]
-    model.eval()
+    reference = _eval_logits(model, ids)
+    folded = fold_for_inference(model)
+    for batch in (ids, ids[:1]):  # several rows, and one (a single decoded row)
+        caches = [KVCache() for _ in folded.blocks]
+        steps = [_eval_logits(folded, batch[:, :6], kv_caches=caches)]
+        steps += [_eval_logits(folded, batch[:, t : t + 1], kv_caches=caches) for t in range(6, 10)]
+        _close(torch.cat(steps, dim=1), reference[: len(batch)])
+
+
+def test_a_folded_model_is_a_snapshot_and_the_original_stays_exact():
+    model = _model()
+    ids = _ids()
+    folded = fold_for_inference(model)
+    snapshot = _eval_logits(folded, ids)
     with torch.no_grad():
-        steps = [model(ids[:, :6], kv_caches=caches)]
-        steps += [model(ids[:, t : t + 1], kv_caches=caches) for t in range(6, 10)]
-    _close(torch.cat(steps, dim=1), reference)
+        model.blocks[0].mlp.w_u.weight.data.mul_(-1.0)
+        model.s_z.param.data.add_(0.5)
+    _close(_eval_logits(folded, ids), snapshot)  # the snapshot does not follow the original
+    torch.testing.assert_close(_eval_logits(model, ids), _eval_logits(_fresh(model), ids), rtol=0, atol=0)
+    _close(_eval_logits(fold_for_inference(model), ids), _eval_logits(model, ids))  # fold again after edits
 
 
-def test_weight_folding_off_gives_the_same_logits():
+def test_folding_in_place_converts_the_model_and_a_folded_model_is_not_folded_again():
     model = _model()
     ids = _ids()
-    folded = _folded(model, ids)
-    set_weight_folding(model, False)
-    _close(_folded(model, ids), folded)
-    _close(_folded(model, ids), _unfolded(model, ids))
+    reference = _eval_logits(model, ids)
+    folded = fold_for_inference(model, inplace=True)
+    assert folded is model and isinstance(model.blocks[0].attn, FoldedNGPTAttention)
+    _close(_eval_logits(model, ids), reference)
+    with pytest.raises(ValueError, match="already folded"):
+        fold_for_inference(model)
 
 
-def test_the_folded_values_are_reused_until_a_parameter_changes():
-    model = _model().eval()
-    with torch.no_grad():
-        first, second = model.s_z(), model.s_z()
-        assert second is first  # computed once
-        model.s_z.param.add_(0.25)  # an in-place edit bumps the version counter
-        third = model.s_z()
-    assert third is not first
-    torch.testing.assert_close(third, first + 0.25 * model.s_z.init / model.s_z.scale, rtol=0, atol=1e-6)
-    with torch.enable_grad():
-        assert model.s_z() is not third  # with gradients: never the folded value
-
-
-def test_in_place_edits_of_weights_and_scalings_are_followed():
-    model = _model()
-    ids = _ids()
-    _folded(model, ids)
-    with torch.no_grad():
-        model.embed_out.weight.mul_(-1.0)  # E_out, folded with s_z
-        model.blocks[0].mlp.s_v.param.mul_(1.7)  # folded into W_v
-        model.blocks[1].mlp.w_u.weight.copy_(model.blocks[0].mlp.w_u.weight)
-        model.blocks[1].attn.s_qk.param.mul_(0.6)
-        model.blocks[0].residual_attn.alpha.param.mul_(2.0)
-    _close(_folded(model, ids), _unfolded(model, ids))
-
-
-def test_a_training_step_is_followed():
-    model = _model()
-    ids = _ids()
-    before = _folded(model, ids)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    model.train()
-    F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
-    optimizer.step()
-    after = _folded(model, ids)
-    assert (after - before).abs().max() > 1e-3
-    _close(after, _unfolded(model, ids))
-
-
-def test_an_optimizer_writing_through_data_is_followed():
-    """``p.data`` writes bypass the version counters; an optimizer step is followed anyway."""
-
-    class DataSGD(torch.optim.Optimizer):
-        def __init__(self, params):
-            super().__init__(params, {})
-
-        def step(self, closure=None):
-            for group in self.param_groups:
-                for p in group["params"]:
-                    p.data.add_(torch.ones_like(p.data), alpha=0.1)
-
-    model = _model()
-    ids = _ids()
-    before = _folded(model, ids)
-    DataSGD(model.parameters()).step()
-    after = _folded(model, ids)
-    assert (after - before).abs().max() > 1e-3
-    _close(after, _unfolded(model, ids))
-
-
-@pytest.mark.parametrize("assign", [False, True])
-def test_load_state_dict_is_followed(assign):
-    model, other = _model(seed=0), _model(seed=5)
-    ids = _ids()
-    _folded(model, ids)
-    model.load_state_dict(other.state_dict(), assign=assign)
-    _close(_folded(model, ids), _unfolded(other, ids))
-
-
-def test_train_drops_the_folded_values_and_eval_recomputes_them():
-    model = _model()
-    ids = _ids()
-    _folded(model, ids)
-    stores = [m.__dict__.get("_folded") for m in model.modules()]
-    assert sum(len(s.values) for s in stores if s is not None) > 0
-    model.train()
-    assert all(not s.values for s in (m.__dict__.get("_folded") for m in model.modules()) if s is not None)
-    with torch.no_grad():
-        model.s_z.param.mul_(3.0)
-    _close(_folded(model, ids), _unfolded(model, ids))
-
-
-def test_copies_and_pickles_do_not_share_folded_values():
-    model = _model()
-    ids = _ids()
-    _folded(model, ids)
-    twin = copy.deepcopy(model)
-    loaded = pickle.loads(pickle.dumps(model))
-    with torch.no_grad():
-        twin.s_z.param.mul_(2.0)
-    _close(_folded(twin, ids), _unfolded(twin, ids))
-    _close(_folded(loaded, ids), _unfolded(model, ids))
-    _close(_folded(model, ids), _unfolded(model, ids))
-
-
-def test_dtype_change_is_followed():
-    model = _model()
-    ids = _ids()
-    _folded(model, ids)
-    model.double()
-    out = _folded(model, ids)
-    assert out.dtype == torch.float64
-    _close(out, _unfolded(model, ids))
+def test_a_folded_model_refuses_to_be_saved(tmp_path):
+    folded = fold_for_inference(_model())
+    with pytest.raises(ValueError, match="folded for inference"):
+        folded.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_transformers_class_folds_too():
     from spherenet.hf.modeling import SpherenetNGPTForCausalLM
 
     model = _model(n_kv_heads=2)
-    hf = SpherenetNGPTForCausalLM.from_spherenet(model).eval()
+    hf = fold_for_inference(SpherenetNGPTForCausalLM.from_spherenet(model))
     ids = _ids()
     with torch.no_grad():
         logits = hf(input_ids=ids).logits
         generated = hf.generate(ids[:1, :4], max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
-    _close(logits, _unfolded(model, ids))
+    _close(logits, _eval_logits(model, ids))
     own = model.eval().generate(ids[:1, :4], 6, temperature=0)
     assert torch.equal(generated, own)
+
+
+def test_a_wrapped_linear_is_not_folded_past():
+    """A LoRA wrapper (or any module re-defining a SphereLinear's forward) adds to the weight:
+    folding must leave its module as it is (its scalings frozen), not read the plain weight."""
+    from spherenet.layers import SphereLinear
+
+    class Shifted(SphereLinear):
+        def forward(self, x, out_scale=None):
+            return super().forward(x, out_scale) + 0.5
+
+    model = _model()
+    ids = _ids()
+    for block, (name, size) in zip(model.blocks, (("w_k", 32), ("w_u", 48))):
+        owner = block.attn if name == "w_k" else block.mlp
+        shifted = Shifted(32, size)
+        shifted.load_state_dict(getattr(owner, name).state_dict())
+        setattr(owner, name, shifted)
+    folded = fold_for_inference(model)
+    assert not isinstance(folded.blocks[0].attn, FoldedNGPTAttention) and isinstance(folded.blocks[0].mlp, FoldedSwiGLU)
+    assert isinstance(folded.blocks[1].attn, FoldedNGPTAttention) and not isinstance(folded.blocks[1].mlp, FoldedSwiGLU)
+    assert isinstance(folded.blocks[1].mlp.s_u, FrozenScale)
+    _close(_eval_logits(folded, ids), _eval_logits(model, ids))
+
+
+@pytest.mark.parametrize("implementation", ["reference", "torch"])
+def test_folded_decoding_follows_the_kernel_choice(implementation):
+    """The folded modules' calls go through the resolver: a ``use(...)`` block is obeyed."""
+    from spherenet import kernels
+
+    model = _model(**VARIANTS["gqa"])
+    ids = _ids(length=10)
+    with kernels.use(implementation):
+        reference = _eval_logits(model, ids)
+        folded = fold_for_inference(model)
+        caches = [KVCache() for _ in folded.blocks]
+        steps = [_eval_logits(folded, ids[:, :6], kv_caches=caches)]
+        steps += [_eval_logits(folded, ids[:, t : t + 1], kv_caches=caches) for t in range(6, 10)]
+    _close(torch.cat(steps, dim=1), reference)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,8 +259,8 @@ def _train_record(model: NGPT, steps: int = 3, eval_between: bool = False) -> tu
         for name, p in model.named_parameters():
             digest.update(name.encode() + p.grad.detach().numpy().tobytes())
         optimizer.step()
-        if eval_between:  # folded values computed between steps must not leak into training
-            _folded(model, ids)
+        if eval_between:  # an eval forward between steps must not change training
+            _eval_logits(model, ids)
     return losses, digest.hexdigest()
 
 
@@ -297,92 +322,3 @@ def test_training_losses_and_gradients_are_those_recorded_before_folding(update,
     recorded_losses, recorded_digests = RECORDED_BEFORE_FOLDING[update, variant]
     assert losses == recorded_losses
     assert digest in recorded_digests, f"gradients changed, or a CPU that rounds otherwise ({digest})"
-
-
-def test_a_wrapped_linear_is_not_folded_past():
-    """A LoRA wrapper (or any module re-defining a SphereLinear's forward) adds to the weight:
-    folding must go through its forward, not read the plain weight."""
-    from spherenet.layers import SphereLinear
-
-    class Shifted(SphereLinear):
-        def forward(self, x, out_scale=None):
-            return super().forward(x, out_scale) + 0.5
-
-    model = _model()
-    ids = _ids()
-    for block in model.blocks:
-        shifted = Shifted(32, 48)
-        shifted.load_state_dict(block.mlp.w_u.state_dict())
-        block.mlp.w_u = shifted
-    shifted_out = Shifted(32, 64)
-    shifted_out.load_state_dict(model.embed_out.state_dict())
-    model.embed_out = shifted_out
-    _close(_folded(model, ids), _unfolded(model, ids))
-
-
-def test_the_attention_projections_are_folded_into_one_matmul_and_follow_their_weights():
-    model = _model(n_kv_heads=2)
-    ids = _ids()
-    _folded(model, ids)
-    assert {"qkv", "qk rows"} <= set(model.blocks[0].attn._folded.values)  # the eval path was taken
-    with torch.no_grad():
-        model.blocks[0].attn.w_q.weight.mul_(-1.0)
-        model.blocks[1].attn.w_k.weight.copy_(model.blocks[0].attn.w_k.weight)
-        model.blocks[1].attn.w_v.weight.mul_(0.5)
-    _close(_folded(model, ids), _unfolded(model, ids))
-    state = _model(n_kv_heads=2, seed=5).state_dict()
-    model.load_state_dict(state)
-    _close(_folded(model, ids), _unfolded(model, ids))
-
-
-def test_a_wrapped_attention_projection_is_not_folded_past():
-    from spherenet.layers import SphereLinear
-
-    class Shifted(SphereLinear):
-        def forward(self, x, out_scale=None):
-            return super().forward(x, out_scale) + 0.5
-
-    model = _model()
-    ids = _ids()
-    shifted = Shifted(32, 32)
-    shifted.load_state_dict(model.blocks[0].attn.w_k.state_dict())
-    model.blocks[0].attn.w_k = shifted
-    _close(_folded(model, ids), _unfolded(model, ids))
-    assert "qkv" not in model.blocks[0].attn.__dict__.get("_folded").values
-
-
-@pytest.mark.parametrize("implementation", ["reference", "torch"])
-def test_eval_decoding_follows_the_kernel_choice(implementation):
-    """The eval path's fused calls go through the resolver: a ``use(...)`` block is obeyed (the
-    reference's values, not the fused forward's) and the logits stay those of the unfolded path."""
-    from spherenet import kernels
-
-    model = _model(**VARIANTS["gqa"])
-    ids = _ids(length=10)
-    with kernels.use(implementation):
-        reference = _unfolded(model, ids)
-        caches = [KVCache() for _ in model.blocks]
-        steps = [_folded(model, ids[:, :6], kv_caches=caches)]
-        steps += [_folded(model, ids[:, t : t + 1], kv_caches=caches) for t in range(6, 10)]
-    _close(torch.cat(steps, dim=1), reference)
-
-
-@pytest.mark.parametrize("variant", ["mha", "relu2"])
-def test_single_token_decoding_reads_a_contiguous_down_projection(variant):
-    """Decoding one row, the MLPs' W_o is read from a contiguous copy (folded once); the logits
-    stay those of the unfolded path, and follow an edit of W_o."""
-    model = _model(**VARIANTS[variant])
-    ids = _ids(batch=1, length=10)
-
-    def decode():
-        caches = [KVCache() for _ in model.blocks]
-        steps = [_folded(model, ids[:, :6], kv_caches=caches)]
-        steps += [_folded(model, ids[:, t : t + 1], kv_caches=caches) for t in range(6, 10)]
-        return torch.cat(steps, dim=1)
-
-    decoded = decode()
-    assert "down" in model.blocks[0].mlp._folded.values  # the single-row path was taken
-    _close(decoded, _unfolded(model, ids))
-    with torch.no_grad():
-        model.blocks[1].mlp.w_o.weight.mul_(-1.0)
-    _close(decode(), _unfolded(model, ids))
