@@ -18,7 +18,8 @@ OUT must not hold a training run nor lie inside one (any run's directory, its ``
 a checkpoint), nor be held by a live trainer. It must be empty or absent; ``--overwrite``
 replaces an earlier export there (as one rename: a failed export leaves the old one in place) and
 nothing else: a directory that contains the source, or that holds a file the earlier export's
-manifest does not list, is refused (:func:`check_destination`). Needs ``pip install "spherenet-torch[hub]"``.
+manifest does not list, or one whose contents changed since (an edited model card), is refused
+(:func:`check_destination`). Needs ``pip install "spherenet-torch[hub]"``.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from recipes.cli import prog
 from recipes.run_directory import LOCK_FILE, METRICS_FILE, live_trainer, run_in_directory
 from spherenet.checkpoint import (
     RUN_CHECKPOINTS,
+    CheckpointCorruptError,
     CheckpointError,
     CheckpointManager,
     describe_os_error,
     holds_checkpoints,
+    verify_files_manifest,
 )
 from spherenet.data import DataError, process_alive
 from spherenet.data.tokenizer import TOKENIZER_JSON
@@ -172,8 +175,8 @@ def check_destination(out: str | Path, source: str | Path, overwrite: bool) -> N
     what it wrote. Refused, in one line, are a destination inside a training run or held by a
     live trainer (:func:`refuse_run_directory`). Without ``overwrite`` OUT must be empty or absent
     (:func:`refuse_non_empty`). With it, OUT (when it holds anything) must be an earlier export,
-    all of whose files its manifest lists (:func:`refuse_all_but_an_earlier_export`), and must not
-    contain the source being exported."""
+    all of whose files its manifest lists with their contents as exported
+    (:func:`refuse_all_but_an_earlier_export`), and must not contain the source being exported."""
     out, source = Path(out), Path(source)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out} exists and is not a directory; export into a new directory")
@@ -216,8 +219,9 @@ def refuse_run_directory(out: Path, overwrite: bool) -> None:
 
 
 def refuse_all_but_an_earlier_export(out: Path) -> None:
-    """CheckpointError unless the non-empty ``out`` is an earlier export: each of its files listed
-    by its manifest. A file that no export wrote is the user's."""
+    """CheckpointError unless the non-empty ``out`` is an earlier export as it was written: each
+    file listed by its manifest, with the size and sha256 recorded there. A file that no export
+    wrote, or one changed since (a model card or config.json edited by hand), is the user's."""
     listed = _manifest_files(out)
     if listed is None:
         raise CheckpointError(
@@ -233,6 +237,14 @@ def refuse_all_but_an_earlier_export(out: Path) -> None:
             + (f" and {len(foreign) - 1} more file(s)" if len(foreign) > 1 else "")
             + f", which no export wrote ({MANIFEST_NAME} does not list it); move it, or export elsewhere"
         )
+    edited = _edited_files(out, listed)
+    if edited:
+        more = f" (and {len(edited) - 1} more: {', '.join(edited[1:])})" if len(edited) > 1 else ""
+        raise CheckpointError(
+            f"--overwrite refused: {out / edited[0]}{more} was changed after it was exported ({MANIFEST_NAME} "
+            f"records other contents), so it is yours: to keep it, move it out of {out}; to discard it, delete it; "
+            "then export again"
+        )
 
 
 def _manifest_files(directory: Path) -> set[str] | None:
@@ -242,6 +254,20 @@ def _manifest_files(directory: Path) -> set[str] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return {*files, MANIFEST_NAME} if isinstance(files, dict) else None
+
+
+def _edited_files(directory: Path, listed: set[str]) -> list[str]:
+    """The files of the export in ``directory`` whose size or sha256 differ from its manifest's.
+    One deleted since is not among them: nothing of it is left to lose."""
+    edited = []
+    for name in sorted(listed - {MANIFEST_NAME}):
+        if not (directory / name).is_file():
+            continue
+        try:
+            verify_files_manifest(directory, [name], MANIFEST_NAME)
+        except CheckpointCorruptError:
+            edited.append(name)
+    return edited
 
 
 def _owner_tag() -> str:

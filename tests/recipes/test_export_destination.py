@@ -157,6 +157,26 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(run, tmp_path, ca
     assert (plain / "data.bin").read_bytes() == b"\x00" * 8
 
 
+@pytest.mark.parametrize("edited", ["README.md", "config.json"])
+def test_overwrite_keeps_an_export_file_the_user_edited(run, tmp_path, capsys, edited):
+    """A file whose sha256 no longer matches the manifest is the user's now: --overwrite stops,
+    naming it and the two ways on, and touches nothing; once it is moved away the export runs."""
+    out = tmp_path / "exported"
+    assert export.main([str(run), str(out), "--step", "1"]) == 0
+    text = (out / edited).read_text()
+    (out / edited).write_text(text.replace("1", "2", 1) if edited == "config.json" else text + "\nMy notes.\n")
+    before = snapshot(out)
+    capsys.readouterr()
+    assert export.main([str(run), str(out), "--overwrite"]) == 2
+    line = one_error(capsys)
+    assert f"{out / edited} was changed after it was exported" in line, line
+    assert "move it out of" in line and "delete it" in line, line
+    assert snapshot(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
+    shutil.move(out / edited, tmp_path / f"my-{edited}")  # kept, out of the way
+    assert export.main([str(run), str(out), "--overwrite"]) == 0
+    assert (out / edited).read_text() != (tmp_path / f"my-{edited}").read_text()
+
+
 def test_a_killed_exports_leftovers_are_removed_by_the_next(run, tmp_path):
     """A dead process's ``.tmp-export-*`` / ``.old-export-*`` beside OUT go; a live one's stay."""
     out = tmp_path / "exported"
