@@ -14,11 +14,12 @@ which ``tokenizers`` / ``transformers`` load, with ``tokenizer_config.json`` nam
 token as ``eos_token``: for the byte tokenizer ``<0xFF>``, id 255, or ``<|endoftext|>``, id 256,
 of its 257-token variant), a model card, ``README.md``, and
 ``sha256sums.json``, the size and sha256 of every other file, checked when the model is loaded.
-OUT must be empty or absent; ``--overwrite`` replaces an earlier export there (as one rename: a
-failed export leaves the old one in place) and nothing else: a directory that holds a training
-run or is inside one, that a live trainer holds, that contains the source, or that holds a file
-the earlier export's manifest does not list is refused (:func:`check_destination`). Needs
-``pip install "spherenet-torch[hub]"``.
+OUT must not hold a training run nor lie inside one (any run's directory, its ``checkpoints/``,
+a checkpoint), nor be held by a live trainer. It must be empty or absent; ``--overwrite``
+replaces an earlier export there (as one rename: a failed export leaves the old one in place) and
+nothing else: a directory that contains the source, or that holds a file the earlier export's
+manifest does not list, or one whose contents changed since (an edited model card), is refused
+(:func:`check_destination`). Needs ``pip install "spherenet-torch[hub]"``.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ from pathlib import Path
 
 from recipes.checkpoints import TOKENIZER_DIR, Trained, is_exported, load_trained
 from recipes.cli import prog
-from recipes.run_directory import LOCK_FILE, live_trainer
+from recipes.run_directory import LOCK_FILE, METRICS_FILE, live_trainer, run_in_directory
 from spherenet.checkpoint import (
     RUN_CHECKPOINTS,
+    CheckpointCorruptError,
     CheckpointError,
     CheckpointManager,
     describe_os_error,
     holds_checkpoints,
+    verify_files_manifest,
 )
 from spherenet.data import DataError, process_alive
 from spherenet.data.tokenizer import TOKENIZER_JSON
@@ -146,7 +149,7 @@ The full training configuration:
 """
 
 
-RUN_FILES = ("metrics.jsonl", LOCK_FILE)  # beside its checkpoints, what shows a training run's directory
+RUN_FILES = (METRICS_FILE, LOCK_FILE)  # beside its checkpoints, what shows a training run's directory
 TMP_PREFIX, OLD_PREFIX = ".tmp-export-", ".old-export-"
 
 
@@ -157,38 +160,68 @@ def holds_run(directory: Path) -> str | None:
     return found or next((name for name in RUN_FILES if (directory / name).exists()), None)
 
 
+def run_above(directory: Path) -> str | None:
+    """What shows that ``directory``, a folder above a destination, is a training run or part of
+    one (its lock, its records, checkpoints), as :func:`holds_run` but for a bare
+    ``checkpoints/`` folder, which other tools keep too, often at a project's root."""
+    found = run_in_directory(directory) or holds_checkpoints(directory)
+    if found == RUN_CHECKPOINTS:  # holds_checkpoints' name for a bare checkpoints/ folder
+        found = None
+    return found or (LOCK_FILE if (directory / LOCK_FILE).exists() else None)
+
+
 def check_destination(out: str | Path, source: str | Path, overwrite: bool) -> None:
-    """The rule of every command that replaces a directory: it replaces only what it wrote.
-    Without ``overwrite`` OUT must be empty or absent (:func:`refuse_non_empty`). With it, OUT
-    (when it holds anything) must be an earlier export, all of whose files its manifest lists;
-    refused, in one line, are a directory held by a live trainer, one that holds a run or is
-    inside one, and one that contains the source being exported."""
+    """The rule of every command that writes a directory: never inside a run, and it replaces only
+    what it wrote. Refused, in one line, are a destination inside a training run or held by a
+    live trainer (:func:`refuse_run_directory`). Without ``overwrite`` OUT must be empty or absent
+    (:func:`refuse_non_empty`). With it, OUT (when it holds anything) must be an earlier export,
+    all of whose files its manifest lists with their contents as exported
+    (:func:`refuse_all_but_an_earlier_export`), and must not contain the source being exported."""
     out, source = Path(out), Path(source)
-    if not overwrite:
-        refuse_non_empty(out)
-        return
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out} exists and is not a directory; export into a new directory")
-    if not out.exists() or not any(out.iterdir()):
-        return
-    real_out, real_source = out.resolve(), source.resolve()
-    if real_out == real_source or real_out in real_source.parents:
-        raise CheckpointError(
-            f"--overwrite would replace {out}, which contains the source {source}; export into a directory outside it"
-        )
+    if overwrite:
+        real_out, real_source = out.resolve(), source.resolve()
+        if real_out == real_source or real_out in real_source.parents:
+            raise CheckpointError(
+                f"--overwrite would replace {out}, which contains the source {source}; export into a directory "
+                "outside it"
+            )
+    refuse_run_directory(out, overwrite)
+    if not overwrite:
+        refuse_non_empty(out)
+    elif out.exists() and any(out.iterdir()):
+        refuse_all_but_an_earlier_export(out)
+
+
+def refuse_run_directory(out: Path, overwrite: bool) -> None:
+    """CheckpointError when ``out`` is held by a live trainer, holds a training run, or lies
+    inside one (any run, not only the source's), whether or not it exists yet: an export there
+    would be read as part of the run (a new ``step_*`` as a damaged checkpoint by every later
+    resume, export and sample)."""
+    refused = "--overwrite refused: " if overwrite else ""
+    real_out = out.resolve()
     for directory in (real_out, *real_out.parents):
         holder = live_trainer(directory)
         if holder is not None:
-            raise CheckpointError(
-                f"--overwrite refused: {out} is in use by a live trainer ({holder}); export elsewhere"
-            )
-        found = holds_run(directory)
+            raise CheckpointError(f"{refused}{out} is in use by a live trainer ({holder}); export elsewhere")
+    found = holds_run(real_out)
+    if found is not None:
+        why = "export replaces only an earlier export: " if overwrite else ""
+        raise CheckpointError(f"{refused}{out} holds a training run ({found}); {why}export elsewhere")
+    for directory in real_out.parents:
+        found = run_above(directory)
         if found is not None:
-            where = "holds a training run" if directory == real_out else f"is inside the training run {directory}"
             raise CheckpointError(
-                f"--overwrite refused: {out} {where} ({found}); export replaces only an earlier export: "
-                "export elsewhere"
+                f"{refused}{out} is inside a training run ({directory}: {found}); an export there would be read as "
+                "part of it: export elsewhere"
             )
+
+
+def refuse_all_but_an_earlier_export(out: Path) -> None:
+    """CheckpointError unless the non-empty ``out`` is an earlier export as it was written: each
+    file listed by its manifest, with the size and sha256 recorded there. A file that no export
+    wrote, or one changed since (a model card or config.json edited by hand), is the user's."""
     listed = _manifest_files(out)
     if listed is None:
         raise CheckpointError(
@@ -204,6 +237,14 @@ def check_destination(out: str | Path, source: str | Path, overwrite: bool) -> N
             + (f" and {len(foreign) - 1} more file(s)" if len(foreign) > 1 else "")
             + f", which no export wrote ({MANIFEST_NAME} does not list it); move it, or export elsewhere"
         )
+    edited = _edited_files(out, listed)
+    if edited:
+        more = f" (and {len(edited) - 1} more: {', '.join(edited[1:])})" if len(edited) > 1 else ""
+        raise CheckpointError(
+            f"--overwrite refused: {out / edited[0]}{more} was changed after it was exported ({MANIFEST_NAME} "
+            f"records other contents), so it is yours: to keep it, move it out of {out}; to discard it, delete it; "
+            "then export again"
+        )
 
 
 def _manifest_files(directory: Path) -> set[str] | None:
@@ -213,6 +254,20 @@ def _manifest_files(directory: Path) -> set[str] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return {*files, MANIFEST_NAME} if isinstance(files, dict) else None
+
+
+def _edited_files(directory: Path, listed: set[str]) -> list[str]:
+    """The files of the export in ``directory`` whose size or sha256 differ from its manifest's.
+    One deleted since is not among them: nothing of it is left to lose."""
+    edited = []
+    for name in sorted(listed - {MANIFEST_NAME}):
+        if not (directory / name).is_file():
+            continue
+        try:
+            verify_files_manifest(directory, [name], MANIFEST_NAME)
+        except CheckpointCorruptError:
+            edited.append(name)
+    return edited
 
 
 def _owner_tag() -> str:
@@ -234,7 +289,7 @@ def remove_stale_leftovers(out: Path) -> None:
 
 
 def refuse_non_empty(out: str | Path) -> None:
-    """CheckpointError when ``out`` exists and is not an empty directory (export never mixes its
+    """CheckpointError when the directory ``out`` exists and is not empty (export never mixes its
     files with others, nor replaces an earlier export unasked). The message offers ``--overwrite``
     only where it would be taken: over an earlier export."""
     out = Path(out)
@@ -243,12 +298,7 @@ def refuse_non_empty(out: str | Path) -> None:
             raise CheckpointError(
                 f"{out} is not empty; pass --overwrite to replace the earlier export there, or export elsewhere"
             )
-        found = holds_run(out)
-        if found is not None:
-            raise CheckpointError(f"{out} holds a training run ({found}); export elsewhere")
         raise CheckpointError(f"{out} is not empty and holds no earlier export ({MANIFEST_NAME}); export elsewhere")
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"{out} exists and is not a directory; export into a new directory")
 
 
 def export(trained: Trained, out: str | Path, overwrite: bool = False) -> list[Path]:

@@ -1,5 +1,6 @@
 """Whose run directory it is: one writer at a time (an OS lock on ``train.lock``), no fresh
-start over a run unless ``--overwrite`` moves it aside, ``--resume`` only where there is a run,
+start over a run unless ``--overwrite`` moves the run's own files aside (and nothing else),
+``--resume`` only where there is a run,
 and which torchrun job wrote the run (its own restarts continue it). A refused or failed start
 leaves the directory as it found it. Decided once for the whole job, on rank 0."""
 
@@ -12,10 +13,13 @@ from pathlib import Path
 from recipes.checkpoints import is_exported
 from spherenet.checkpoint import RUN_CHECKPOINTS, CheckpointManager
 from spherenet.train.config import ConfigError
+from spherenet.train.tracking import TRACKER_FILES
 
 __all__ = [
     "LOCK_FILE",
+    "METRICS_FILE",
     "QuietRefusal",
+    "RUN_OUTPUTS",
     "RunDirectory",
     "check_resume_target",
     "claim_run_directory",
@@ -53,6 +57,14 @@ def check_resume_target(out_dir: Path, ckpt: CheckpointManager, claimed: bool) -
 
 
 LOCK_FILE = "train.lock"
+METRICS_FILE = "metrics.jsonl"
+JOB_FILE = "job.json"  # which torchrun job writes the run (see agent_identity)
+# Everything a run writes into train.out_dir besides its lock (which the new run holds): what
+# --overwrite moves aside. Not the data cache, even where data.cache_dir lies inside the run: it
+# is input that the new run has read already and reads on (keyed by source and tokenizer, the
+# same for both runs); nor a train.log, which launchers (recipes.compare, the benchmarks) open
+# around the new run before it starts.
+RUN_OUTPUTS = (RUN_CHECKPOINTS, METRICS_FILE, JOB_FILE, f".{JOB_FILE}.tmp", *TRACKER_FILES)
 
 
 def live_trainer(directory: Path) -> str | None:
@@ -77,24 +89,25 @@ def run_in_directory(out_dir: Path) -> str | None:
     checkpoints = sorted(p.name for p in folder.glob("step_*")) if folder.is_dir() else []
     if checkpoints:
         return f"checkpoints up to {checkpoints[-1]}"
-    metrics = out_dir / "metrics.jsonl"
+    metrics = out_dir / METRICS_FILE
     try:  # an empty one holds no record: what a start that failed at its first write left behind
-        return "metrics.jsonl" if metrics.stat().st_size > 0 else None
+        return METRICS_FILE if metrics.stat().st_size > 0 else None
     except FileNotFoundError:
         return None
 
 
-def move_run_aside(out_dir: Path) -> Path:
-    """Move everything of ``out_dir``'s run (not the lock, not earlier ``previous-*``) into
-    ``out_dir/previous-<time>/``; nothing is deleted."""
+def move_run_aside(out_dir: Path) -> tuple[Path, list[str]]:
+    """Move what ``out_dir``'s run wrote (:data:`RUN_OUTPUTS`) into ``out_dir/previous-<time>/``;
+    returns that directory and the names moved. Everything else there (the user's notes and
+    sources, the run's data source, earlier ``previous-*``) stays in place; nothing is deleted."""
     import time
 
     aside = out_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
     aside.mkdir()
-    for entry in out_dir.iterdir():
-        if entry.name != LOCK_FILE and entry != aside and not entry.name.startswith("previous-"):
-            entry.rename(aside / entry.name)
-    return aside
+    moved = [name for name in RUN_OUTPUTS if os.path.lexists(out_dir / name)]
+    for name in moved:
+        (out_dir / name).rename(aside / name)
+    return aside, moved
 
 
 def claim_run_directory(out_dir: Path, resume: bool, overwrite: bool, is_main: bool = True):
@@ -171,8 +184,6 @@ def claim_run_directory(out_dir: Path, resume: bool, overwrite: bool, is_main: b
 
 # ---------------------------------------------------------------- which job wrote the run
 
-JOB_FILE = "job.json"
-
 
 def agent_identity() -> str | None:
     """This worker's torchrun agent, unique per launch: the rendezvous id (``--rdzv-id``;
@@ -223,7 +234,12 @@ class RunDirectory:
         if self.lock is None:
             return
         if self._move_aside:
-            move_run_aside(self.out_dir)
+            aside, moved = move_run_aside(self.out_dir)
+            print(
+                f"--overwrite: moved the earlier run's {', '.join(moved)} into {aside} "
+                f"(any other file in {self.out_dir} stays where it is)",
+                flush=True,
+            )
         if self._agents:
             tmp = self.out_dir / f".{JOB_FILE}.tmp"
             try:

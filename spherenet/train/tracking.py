@@ -29,6 +29,7 @@ from .config import LOGGERS, ConfigError
 
 __all__ = [
     "LOGGERS",
+    "TRACKER_FILES",
     "Tracker",
     "TensorBoardTracker",
     "WandbTracker",
@@ -45,6 +46,9 @@ _REQUIRES = {
     "wandb": (("wandb",), "wandb"),
 }
 WANDB_ID_FILE = "wandb-run-id"
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"  # what wandb.init(dir=out_dir) makes there
+TRACKER_FILES = (TENSORBOARD_DIR, WANDB_DIR, WANDB_ID_FILE)  # what the trackers write into a run's directory
 
 # metrics.jsonl key -> the scalar's name in TensorBoard and W&B
 SCALAR_NAMES = {
@@ -233,7 +237,7 @@ def open_trackers(
     try:
         if "tensorboard" in loggers:
             trackers.append(
-                TensorBoardTracker(out_dir / "tensorboard", purge_step=start_step + 1 if start_step else None)
+                TensorBoardTracker(out_dir / TENSORBOARD_DIR, purge_step=start_step + 1 if start_step else None)
             )
         if "wandb" in loggers:
             name = run_name or out_dir.resolve().name

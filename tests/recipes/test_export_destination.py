@@ -79,14 +79,45 @@ def test_overwrite_onto_a_run_is_refused_and_the_run_is_untouched(copy_of_run, c
     assert snapshot(copy_of_run) == before  # checkpoints, metrics.jsonl and train.lock all there
 
 
-def test_overwrite_inside_a_run_is_refused(copy_of_run, capsys):
+def test_overwrite_inside_a_run_is_refused(run, copy_of_run, tmp_path, capsys):
     inside = copy_of_run / "hf"
-    assert export.main([str(copy_of_run), str(inside)]) == 0  # a new directory: nothing replaced
+    assert export.main([str(run), str(tmp_path / "hf")]) == 0
+    shutil.move(tmp_path / "hf", inside)  # an export put inside a run by hand
     capsys.readouterr()
     before = snapshot(copy_of_run)
     assert export.main([str(copy_of_run), str(inside), "--overwrite"]) == 2
-    assert f"is inside the training run {copy_of_run}" in one_error(capsys)
+    assert f"is inside a training run ({copy_of_run}: checkpoints up to step_00000003)" in one_error(capsys)
     assert snapshot(copy_of_run) == before
+
+
+@pytest.mark.parametrize(
+    "into",
+    [lambda r: r / "checkpoints" / "step_99999999", lambda r: r / "hf", lambda r: r / "checkpoints" / "a" / "b"],
+    ids=["a_new_step", "a_new_folder", "a_new_folder_among_checkpoints"],
+)
+@pytest.mark.parametrize("source", ["itself", "another_run"])
+def test_an_export_into_a_new_directory_inside_a_run_is_refused(run, copy_of_run, capsys, into, source):
+    """Without --overwrite too: an export inside a run would be read as part of it (a new
+    ``step_*`` as a damaged checkpoint at every later resume, export and sample)."""
+    out = into(copy_of_run)
+    before, paths = snapshot(copy_of_run), sorted(copy_of_run.rglob("*"))
+    assert export.main([str(copy_of_run if source == "itself" else run), str(out)]) == 2
+    line = one_error(capsys)
+    assert line.startswith(f"error: {out} is inside a training run ({copy_of_run}") and line.endswith(
+        "export elsewhere"
+    )
+    assert "--overwrite" not in line
+    assert snapshot(copy_of_run) == before and sorted(copy_of_run.rglob("*")) == paths  # not even a folder made
+
+
+def test_an_export_beside_a_projects_own_checkpoints_folder_is_accepted(run, tmp_path):
+    """A ``checkpoints/`` folder of another tool (no ``step_*`` checkpoints in it) above OUT is
+    no training run: many projects keep one."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "model.ckpt").write_bytes(b"another tool's")
+    out = tmp_path / "exported" / "ngpt"
+    assert export.main([str(run), str(out)]) == 0
+    assert export.main([str(run), str(out), "--overwrite"]) == 0
 
 
 def test_overwrite_into_a_directory_a_live_trainer_holds_is_refused(run, tmp_path, capsys):
@@ -124,6 +155,26 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(run, tmp_path, ca
     assert export.main([str(run), str(plain), "--overwrite"]) == 2
     assert "is not an earlier export (no sha256sums.json)" in one_error(capsys)
     assert (plain / "data.bin").read_bytes() == b"\x00" * 8
+
+
+@pytest.mark.parametrize("edited", ["README.md", "config.json"])
+def test_overwrite_keeps_an_export_file_the_user_edited(run, tmp_path, capsys, edited):
+    """A file whose sha256 no longer matches the manifest is the user's now: --overwrite stops,
+    naming it and the two ways on, and touches nothing; once it is moved away the export runs."""
+    out = tmp_path / "exported"
+    assert export.main([str(run), str(out), "--step", "1"]) == 0
+    text = (out / edited).read_text()
+    (out / edited).write_text(text.replace("1", "2", 1) if edited == "config.json" else text + "\nMy notes.\n")
+    before = snapshot(out)
+    capsys.readouterr()
+    assert export.main([str(run), str(out), "--overwrite"]) == 2
+    line = one_error(capsys)
+    assert f"{out / edited} was changed after it was exported" in line, line
+    assert "move it out of" in line and "delete it" in line, line
+    assert snapshot(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
+    shutil.move(out / edited, tmp_path / f"my-{edited}")  # kept, out of the way
+    assert export.main([str(run), str(out), "--overwrite"]) == 0
+    assert (out / edited).read_text() != (tmp_path / f"my-{edited}").read_text()
 
 
 def test_a_killed_exports_leftovers_are_removed_by_the_next(run, tmp_path):

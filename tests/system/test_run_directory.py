@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import test_faults
 import torch
-from test_faults import args, checkpoint_steps, finish, launched, max_step, torchrun_cmd
+from test_faults import TINY, args, checkpoint_steps, finish, launched, max_step, torchrun_cmd
 
 from recipes.train import cli
 
@@ -85,6 +85,32 @@ def test_overwrite_moves_aside_only_after_the_inputs_are_checked(tmp_path, cache
     assert cli(args(out, cache, text_file, "train.steps=8", "--overwrite")) == 0
     (aside,) = out.glob("previous-*")
     assert (aside / "checkpoints" / "step_00000004").is_dir() and max_step(out) == 8
+
+
+def test_overwrite_moves_only_what_the_run_wrote(tmp_path, text_file, capsys):
+    """The user's notes and sources, the run's own data.source and a data cache inside the run
+    directory stay where they are; the earlier run's checkpoints and metrics move aside, and the
+    line that says so names them and where they went; --resume then finds its data."""
+    out = tmp_path / "run"
+    (out / "src").mkdir(parents=True)
+    corpus = out / "corpus.txt"
+    corpus.write_bytes(text_file.read_bytes())
+    mine = {"notes.md": "what I tried", "src/mine.py": "print('mine')", "train.log": "a log the user keeps"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    run = [*TINY, f"data.source={corpus}", f"data.cache_dir={out / 'data_cache'}", f"train.out_dir={out}"]
+    run += ["train.steps=12", "train.checkpoint_every=4"]
+    assert cli([*run, "train.halt_after=4"]) == 0
+    capsys.readouterr()
+    assert cli([*run, "train.halt_after=8", "--overwrite"]) == 0
+    printed = capsys.readouterr().out
+    (aside,) = out.glob("previous-*")
+    assert f"moved the earlier run's checkpoints, metrics.jsonl into {aside}" in printed, printed
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "metrics.jsonl"]
+    assert all((out / name).read_text() == text for name, text in mine.items())
+    assert corpus.is_file() and (out / "data_cache").is_dir()
+    assert cli([*run, "--resume"]) == 0
+    assert checkpoint_steps(out)[-1] == 12 and max_step(out) == 12
 
 
 @pytest.mark.parametrize(
