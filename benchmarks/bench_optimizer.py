@@ -55,6 +55,9 @@ from spherenet.optim import Riemannian, RiemannianAdam, normalize_, param_groups
 BASELINE = "torch Adam fused"
 GEOOPT = "geoopt RiemannianAdam"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# RiemannianAdam's gradient options, its default (the paper's method: Adam on the Euclidean
+# gradient, then Norm) first
+GRADIENTS = ("euclidean", "riemannian")
 # Without --size: the 66.4M-parameter nGPT of BENCHMARKS.md's optimizer section.
 DEFAULT_SHAPE = dict(d_model=512, n_layers=8, n_heads=8, vocab=32000)
 
@@ -106,17 +109,18 @@ def contenders(model, lr: float, kernels: list[str]) -> dict:
         ),
         "torch Adam foreach": (lambda: torch.optim.Adam(model.parameters(), lr=lr, foreach=True), plain_step),
         **{
-            f"spherenet RiemannianAdam, {moment}, {kernel}": (
-                lambda moment=moment, kernel=kernel: RiemannianAdam(
-                    model, lr=lr, second_moment=moment, sphere_kernel=kernel
+            f"spherenet RiemannianAdam, {moment}, {gradient} gradient, {kernel}": (
+                lambda moment=moment, gradient=gradient, kernel=kernel: RiemannianAdam(
+                    model, lr=lr, second_moment=moment, gradient=gradient, sphere_kernel=kernel
                 ),
                 plain_step,
             )
             for kernel in kernels
             for moment in ("element", "row")
+            for gradient in GRADIENTS
         },
         **{
-            f"spherenet RiemannianAdam, {moment}, foreach, wave_bytes unlimited": (
+            f"spherenet RiemannianAdam, {moment}, {GRADIENTS[0]} gradient, foreach, wave_bytes unlimited": (
                 lambda moment=moment: RiemannianAdam(model, lr=lr, second_moment=moment, sphere_kernel="foreach"),
                 one_wave_step,
             )

@@ -146,8 +146,10 @@ def test_bench_optimizer_quick_markdown(tmp_path):
     rows = table(text, "| contender | cpu fp32, 1 thread: ms | x fused Adam | geoopt / this |")
     names = [r[0] for r in rows]
     assert names[0] == "torch Adam fused" and "geoopt RiemannianAdam" in names
-    assert "spherenet RiemannianAdam, element, foreach" in names and "spherenet RiemannianAdam, row, foreach" in names
-    assert "spherenet RiemannianAdam, element, foreach, wave_bytes unlimited" in names
+    for moment in ("element", "row"):  # every row names the gradient it timed
+        for gradient in ("euclidean", "riemannian"):
+            assert f"spherenet RiemannianAdam, {moment}, {gradient} gradient, foreach" in names
+    assert "spherenet RiemannianAdam, element, euclidean gradient, foreach, wave_bytes unlimited" in names
     assert not any("native" in name or "triton" in name for name in names)  # Triton: CUDA only
     for name, ms, vs_adam, vs_geoopt in rows:
         assert re.fullmatch(TIMING, ms) and re.fullmatch(NUMBER, vs_adam) and re.fullmatch(NUMBER, vs_geoopt), name

@@ -155,12 +155,16 @@ void step_rows(const Operand& op, int64_t begin, int64_t end, std::vector<float>
   scalar_t* v = static_cast<scalar_t*>(op.v);
   const int64_t d = op.d, vd = kRowV ? 1 : d;
   if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
-    // The euclidean gradient needs no <x, g>: xg stays 0 and no next row is read ahead.
-    scalar_t xg = op.hyper.project ? dot(x + begin * d, g + begin * d, d) : scalar_t(0);
+    // The euclidean gradient needs no <x, g> (xg stays 0), but its last pass still streams the
+    // next row's x and g in: the first pass of that row then finds them in cache, as the
+    // riemannian gradient's does. The sum it returns is dropped.
+    const bool project = op.hyper.project;
+    scalar_t xg = project ? dot(x + begin * d, g + begin * d, d) : scalar_t(0);
     for (int64_t r = begin; r < end; ++r) {
-      const bool more = op.hyper.project && r + 1 < end;
-      xg = sphere_adam_row<scalar_t, kRowV>(x + r * d, g + r * d, m + r * d, v + r * vd, d, op.hyper, xg,
-          more ? x + (r + 1) * d : nullptr, more ? g + (r + 1) * d : nullptr);
+      const bool more = r + 1 < end;
+      const scalar_t next_xg = sphere_adam_row<scalar_t, kRowV>(x + r * d, g + r * d, m + r * d, v + r * vd, d,
+          op.hyper, xg, more ? x + (r + 1) * d : nullptr, more ? g + (r + 1) * d : nullptr);
+      xg = project ? next_xg : scalar_t(0);
     }
   } else {  // bf16 / fp16: step a float copy of the row, round once on store
     scratch.resize(3 * d + vd);
