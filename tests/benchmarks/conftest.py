@@ -42,3 +42,9 @@ def scaling(request):
 def convergence(request):
     """benchmarks/convergence.py"""
     yield from _script(request, "convergence.py")
+
+
+@pytest.fixture(scope="module")
+def budget_pairs(request):
+    """benchmarks/budget_pairs.py"""
+    yield from _script(request, "budget_pairs.py")
