@@ -1,7 +1,9 @@
 """``train.init_from``: a fresh run that starts from trained weights (a run directory, a
 checkpoint, an exported directory or a Hub id) with a fresh optimizer. The weights must fit the
 model the run builds: the same tokenizer, class and config, or one ``ConfigError`` that names
-every field that differs and the override that sets it.
+every field that differs and the override that sets it. The weights are read before the data is
+prepared (:func:`read_starting_weights`) and checked against the tokenizer and model config as
+soon as the tokenizer is loaded, before the data is tokenized (:meth:`StartingWeights.check_fits`).
 
 A local directory in the published Normalized-Nemotron layout (:mod:`spherenet.models.published`)
 gives the run its model and its tokenizer (:func:`adopt_published_model`): ``[model]`` becomes
@@ -17,12 +19,13 @@ from pathlib import Path
 
 import torch
 
-from recipes.checkpoints import load_weights, model_class_name
+from recipes.checkpoints import Trained, load_weights, model_class_name
 from recipes.config_files import DEFAULT_CONFIG
+from recipes.run_data import trained_bpe
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError, build_tokenizer
 from spherenet.data.tokenizer import TOKENIZER_JSON
-from spherenet.models import NGPT, PRESETS
+from spherenet.models import NGPT, PRESETS, model_class_of
 from spherenet.models.nemotron import read_normalized_nemotron_into
 from spherenet.models.published import is_published_directory
 from spherenet.train.config import ConfigError, RunConfig, parse_override
@@ -32,15 +35,77 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["adopt_published_model", "check_init_from_target", "init_from_weights", "start_weights"]
+__all__ = ["StartingWeights", "adopt_published_model", "check_init_from_target", "read_starting_weights"]
 
 
-def start_weights(model: torch.nn.Module, tokenizer, train, resuming: bool, is_main: bool) -> None:
-    """The run's starting weights, into the model just built (before sharding: whole tensors):
-    ``train.init_from``'s, unless the run resumes (its own checkpoint holds its weights) or
-    ``train.init_from`` is empty (the model's random initialization)."""
-    if train.init_from and not resuming:
-        init_from_weights(model, tokenizer, train.init_from, is_main)
+def read_starting_weights(train, resuming: bool) -> StartingWeights | None:
+    """``train.init_from``'s weights, read before the data is prepared, so that a path that holds
+    none is refused before any work; None when ``train.init_from`` is empty (the model's random
+    initialization) or the run resumes (its own checkpoint holds its weights)."""
+    source = train.init_from
+    if not source or resuming:
+        return None
+    if is_published_directory(source):  # read tensor by tensor into the built model, never whole
+        return StartingWeights(source, None)
+    try:
+        return StartingWeights(source, load_weights(source))
+    except (CheckpointError, DataError) as exc:
+        raise _refused(source, exc) from None
+
+
+@dataclasses.dataclass
+class StartingWeights:
+    """The weights of ``train.init_from`` (``source``): ``trained`` as read, or None for a directory
+    in the published layout, whose config and tokenizer the run adopted
+    (:func:`adopt_published_model`) and whose tensors are read straight into the built model."""
+
+    source: str
+    trained: Trained | None
+
+    def check_fits(self, tokenizer, config) -> None:
+        """The weights against the run's tokenizer and the model ``config`` it builds (known once the
+        tokenizer is, before the data is tokenized): the same tokenizer, class and config, field by
+        field, or ``ConfigError`` naming every field that differs and how to set it."""
+        given, source = self.trained, self.source
+        if given is None:
+            return
+        if given.tokenizer.fingerprint != tokenizer.fingerprint:
+            raise ConfigError(
+                f"train.init_from={source} was trained with the {given.tokenizer.name} tokenizer (vocab "
+                f"{given.tokenizer.vocab_size}), the data here is tokenized with {tokenizer.name} (vocab "
+                f"{tokenizer.vocab_size}): set data.tokenizer to the weights' tokenizer"
+            )
+        theirs, ours = model_class_name(given.model), model_class_of(config).architecture
+        if theirs != ours:
+            raise ConfigError(
+                f"train.init_from={source} holds {theirs} weights, but [model] builds a {ours}: set model.preset to "
+                f"one of the {theirs.lower()}-* presets"
+            )
+        differ = _differences(dataclasses.asdict(given.model.config), dataclasses.asdict(config))
+        if differ:
+            raise ConfigError(
+                f"train.init_from={source}: the weights' model config differs from the run's in "
+                + ", ".join(f"{key} ({there!r} there, {here!r} here)" for key, there, here in differ)
+                + "; set "
+                + " ".join(f"model.{key}={_spelled(there)}" for key, there, _ in differ)
+            )
+
+    def load_into(self, model: torch.nn.Module, is_main: bool) -> None:
+        """The weights into the freshly built ``model`` (before sharding: whole tensors), checked by
+        :meth:`check_fits` against its config."""
+        if self.trained is None:
+            try:
+                read_normalized_nemotron_into(model, self.source)
+            except ValueError as exc:  # PretrainedFileError included: one line naming the file or tensor
+                raise _refused(self.source, exc) from None
+            if is_main:
+                print(
+                    f"init_from: weights of {self.source} (Normalized-Nemotron layout; a fresh optimizer)", flush=True
+                )
+            return
+        model.load_state_dict(self.trained.model.state_dict())  # same class and config: the same tensors
+        if is_main:
+            print(f"init_from: weights of {self.trained.describe()} (a fresh optimizer)", flush=True)
 
 
 def check_init_from_target(source: str | None, out_dir: Path, overwrite: bool) -> None:
@@ -54,50 +119,6 @@ def check_init_from_target(source: str | None, out_dir: Path, overwrite: bool) -
             f"train.init_from={source} is inside train.out_dir {out_dir}, whose run --overwrite moves aside: "
             "copy the weights elsewhere first (or recipes.export them), or train into another train.out_dir"
         )
-
-
-def init_from_weights(model: torch.nn.Module, tokenizer, source: str, is_main: bool) -> None:
-    """Load the weights of ``source`` (``train.init_from``) into the freshly built ``model``:
-    the same tokenizer as the data's, the same class and the same config, field by field, or
-    ``ConfigError`` naming every field that differs and how to set it. A directory in the
-    published layout (whose config and tokenizer the run adopted) is read tensor by tensor into
-    ``model``, never as a second whole model."""
-    if is_published_directory(source):
-        try:
-            read_normalized_nemotron_into(model, source)
-        except ValueError as exc:  # PretrainedFileError included: one line naming the file or tensor
-            raise _refused(source, exc) from None
-        if is_main:
-            print(f"init_from: weights of {source} (Normalized-Nemotron layout; a fresh optimizer)", flush=True)
-        return
-    try:
-        given = load_weights(source)
-    except (CheckpointError, DataError) as exc:
-        raise _refused(source, exc) from None
-    if given.tokenizer.fingerprint != tokenizer.fingerprint:
-        raise ConfigError(
-            f"train.init_from={source} was trained with the {given.tokenizer.name} tokenizer (vocab "
-            f"{given.tokenizer.vocab_size}), the data here is tokenized with {tokenizer.name} (vocab "
-            f"{tokenizer.vocab_size}): set data.tokenizer to the weights' tokenizer"
-        )
-    theirs, ours = model_class_name(given.model), model_class_name(model)
-    if theirs != ours:
-        raise ConfigError(
-            f"train.init_from={source} holds {theirs} weights, but [model] builds a {ours}: set model.preset to "
-            f"one of the {theirs.lower()}-* presets"
-        )
-    saved, built = dataclasses.asdict(given.model.config), dataclasses.asdict(model.config)
-    differ = _differences(saved, built)
-    if differ:
-        raise ConfigError(
-            f"train.init_from={source}: the weights' model config differs from the run's in "
-            + ", ".join(f"{key} ({there!r} there, {here!r} here)" for key, there, here in differ)
-            + "; set "
-            + " ".join(f"model.{key}={_spelled(there)}" for key, there, _ in differ)
-        )
-    model.load_state_dict(given.model.state_dict())  # same class and config: the same tensors
-    if is_main:
-        print(f"init_from: weights of {given.describe()} (a fresh optimizer)", flush=True)
 
 
 def _refused(source: str, exc: Exception) -> ConfigError:
@@ -174,7 +195,7 @@ def adopt_published_model(cfg: RunConfig, config_file: Path | None, overrides: l
         raise ConfigError(f"train.init_from={source} has no {TOKENIZER_JSON}: copy the model's tokenizer there")
     theirs = _build_tokenizer(f"hf:{tokenizer_file}", source)
     if stated_tokenizer is not None:
-        given = _build_tokenizer(stated_tokenizer, "data.tokenizer") if not _trained_bpe(stated_tokenizer) else None
+        given = _build_tokenizer(stated_tokenizer, "data.tokenizer") if not trained_bpe(stated_tokenizer) else None
         if given is None or given.fingerprint != theirs.fingerprint:
             raise ConfigError(
                 f"data.tokenizer={stated_tokenizer} is not the tokenizer of train.init_from={source} "
@@ -213,12 +234,6 @@ def _stated(config_file: Path | None, overrides: list[str]) -> tuple[dict, str |
         elif (section, key) == ("data", "tokenizer"):
             tokenizer = value
     return model, tokenizer
-
-
-def _trained_bpe(spec: str) -> bool:
-    """``bpe:<vocab size>``: a tokenizer trained on the run's data, never a given one."""
-    kind, _, arg = spec.partition(":")
-    return kind.strip().lower() == "bpe" and arg.strip().isdigit()
 
 
 def _build_tokenizer(spec: str, what: str):

@@ -5,16 +5,21 @@ aborts at once (the last saved checkpoint stays intact) and the process exits wi
 Two Ctrl-Cs that arrive while the main thread is inside one long C call (a matmul, a backward,
 a file write) reach Python as one handler call: the operating system's handler ran twice, but
 Python runs the Python-level handler once. Every delivery also writes one byte into the wakeup
-file descriptor (``signal.set_wakeup_fd``), so the handler counts those bytes instead of its own
-calls. A second Ctrl-C that comes after the loop (while the stop checkpoint is finished, the
-run's last records are written) is remembered, and :meth:`StopOnSignal.exit_code` turns the
-run's exit code into 130. After a Ctrl-C, :func:`exit_process` ends the process right after its
+file descriptor (``signal.set_wakeup_fd``), so the deliveries are counted from those bytes, or
+from the handler's calls where these are more (a byte is written just after the handler's flag
+is raised, possibly by another thread, so a call can come before its byte). Python runs a
+handler between bytecodes, also inside an earlier call of the same handler: every count is
+added by one ``list.append``, which such a nested call cannot split, and the total is read after
+it. A second Ctrl-C that comes after the loop (while the stop checkpoint is finished, the run's
+last records are written) is remembered, and :meth:`StopOnSignal.exit_code` turns the run's
+exit code into 130. After a Ctrl-C, :func:`exit_process` ends the process right after its
 last look: ``sys.exit`` would fix the code before the interpreter's teardown (a second or more
 with torch loaded, on a busy machine), and a Ctrl-C inside that would change nothing.
 
 What no process can count: two Ctrl-Cs that reach it while the first is still pending in the
 kernel (an overloaded machine that has not scheduled any of its threads in between) are one
-signal, as standard signals are not queued."""
+signal, as standard signals are not queued; and one whose handler would run after the last look
+at the count, in the few instructions before ``os._exit``, comes after the exit code is final."""
 
 from __future__ import annotations
 
@@ -46,8 +51,9 @@ class StopOnSignal:
     def __init__(self, announce: bool):
         self.announce = announce
         self.signal: int | None = None
-        self.sigints = 0
         self.aborted = False
+        self._sigint_bytes: list[int] = []  # per read of the wakeup descriptor, the SIGINT bytes in it
+        self._sigint_calls: list[int] = []  # one item per handler call for a SIGINT
         self._previous: dict = {}
         self._wakeup: tuple[socket.socket, socket.socket] | None = None
         self._previous_wakeup_fd = -1
@@ -67,14 +73,12 @@ class StopOnSignal:
 
     def __exit__(self, *exc) -> None:
         signal.signal(signal.SIGTERM, self._previous[signal.SIGTERM])
+        self._read_deliveries()  # a delivery whose byte came after the handler's last call
         if self.sigints and not self.aborted:
             signal.signal(signal.SIGINT, self._late)  # a second Ctrl-C from here on: exit code 130
         else:
             signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
-        if self._wakeup is not None:
-            self._count_deliveries()
-            if not (self.sigints and not self.aborted):  # the late handler still counts on it
-                self._close_wakeup()
+            self._close_wakeup()
 
     def _close_wakeup(self) -> None:
         if self._wakeup is None:
@@ -87,32 +91,32 @@ class StopOnSignal:
             end.close()
         self._wakeup = None
 
-    def _count_deliveries(self) -> int:
-        """SIGINT deliveries since the last look, from the wakeup bytes; 1 without them."""
-        if self._wakeup is None:
-            return 1
-        count = 0
-        while True:
+    @property
+    def sigints(self) -> int:
+        """The SIGINT deliveries counted so far: the wakeup bytes read, or the handler's calls where
+        these are more (no wakeup descriptor, or a byte not written yet)."""
+        return max(sum(self._sigint_bytes), len(self._sigint_calls))
+
+    def _read_deliveries(self) -> None:
+        """Count the SIGINT bytes that reached the wakeup descriptor since the last read; a second
+        one counted sets :attr:`aborted`."""
+        while self._wakeup is not None:
             try:
                 data = self._wakeup[0].recv(4096)
             except (BlockingIOError, InterruptedError):
                 break
             if not data:
                 break
-            count += data.count(signal.SIGINT)
-        return count
+            self._sigint_bytes.append(data.count(signal.SIGINT))
+        if self.sigints >= 2:
+            self.aborted = True
 
     def _request(self, signum, frame) -> None:
         if signum == signal.SIGINT:
-            self.sigints += max(1, self._count_deliveries())
-            if self.sigints >= 2:
-                self.aborted = True
-                raise KeyboardInterrupt
-        elif self._wakeup is not None:  # a SIGTERM: count any SIGINT that came with it
-            self.sigints += self._count_deliveries()
-            if self.sigints >= 2:
-                self.aborted = True
-                raise KeyboardInterrupt
+            self._sigint_calls.append(signum)
+        self._read_deliveries()  # after a SIGTERM too: a SIGINT that came with it counts
+        if self.aborted:
+            raise KeyboardInterrupt
         self.signal = self.signal or signum
         if signum == signal.SIGINT and self.announce:
             print(
@@ -122,18 +126,19 @@ class StopOnSignal:
             )
 
     def _late(self, signum, frame) -> None:
-        """A Ctrl-C after the loop: recorded, the exit code becomes 130 (see :meth:`exit_code`)."""
-        self.aborted = True
+        """A Ctrl-C after the loop: counted, not raised; a second one makes the exit code 130 (see
+        :meth:`exit_code`). The call can also be the first Ctrl-C's, whose byte was read as the
+        loop ended."""
+        self._sigint_calls.append(signum)
+        self._read_deliveries()
 
     def exit_code(self, code: int, ending: bool = False) -> int:
         """``code``, or 130 when a second Ctrl-C came (the wakeup bytes read once more, for one
         whose handler call merged with the first's). ``ending``: the process ends right after
         (:func:`exit_process`), so a later Ctrl-C is still recorded; otherwise (a caller that goes
         on, such as a notebook) SIGINT's handler from before the run comes back."""
-        if self._wakeup is not None:
-            if self._count_deliveries() and self.sigints:
-                self.aborted = True
-            self._close_wakeup()
+        self._read_deliveries()
+        self._close_wakeup()
         if self.sigints and not ending:
             signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
         return ABORT_EXIT_CODE if self.aborted else code

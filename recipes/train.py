@@ -34,10 +34,10 @@ import torch
 from recipes.checkpoints import checkpoint_files, model_class_name
 from recipes.cli import prog
 from recipes.config_files import DEFAULT_CONFIG, resolve_config, shipped_configs
-from recipes.init_from import adopt_published_model, check_init_from_target, start_weights
+from recipes.init_from import StartingWeights, adopt_published_model, check_init_from_target, read_starting_weights
 from recipes.lora import checkpoint_models, lora_training
 from recipes.resume import QuietRefusal, Resumption, open_run_directory, release_claims
-from recipes.run_data import batch_geometry, prepare_data, run_windows
+from recipes.run_data import batch_geometry, check_vocabulary, prepare_data, run_tokenizer, run_windows
 from recipes.stop import StopOnSignal, exit_process
 from recipes.train_loop import TrainingRun, train
 from spherenet.checkpoint import (
@@ -141,6 +141,29 @@ def check_model_memory(cfg: RunConfig, vocab_size: int, micro: int, info: DistIn
     )  # fmt: skip  # one call, its sizes together
 
 
+def checked_data(cfg: RunConfig, weights: StartingWeights | None, micro: int, info: DistInfo):
+    """The run's prepared data and its tokenizer. What needs the tokenizer but not the tokenized
+    data (:func:`check_fit`) is checked as soon as ``data.tokenizer`` is loaded, before the data is
+    tokenized with it; for a BPE trained on the data, once the preparation has trained it."""
+    loaded = run_tokenizer(cfg)
+    if loaded is not None:
+        check_fit(cfg, loaded, weights, micro, info)
+    data = prepare_data(cfg, info.is_main, loaded)
+    tokenizer = data.tokenizer()
+    if loaded is None:
+        check_fit(cfg, tokenizer, weights, micro, info)
+    return data, tokenizer
+
+
+def check_fit(cfg: RunConfig, tokenizer, weights: StartingWeights | None, micro: int, info: DistInfo) -> None:
+    """The model's vocabulary holds the tokenizer's, train.init_from's weights fit the model, and
+    the model fits in memory at the tokenizer's vocabulary."""
+    check_vocabulary(cfg, tokenizer)
+    if weights is not None:
+        weights.check_fits(tokenizer, cfg.model.build(tokenizer.vocab_size))
+    check_model_memory(cfg, tokenizer.vocab_size, micro, info)
+
+
 def build_model(cfg: RunConfig, vocab_size: int, device: torch.device) -> torch.nn.Module:
     model = model_from_config(cfg.model.build(vocab_size))  # the data's vocabulary unless [model] sets one
     model.set_activation_checkpointing(cfg.train.activation_checkpointing)
@@ -168,14 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     # A torchrun restart continues the run only when this job wrote it (recipes.resume).
     run_dir = open_run_directory(Path(t.out_dir), ckpt, args.resume, args.overwrite, info)  # rank 0 holds its lock
     resume = Resumption.find(ckpt, cfg, info.world_size, wanted=args.resume, restarted=run_dir.continuing)
+    weights = read_starting_weights(t, resume.resuming)  # recipes.init_from: None, or train.init_from's
 
-    data = prepare_data(cfg, info.is_main)
+    data, tokenizer = checked_data(cfg, weights, micro, info)
     resume.check_data(data, args.accept_data_change)
-    tokenizer = data.tokenizer()
-    check_model_memory(cfg, data.vocab_size, micro, info)
     seed_everything(t.seed)  # identical initial weights on every rank; the saved RNG states repeat
     model = build_model(cfg, data.vocab_size, info.device)
-    start_weights(model, tokenizer, t, resume.resuming, info.is_main)  # recipes.init_from
+    if weights is not None:
+        weights.load_into(model, info.is_main)
     lora = lora_training(model, t, info.is_main)  # recipes.lora: None, or the adapters; checkpoints merge
     train_windows, val_windows = run_windows(data, cfg, info, micro, accum, model.config.vocab_size)
     wrapped = wrap_model(model, t.parallel, info)

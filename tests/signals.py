@@ -9,10 +9,12 @@ and its ``kill`` the process could end, and a signal to a process that has ended
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -49,11 +51,13 @@ def process_state(pid: int) -> str:
         return ""
 
 
-def send_while_alive(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 60.0) -> bool:
-    """Send ``sig`` to ``proc`` while it certainly runs: stop it (SIGSTOP), send ``sig`` (pending
-    until it goes on), continue it (SIGCONT). False, with nothing sent, when it had ended first."""
+@contextlib.contextmanager
+def held_stopped(proc: subprocess.Popen, timeout: float = 60.0) -> Iterator[bool]:
+    """Hold ``proc`` stopped (SIGSTOP) for the block and continue it (SIGCONT) after: a signal sent
+    inside stays pending until then. Yields False, holding nothing, when it had ended first."""
     if proc.poll() is not None:
-        return False
+        yield False
+        return
     os.kill(proc.pid, signal.SIGSTOP)
     deadline = time.monotonic() + timeout
     while (state := process_state(proc.pid)) not in ("T", "Z", "X", ""):
@@ -61,7 +65,18 @@ def send_while_alive(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: 
             raise AssertionError(f"process {proc.pid} not stopped after {timeout} s (state {state})")
         time.sleep(0.001)
     if state != "T":  # it ended before the stop took hold; not reaped yet, so its pid is still its own
-        return False
-    os.kill(proc.pid, sig)
-    os.kill(proc.pid, signal.SIGCONT)
-    return True
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+def send_while_alive(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 60.0) -> bool:
+    """Send ``sig`` to ``proc`` while it certainly runs: held stopped (:func:`held_stopped`), so
+    that it is pending until the process goes on. False, with nothing sent, when it had ended first."""
+    with held_stopped(proc, timeout) as alive:
+        if alive:
+            os.kill(proc.pid, sig)
+    return alive

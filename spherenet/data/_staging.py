@@ -58,12 +58,18 @@ def process_alive(pid: int) -> bool:
 
 def start_tmp(root: Path, name: str) -> Path:
     """A new hidden directory for the preparation of ``root / name``, marked with this process
-    as its owner (after the stale ones of killed preparations are removed)."""
+    as its owner (after the stale ones of killed preparations are removed). When the mark cannot
+    be written (a full disk), the directory is removed before the error goes on: one without an
+    owner would only be taken for stale an hour later."""
     root.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(root)
     tmp = root / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    (tmp / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}), encoding="utf-8")
+    try:
+        (tmp / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return tmp
 
 

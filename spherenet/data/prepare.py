@@ -28,13 +28,14 @@ first and let the others call again after a barrier. The files are written by
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,30 +153,45 @@ def prepare_dataset(
         if meta is not None:
             return PreparedData(final, meta, cached=True)
 
-    tmp = start_tmp(root, final.name)
+    with _cache_writes(root):
+        tmp = start_tmp(root, final.name)
     progress = progress and sys.stderr.isatty()  # bars only on a terminal, not in a log file or CI
     bars = datasets.is_progress_bar_enabled()
     if not progress:
         datasets.disable_progress_bars()
     try:
-        meta = write_token_files(
-            src,
-            tok,
-            train_vocab,
-            dt,
-            tmp,
-            key=key,
-            val_fraction=val_fraction,
-            seed=int(seed),
-            max_documents=max_documents,
-            num_proc=num_proc,
-            batch_size=int(batch_size),
-            hub_cache_dir=hub_cache_dir,
-            timeout=timeout,
-            skip_bad_records=bool(skip_bad_records),
-        )
-        path = publish(tmp, final, key, force)
+        with _cache_writes(root):
+            meta = write_token_files(
+                src,
+                tok,
+                train_vocab,
+                dt,
+                tmp,
+                key=key,
+                val_fraction=val_fraction,
+                seed=int(seed),
+                max_documents=max_documents,
+                num_proc=num_proc,
+                batch_size=int(batch_size),
+                hub_cache_dir=hub_cache_dir,
+                timeout=timeout,
+                skip_bad_records=bool(skip_bad_records),
+            )
+            path = publish(tmp, final, key, force)
         return PreparedData(path, _read_meta(path) or meta, cached=False)
+    finally:
+        if not progress and bars:
+            datasets.enable_progress_bars()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _cache_writes(root: Path) -> Iterator[None]:
+    """A failed write (disk full, read-only, not permitted) as one ``DataError`` naming the data
+    cache: such an error from ``write`` on an open file names no path, and the staging directory
+    it happened in is removed by then."""
+    try:
+        yield
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
@@ -184,10 +200,6 @@ def prepare_dataset(
             f"cannot write the data cache {root}: {reason} ({errno.errorcode.get(exc.errno, '')}); "
             "nothing was kept of this preparation"
         ) from None
-    finally:
-        if not progress and bars:
-            datasets.enable_progress_bars()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _tokenizer_plan(tokenizer: Any, timeout: float) -> tuple[Tokenizer | None, int | None]:

@@ -294,6 +294,33 @@ def test_a_killed_preparations_leftovers_are_removed(tmp_path):
     assert not (data.path / "owner.json").exists()  # the owner file is not part of the prepared data
 
 
+def test_a_disk_too_full_for_the_staging_directory_is_one_error_and_leaves_nothing(tmp_path, monkeypatch):
+    """On a full disk the staging directory's owner file is created but not written (an OSError
+    without a file name, as from ``write``): one DataError naming the data cache, no ``.tmp-*``
+    directory left; with the space back, the next preparation runs."""
+    import errno
+
+    write_text_before = Path.write_text
+
+    def disk_full(path, *args, **kwargs):
+        if path.name != "owner.json":
+            return write_text_before(path, *args, **kwargs)
+        path.touch()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "prepared"
+    src = write_text(tmp_path / "corpus.txt", paragraphs(10))
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(DataError) as refused:
+        prepare_dataset(src, "byte", out)
+    assert str(refused.value) == (
+        f"cannot write the data cache {out}: no space left on device (ENOSPC); nothing was kept of this preparation"
+    )
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    assert not prepare_dataset(src, "byte", out).cached
+
+
 def test_prepare_text_split_by_document_metadata_and_cache(tmp_path):
     docs = paragraphs(40)
     src = write_text(tmp_path / "corpus.txt", docs)

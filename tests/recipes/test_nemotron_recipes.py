@@ -278,13 +278,15 @@ def test_init_from_streams_the_directory_into_the_runs_model(published, monkeypa
     loaded (the general loader is never called), and the weights are the directory's."""
     from recipes import init_from
     from spherenet.models.nemotron import from_normalized_nemotron, nemotron_config_of
+    from spherenet.train.config import load_config
 
     def whole_model_loader(*args, **kwargs):
         raise AssertionError("init_from loaded a whole second model")
 
     monkeypatch.setattr(init_from, "load_weights", whole_model_loader)
     model = NGPT(nemotron_config_of(published))
-    init_from.init_from_weights(model, None, str(published), is_main=False)
+    section = load_config(None, [f"train.init_from={published}"]).train
+    init_from.read_starting_weights(section, resuming=False).load_into(model, is_main=False)
     expected = from_normalized_nemotron(published, dtype=torch.float32).state_dict()
     got = model.state_dict()
     assert got.keys() == expected.keys()

@@ -88,6 +88,20 @@ def test_init_from_refuses_another_model_by_name(corpus, run_and_export, tmp_pat
     assert "no run directory, checkpoint or exported model" in capsys.readouterr().err
 
 
+def test_init_from_that_does_not_fit_is_refused_before_the_data_is_tokenized(corpus, run_and_export, tmp_path, capsys):
+    """Another model config or another tokenizer than the weights': refused right after the
+    tokenizer is loaded, before the corpus is tokenized (no data cache)."""
+    _, exported = run_and_export
+    cache = tmp_path / "cache"
+    for override, message in [
+        ("model.n_layers=3", "n_layers (2 there, 3 here)"),
+        ("data.tokenizer=byte:257", "was trained with the byte tokenizer (vocab 256)"),
+    ]:
+        assert train(corpus, tmp_path / "run", f"train.init_from={exported}", f"data.cache_dir={cache}", override) == 2
+        assert message in capsys.readouterr().err
+        assert not cache.exists()
+
+
 def test_resume_into_a_directory_without_a_run_is_refused(corpus, run_and_export, tmp_path, capsys):
     _, exported = run_and_export
     assert train(corpus, tmp_path / "empty", "--resume") == 2

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from signals import wait_until_taken
+from signals import held_stopped, signal_pending, wait_until_taken
 
 from recipes.stop import ABORT_EXIT_CODE, StopOnSignal
 
@@ -75,6 +75,100 @@ def test_two_ctrl_cs_inside_one_c_call_abort():
                 sender.join()
             time.sleep(0.05)
     assert stop.aborted and stop.exit_code(0) == ABORT_EXIT_CODE
+
+
+class SecondCtrlCWhileRead:
+    """The reading end of the wakeup descriptor, which sends this process the second Ctrl-C
+    while the first one's handler reads it (the first read only)."""
+
+    def __init__(self, reader):
+        self.reader, self.sent = reader, False
+
+    def recv(self, size: int) -> bytes:
+        data = self.reader.recv(size)
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)  # taken by this thread before kill returns
+        return data
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def test_a_second_ctrl_c_during_the_first_ones_handler_aborts():
+    """Python runs a signal handler between bytecodes, also inside an earlier call of the same
+    handler: here the second Ctrl-C's handler call runs whole inside the first's, while that one
+    reads the wakeup bytes. Neither call's count may be lost (the first's must not add to a total
+    it read before the second's call)."""
+    stop = StopOnSignal(announce=False)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with stop:
+                reader, writer = stop._wakeup
+                stop._wakeup = (SecondCtrlCWhileRead(reader), writer)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.1)
+    finally:
+        code = stop.exit_code(0)
+    assert stop.aborted and code == ABORT_EXIT_CODE
+
+
+def test_a_second_delivery_whose_wakeup_byte_comes_after_the_handler_counts():
+    """Two Ctrl-Cs delivered at once to two threads can reach Python as one handler call, and the
+    second delivery's wakeup byte can be written after that call read the descriptor (a thread
+    writes it after raising the handler's flag): the byte alone counts it, once the loop ends."""
+    stop = StopOnSignal(announce=False)
+    with stop:
+        send_later(0.0).join()
+        time.sleep(0.05)  # the handler ran for the first
+        stop._wakeup[1].send(bytes([signal.SIGINT]))  # the second delivery's byte, and no call of its own
+    assert stop.exit_code(0) == ABORT_EXIT_CODE
+
+
+def test_one_ctrl_c_whose_wakeup_byte_comes_after_its_handler_counts_once():
+    """The handler call of one Ctrl-C can run before its delivery's byte is written (by another
+    thread): the late byte is that same delivery, not a second one."""
+    stop = StopOnSignal(announce=False)
+    with stop:
+        stop._request(signal.SIGINT, None)  # the call, before the byte
+        stop._wakeup[1].send(bytes([signal.SIGINT]))
+    assert stop.requested and stop.exit_code(0) == 0
+
+
+CHILD_IN_STOP = """
+import sys, time
+from recipes.stop import StopOnSignal
+with StopOnSignal(announce=False) as stop:
+    print("ready", flush=True)
+    deadline = time.monotonic() + 60
+    while not stop.requested and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.2)  # a second delivery, had there been one, is counted by now
+print(stop.sigints, flush=True)
+sys.exit(stop.exit_code(0))
+"""
+
+
+def test_two_ctrl_cs_while_the_first_is_still_pending_are_one_signal():
+    """Standard signals are not queued: two SIGINTs sent while the first is still pending (the
+    process held stopped here; on an overloaded machine, not scheduled yet) leave one pending
+    signal, so the process sees one Ctrl-C and stops cleanly, exit 0. The one case in which a
+    second Ctrl-C does not abort; once the first has left the pending set, the second always
+    counts (the tests above, and the two-Ctrl-C fault tests)."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD_IN_STOP], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        with held_stopped(proc) as alive:
+            assert alive
+            os.kill(proc.pid, signal.SIGINT)
+            os.kill(proc.pid, signal.SIGINT)
+            assert signal_pending(proc.pid)  # one bit, however many were sent
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, out) == (0, "1\n")
 
 
 def test_a_second_ctrl_c_after_the_loop_makes_the_exit_code_130():

@@ -368,8 +368,37 @@ def test_unknown_tokenizer(fails, tmp_path, text_file):
 
 
 def test_data_vocab_larger_than_model_vocab(fails, tmp_path, text_file):
-    err = fails(tmp_path / "run", text_file, "model.vocab_size=64", error=DataError)
-    assert "was tokenized with a vocab of 256 ids but the model's vocab_size is 64" in err
+    err = fails(tmp_path / "run", text_file, "model.vocab_size=64", error=ConfigError)
+    assert (
+        "model.vocab_size=64 is smaller than the vocabulary of data.tokenizer=byte (256 ids): set model.vocab_size to "
+        "at least 256" in err
+    )
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "train.init_from=/nonexistent",
+            "error: train.init_from: no run directory, checkpoint or exported model at /nonexistent",
+        ),
+        (
+            "model.vocab_size=10",
+            "error: model.vocab_size=10 is smaller than the vocabulary of data.tokenizer=byte (256 ids)",
+        ),
+    ],
+    ids=["init_from_missing", "model_vocab_below_the_tokenizers"],
+)
+def test_a_refusal_that_needs_no_tokenized_data_comes_before_it(tmp_path, text_file, capsys, override, message):
+    """A check that needs no data (a path, train.init_from's weights) or only the tokenizer (its
+    vocabulary against the model's) runs before the corpus is tokenized: the refusal leaves no
+    data cache."""
+    cache = tmp_path / "cache"
+    argv = [*TINY, f"data.source={text_file}", f"data.cache_dir={cache}", f"train.out_dir={tmp_path / 'run'}"]
+    assert cli([*argv, override]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(message), line
+    assert not cache.exists()
 
 
 def test_token_file_with_ids_beyond_vocab():

@@ -711,13 +711,14 @@ def test_a_disk_that_fills_mid_save_keeps_the_previous_checkpoint_and_says_no_sp
     assert all(isinstance(r, dict) for r in read_log(run))  # every line whole
 
 
-def _start_on_a_full_disk_then_retry(tmp_path, cache, text_file, fill: str, free: str):
+def _start_on_a_full_disk_then_retry(tmp_path, cache, text_file, fill: str, free: str, cache_there: bool = False):
     """On a private 4 KiB tmpfs: ``fill`` (shell), a run that fails to start, a listing of what it
-    left in the mount, ``free`` (shell), the same run again. Returns (first exit code, its stderr,
-    the listing, the retry's exit code, the retry's metrics records)."""
+    left in the mount, ``free`` (shell), the same run again. The mount holds ``train.out_dir``, or
+    with ``cache_there`` ``data.cache_dir``. Returns (first exit code, its stderr, the listing, the
+    retry's exit code, the retry's metrics records)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    out = mnt / "run"
+    out, cache = (tmp_path / "run", mnt / "cache") if cache_there else (mnt / "run", cache)
     cmd = " ".join([sys.executable, "-m", "recipes.train", *args(out, cache, text_file, "train.steps=2")])
     script = (
         f"mount -t tmpfs -o size=4k tmpfs {mnt} && {fill} && {{ {cmd} 2>{tmp_path}/err.txt; echo $? >{tmp_path}/rc1; }}"
@@ -770,6 +771,29 @@ def test_a_disk_too_full_for_the_lock_names_it_and_leaves_nothing(tmp_path, cach
         f"error: cannot write {mnt / 'run' / 'train.lock'}: no space left on device (ENOSPC)"
     ], err
     assert left == [".", "./filler"], left  # no run directory, no lock
+    assert rc2 == 0 and [r["event"] for r in records if "event" in r] == ["start", "done"]
+
+
+@pytest.mark.slow
+@needs_tmpfs
+def test_a_data_cache_too_full_for_the_staging_directory_names_it_and_leaves_nothing(tmp_path, cache, text_file):
+    """The disk holding the data cache is full before the preparation starts: its staging
+    directory's owner file cannot be written. One line naming the data cache, no ``.tmp-*``
+    directory left behind; a retry after space is freed prepares the data and trains."""
+    mnt = tmp_path / "mnt"
+    rc, err, left, rc2, records = _start_on_a_full_disk_then_retry(
+        tmp_path,
+        cache,
+        text_file,
+        fill=f"dd if=/dev/zero of={mnt}/filler bs=4k count=1 2>/dev/null; true",
+        free=f"rm {mnt}/filler && mount -o remount,size=16m {mnt}",
+        cache_there=True,
+    )
+    assert rc == 2 and err.strip().splitlines() == [
+        f"error: cannot write the data cache {mnt / 'cache'}: no space left on device (ENOSPC); nothing was kept "
+        "of this preparation"
+    ], err
+    assert left == [".", "./cache", "./filler"], left  # no staging directory
     assert rc2 == 0 and [r["event"] for r in records if "event" in r] == ["start", "done"]
 
 
