@@ -4,9 +4,9 @@ The pages under ``docs/`` are written with links that resolve in the repository 
 an editor): ``../BENCHMARKS.md#...``, ``../benchmarks/results/.../multiplier.png``,
 ``../tests/system/test_faults.py``. This hook makes the same links resolve on the site:
 
-- ``BENCHMARKS.md`` (the lab notebook) and everything under ``benchmarks/results/`` (the study
-  tables and plots) join the site at their repository paths, read in place, not copied into
-  ``docs/``;
+- ``README.md`` (the site's home page), ``CHANGELOG.md``, ``BENCHMARKS.md`` (the lab notebook)
+  and everything under ``benchmarks/results/`` (the study tables and plots) join the site, read
+  in place, not copied into ``docs/``;
 - each relative link of a page is resolved against the page's place in the repository and
   rewritten relative to its place on the site;
 - a link to a repository file the site does not publish (a test, a source file) becomes its
@@ -25,8 +25,15 @@ from mkdocs.structure.files import File, InclusionLevel
 
 log = logging.getLogger("mkdocs.hooks.repo_files")
 
-#: repository paths (a file, or a folder taken whole) published on the site at the same path
-PUBLISHED = ("BENCHMARKS.md", "benchmarks/results")
+#: repository path (a file, or a folder taken whole) -> its path on the site
+PUBLISHED = {
+    "README.md": "index.md",
+    "CHANGELOG.md": "changelog.md",
+    "BENCHMARKS.md": "BENCHMARKS.md",
+    "benchmarks/results": "benchmarks/results",
+}
+#: published pages that are in the nav; the study tables are reached by links only
+IN_NAV = ("README.md", "CHANGELOG.md", "BENCHMARKS.md")
 
 TARGET = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
@@ -41,10 +48,9 @@ def on_files(files, config):
     for entry in PUBLISHED:
         path = root / entry
         for source in sorted([path] if path.is_file() else (p for p in path.rglob("*") if p.is_file())):
-            uri = source.relative_to(root).as_posix()
-            # the notebook is in the nav; the study tables are reached by links only
-            inclusion = InclusionLevel.UNDEFINED if uri == "BENCHMARKS.md" else InclusionLevel.NOT_IN_NAV
-            files.append(File.generated(config, uri, abs_src_path=str(source), inclusion=inclusion))
+            repo = source.relative_to(root).as_posix()
+            inclusion = InclusionLevel.UNDEFINED if repo in IN_NAV else InclusionLevel.NOT_IN_NAV
+            files.append(File.generated(config, _site_path(repo), abs_src_path=str(source), inclusion=inclusion))
     return files
 
 
@@ -56,8 +62,9 @@ def _repo_path(page, root: Path) -> str:
 def _site_path(repo_path: str) -> str | None:
     if repo_path.startswith("docs/"):
         return repo_path[len("docs/") :]
-    if any(repo_path == p or repo_path.startswith(p + "/") for p in PUBLISHED):
-        return repo_path
+    for entry, site in PUBLISHED.items():
+        if repo_path == entry or repo_path.startswith(entry + "/"):
+            return site + repo_path[len(entry) :]
     return None
 
 
