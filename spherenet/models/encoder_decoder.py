@@ -1,7 +1,7 @@
 """Cross-attention, and the decoder blocks of encoder-decoder models that use it, built from the
 models' own parts (:mod:`spherenet.models.ngpt`, :mod:`spherenet.models.gpt`): an encoder is a
 stack of :class:`~spherenet.models.NGPTBlock` or :class:`~spherenet.models.GPTBlock` built with
-``causal=False`` (docs/examples/seq2seq.py).
+``causal=False`` (examples/seq2seq.py).
 
 A cross-attention's queries come from the decoder's hidden state ``x`` (``(B, T, d_model)``),
 its keys and values from ``context`` (``(B, S, d_model)``, the encoder's output), and every

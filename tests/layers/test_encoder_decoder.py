@@ -1,6 +1,6 @@
 """Building your own model: attention masks (SDPA's convention, combined with the causal mask
 and the KV cache), blocks with cross-attention and their positions, the spherical classifier
-head, and the two worked examples of docs/examples, run here so that they cannot rot."""
+head, and the two worked examples of examples/, run here so that they cannot rot."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def test_sphere_classifier_gives_scaled_cosines_and_declares_its_class_vectors()
 
 
 def example(name: str) -> dict:
-    return runpy.run_path(str(ROOT / "docs" / "examples" / f"{name}.py"))
+    return runpy.run_path(str(ROOT / "examples" / f"{name}.py"))
 
 
 @pytest.mark.slow

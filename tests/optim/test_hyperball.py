@@ -368,14 +368,14 @@ def test_fsdp2_sharded_hyperball_matches_the_unsharded_step(method):
 
 
 # ---------------------------------------------------------------------------------------------
-# a third geometry, declared outside spherenet (docs/examples/own_geometry.py)
+# a third geometry, declared outside spherenet (examples/own_geometry.py)
 
 
 def test_a_geometry_declared_outside_spherenet_is_kept_by_every_optimizer():
     import runpy
     from pathlib import Path
 
-    example = runpy.run_path(str(Path(__file__).resolve().parents[2] / "docs" / "examples" / "own_geometry.py"))
+    example = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "own_geometry.py"))
     for label, make in example["OPTIMIZERS"].items():
         start, end, moved = example["train"](make)
         assert abs(end - start) <= 1e-5 * max(1.0, abs(start)), label

@@ -1,6 +1,6 @@
 """What the project says about itself is true: the configs, files, scripts, tests and commands
-that README.md, BENCHMARKS.md and docs/*.md name exist (and the configs and overrides load); the
-torch floor in pyproject.toml is the one the code needs and enforces; and the tracked files
+that README.md, BENCHMARKS.md and the documentation site's pages (docs/**/*.md) name exist (and
+the configs and overrides load); the torch floor in pyproject.toml is the one the code needs and enforces; and the tracked files
 speak of the project only (no work-tracking numbers)."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 from spherenet.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+SNIPPET = re.compile(r'^--8<--\s+"([^"]+)"\s*$', re.M)  # pymdownx.snippets: a file shown in place
 
 
 def _doc_id(path: Path) -> str:
@@ -129,6 +130,7 @@ def test_python_snippets_name_nothing_they_do_not_define(doc, tmp_path):
     if not Path(ruff).is_file():
         pytest.skip("ruff is not installed (the dev extra)")
     blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
+    blocks = [SNIPPET.sub(lambda m: (ROOT / m.group(1)).read_text(), block) for block in blocks]  # as the site shows it
     for i, block in enumerate(blocks):
         (tmp_path / f"snippet_{i:02d}.py").write_text(block)
     found = subprocess.run(

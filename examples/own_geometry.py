@@ -2,7 +2,7 @@
 
 A geometry is one small class and one ``register_geometry`` call; RiemannianAdam, SphericalMuon
 and the Riemannian wrapper then keep every tensor declared on it there, with nothing in
-spherenet changed. Run it: ``python docs/examples/own_geometry.py`` (the tests run it too).
+spherenet changed. Run it: ``python examples/own_geometry.py`` (the tests run it too).
 """
 
 from __future__ import annotations

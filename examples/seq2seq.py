@@ -1,6 +1,6 @@
 """A sequence-to-sequence model (encoder-decoder) built from spherenet's parts.
 
-    python docs/examples/seq2seq.py
+    python examples/seq2seq.py
 
 The encoder is a stack of nGPT blocks without the causal mask; the decoder's blocks are
 :class:`~spherenet.models.NGPTCrossBlock` s: after its causal self-attention each one attends to the

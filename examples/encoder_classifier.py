@@ -1,6 +1,6 @@
 """A masked encoder classifier built from spherenet's parts.
 
-    python docs/examples/encoder_classifier.py
+    python examples/encoder_classifier.py
 
 Sequences of different lengths are padded to one length; the padding is masked out of the
 attention (``attn_mask``, SDPA's convention: True attends) and out of the pooling, so what
