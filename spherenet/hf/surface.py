@@ -96,6 +96,16 @@ class SpherenetModelSurface:
 
     # ---- vocabulary
 
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """transformers' count of the parameters (``only_trainable``: those that require
+        gradients); ``exclude_embeddings`` leaves out the input embedding's, as transformers does
+        for its models' ``nn.Embedding`` (nGPT's is a :class:`~spherenet.layers.SphereEmbedding`,
+        which transformers would count)."""
+        embedding = {id(p) for p in self.get_input_embeddings().parameters()} if exclude_embeddings else set()
+        return sum(
+            p.numel() for p in self.parameters() if id(p) not in embedding and (p.requires_grad or not only_trainable)
+        )
+
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Module:
