@@ -4,7 +4,9 @@ A saved model is a directory (or a Hub repository) holding
 
     config.json          the config dataclass's fields, plus ``model_type`` ("spherenet-ngpt" /
                          "spherenet-gpt"), ``architectures`` (["NGPT"] / ["GPT"]),
-                         ``spherenet_version`` and ``auto_map`` (transformers' classes)
+                         ``spherenet_version`` and ``auto_map`` (transformers' classes); an
+                         export saved again by transformers also has transformers' own keys
+                         (``TRANSFORMERS_KEYS``), which loading passes over
     model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``; or,
                          saved with ``max_shard_size``, shards ``model-0000i-of-0000n.safetensors``
                          and their index ``model.safetensors.index.json`` (transformers' layout)
@@ -71,6 +73,7 @@ from .hub_layout import (
     METADATA_KEYS,
     MODELING_NAME,
     PORTABLE_MODELING,
+    TRANSFORMERS_KEYS,
     PretrainedFileWarning,
     auto_map,
     exported_model_type,
@@ -357,7 +360,7 @@ class HubMixin:
                 f"{config_file} describes model_type {model_type!r}, not {expected!r}: load it with "
                 f"{other.__name__ if other else 'the class that saved it'}.from_pretrained"
             )
-        fields = {k: v for k, v in values.items() if k not in METADATA_KEYS}
+        fields = {k: v for k, v in values.items() if k not in METADATA_KEYS + TRANSFORMERS_KEYS}
         try:
             return cls.config_from_dict(fields, str(config_file))
         except ValueError as exc:

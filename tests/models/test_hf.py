@@ -435,6 +435,25 @@ def test_transformers_config_declares_every_field_of_spherenets(hf_class, config
     assert declared - {"use_cache", "tie_word_embeddings"} == {f.name for f in dataclasses.fields(config_class)}
 
 
+@pytest.mark.parametrize(
+    "hf_class, config_class",
+    [(shf.SpherenetNGPTConfig, NGPTConfig), (shf.SpherenetGPTConfig, GPTConfig)],
+    ids=["ngpt", "gpt"],
+)
+def test_spherenets_loader_passes_over_every_key_transformers_writes_and_no_field_of_its_own(hf_class, config_class):
+    """What transformers' ``to_dict`` writes besides spherenet's fields and config.json's metadata is
+    in ``TRANSFORMERS_KEYS``, which names none of spherenet's fields."""
+    import dataclasses
+
+    from spherenet.models.hub_layout import METADATA_KEYS, TRANSFORMERS_KEYS
+
+    config = hf_class.from_spherenet_config(tiny(NGPT if config_class is NGPTConfig else GPT).config)
+    config.pad_token_id = config.eos_token_id = config.bos_token_id = 0  # what Trainer copies from a tokenizer
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    assert set(config.to_dict()) - fields - set(METADATA_KEYS) <= set(TRANSFORMERS_KEYS)
+    assert not fields & set(TRANSFORMERS_KEYS)
+
+
 @pytest.mark.parametrize("cls", [NGPT, GPT])
 def test_train_and_eval_reach_the_spherenet_model_and_every_module(cls):
     """``model.train()`` / ``.eval()`` on the transformers class (Trainer and pipelines call them)

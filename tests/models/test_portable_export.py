@@ -242,6 +242,30 @@ def test_config_classes_read_every_key_of_an_export_and_keep_transformers_defaul
     assert bare.update == "lerp" and bare.s_qk == portable_config.SCALINGS["s_qk"] and bare.head_dim is None
 
 
+@pytest.mark.parametrize("cls", [NGPT, GPT], ids=["ngpt", "gpt"])
+@torch.no_grad()
+def test_an_export_saved_again_by_transformers_loads_in_spherenet_with_the_same_logits(cls, tmp_path):
+    """transformers' own config fields (its version, dtype, use_cache, the token ids Trainer copies
+    from a tokenizer) are not another spherenet version's: spherenet's loader, its transformers
+    class and AutoModelForCausalLM read the re-saved export, and compute the export's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from spherenet.models import load_pretrained
+
+    reference = spherenet_model(cls, {"n_kv_heads": 2})
+    model = portable_export(reference, tmp_path / "export")
+    model.config.pad_token_id, model.config.eos_token_id = 0, VOCAB - 1  # as Trainer aligns them with a tokenizer
+    model.save_pretrained(tmp_path / "resaved")  # transformers' PreTrainedModel.save_pretrained
+    written = json.loads((tmp_path / "resaved" / "config.json").read_text())
+    assert {"transformers_version", "dtype", "use_cache", "tie_word_embeddings", "pad_token_id"} <= set(written)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(6))
+    expected = reference(ids)
+    hf_class = SpherenetNGPTForCausalLM if cls is NGPT else SpherenetGPTForCausalLM
+    torch.testing.assert_close(load_pretrained(tmp_path / "resaved")(ids), expected, atol=0, rtol=0)
+    for loader in (hf_class.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        torch.testing.assert_close(loader(tmp_path / "resaved")(ids).logits, expected, atol=0, rtol=0)
+
+
 def remote_class(directory, class_ref):
     """The class ``class_ref`` of ``directory``'s own code, loaded as transformers' remote code
     (what ``trust_remote_code=True`` runs where spherenet's classes are not registered)."""
