@@ -162,7 +162,8 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         not a spherenet export of this model raises :class:`spherenet.models.PretrainedFileError`
         saying what it holds. A directory in NVIDIA's Normalized-Nemotron layout loads through
         :func:`spherenet.hf.from_normalized_nemotron` (nGPT's class; GPT's refuses it). The path
-        is kept as ``name_or_path``, which peft records as an adapter's base."""
+        (a local directory's made absolute) is kept as ``name_or_path``, which peft records as an
+        adapter's base."""
         if model_args:
             raise TypeError(f"{cls.__name__}.from_pretrained takes no positional arguments after the path")
         check_attn_implementation(kwargs.pop("attn_implementation", None), f"{cls.__name__}.from_pretrained")
@@ -196,8 +197,10 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
             check_is_export(pretrained_model_name_or_path, exported_model_type(cls.spherenet_class.model_type))
             model = cls.spherenet_class.from_pretrained(pretrained_model_name_or_path, **loader_args)
         hf_model = cls.from_spherenet(model).eval()
-        # what transformers records: peft saves it as an adapter's base_model_name_or_path
-        hf_model.name_or_path = hf_model.config.name_or_path = os.fspath(pretrained_model_name_or_path)
+        # what transformers records; peft saves it as an adapter's base_model_name_or_path, which a
+        # local directory's absolute path lets the adapter find from any working directory
+        where = os.fspath(pretrained_model_name_or_path)
+        hf_model.name_or_path = hf_model.config.name_or_path = os.path.abspath(where) if os.path.isdir(where) else where
         return hf_model
 
     def load_adapter(self, peft_model_id=None, adapter_name=None, peft_config=None, *args, **kwargs):
