@@ -25,6 +25,7 @@ from ..models import GPT, NGPT, PretrainedFileError
 from ..models.common import check_input_ids, check_inputs_embeds
 from ..models.hub import exported_model_type
 from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig, check_is_export
+from .portable.modeling_spherenet import keep_on_sphere
 from .surface import SpherenetModelSurface, check_attn_implementation
 
 __all__ = ["SpherenetNGPTForCausalLM", "SpherenetGPTForCausalLM", "padding_mask", "positions_from_mask", "sdpa_inputs"]
@@ -129,6 +130,8 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         self._modules = spherenet_model._modules
         self._spherenet_model = [spherenet_model]  # a list: not a submodule (its modules are ours)
         self.post_init()
+        if self.sphere_weights():
+            keep_on_sphere(self)  # the paper's normalization after every optimizer step, whatever the optimizer
 
     def _init_weights(self, module) -> None:
         """Nothing: spherenet's modules initialize themselves when built (unit rows, the
