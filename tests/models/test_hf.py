@@ -3,8 +3,6 @@ contract (padding, positions, Cache, labels, inputs_embeds, logits_to_keep), gen
 pipelines, and what a directory that is not an export gets."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,6 +10,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from fresh_python import run_script  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, TextStreamer, pipeline  # noqa: E402
 
 import spherenet.hf as shf  # noqa: E402
@@ -188,19 +187,13 @@ def test_sampling_beam_search_streamer_and_pipeline(exported, capsys):
 # transformers alone (spherenet unimportable, so its classes are not registered): how many times
 # AutoTokenizer asks whether to run the export's code (stdin answered "n"), and what it loads
 _TOKENIZER_PROMPTS = """
-import builtins, importlib.abc, json, sys
+import builtins, json, sys
 
-class NoSpherenet(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "spherenet":
-            raise ImportError(name)
-
-sys.meta_path.insert(0, NoSpherenet())
 asked = []
 builtins.input = lambda prompt="": asked.append(prompt) or "n"
 from transformers import AutoTokenizer
 
-directory, how = sys.argv[1], json.loads(sys.argv[2])
+directory, how = json.loads(sys.argv[1])
 tokenizer = AutoTokenizer.from_pretrained(directory, **how)
 print("RESULT", json.dumps({"asked": len(asked), "ids": tokenizer("Hello").input_ids, "eos": tokenizer.eos_token}))
 """
@@ -213,30 +206,55 @@ def test_auto_tokenizer_asks_about_the_exports_code_unless_told_and_loads_the_by
     """What the README says to pass: transformers 5's AutoTokenizer reads config.json through AutoConfig
     (whose ``auto_map`` names the export's code) before the tokenizer's own files, so without
     ``trust_remote_code`` it asks; either value loads the same fast tokenizer without asking."""
-    result = subprocess.run(
-        [sys.executable, "-I", "-c", _TOKENIZER_PROMPTS, str(exported[NGPT]), json.dumps(how)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.rpartition("RESULT ")[2])
+    out = run_script(_TOKENIZER_PROMPTS, [str(exported[NGPT]), how], tmp_path, spherenet=False, timeout=120)
     assert out == {"asked": asked, "ids": list(b"Hello"), "eos": "<0xFF>"}
 
 
-@pytest.mark.slow
-def test_trust_remote_code_loads_an_export_in_a_fresh_process(exported):
-    """transformers alone imported: the export's modeling file brings in spherenet.hf."""
-    code = (
-        "import sys, torch\n"
-        "from transformers import AutoModelForCausalLM\n"
-        f"m = AutoModelForCausalLM.from_pretrained({str(exported[GPT])!r}, trust_remote_code=True)\n"
-        "print(type(m).__name__, m(torch.tensor([[1, 2, 3]])).logits.shape[-1])\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["SpherenetGPTForCausalLM", str(VOCAB)]
+# spherenet installed, nothing of it imported: the README's first call, then spherenet's tools on what it returns
+_EXPORT_BEFORE_SPHERENET = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+
+ngpt, gpt, ids = json.loads(sys.argv[1])
+model = AutoModelForCausalLM.from_pretrained(ngpt, trust_remote_code=True)
+baseline = AutoModelForCausalLM.from_pretrained(gpt, trust_remote_code=True)
+result = {"classes": [f"{type(m).__module__}.{type(m).__name__}" for m in (model, baseline)]}
+result["config"] = f"{type(model.config).__module__}.{type(model.config).__name__}"
+result["config_auto_class"] = type(model.config)._auto_class
+with torch.no_grad():
+    result["logits"] = model(torch.tensor(ids)).logits.tolist()
+from peft import get_peft_model
+from spherenet.hf import SphereCallback
+from spherenet.hf.lora import sphere_lora_config
+
+SphereCallback().on_train_begin(None, None, None, model=model)  # refuses a model that declares no sphere weights
+model.gradient_checkpointing_enable()
+result["checkpointing"] = model.is_gradient_checkpointing
+model.resize_token_embeddings(model.config.vocab_size + 8)
+result["vocab_size"] = model.config.vocab_size
+try:
+    AutoModelForCausalLM.from_pretrained(ngpt, trust_remote_code=True, attn_implementation="eager")
+except ValueError as error:
+    result["eager"] = str(error)
+adapted = get_peft_model(model, sphere_lora_config(model, r=2))
+result["lora"] = sorted({type(m).__name__ for m in adapted.modules() if hasattr(m, "lora_A")})
+print("RESULT", json.dumps(result))
+"""
+
+
+def test_an_export_loaded_before_spherenet_is_imported_is_spherenets_class(exported, tmp_path):
+    """Where spherenet is installed, the export's code is spherenet's classes whatever was imported
+    first: every spherenet tool takes the model, and it behaves as spherenet's."""
+    ids = [[1, 2, 3, 4, 5]]
+    out = run_script(_EXPORT_BEFORE_SPHERENET, [str(exported[NGPT]), str(exported[GPT]), ids], tmp_path, True)
+    assert out["classes"] == ["spherenet.hf.modeling.SpherenetNGPTForCausalLM", "spherenet.hf.modeling.SpherenetGPTForCausalLM"]  # fmt: skip  # one expectation a line
+    assert out["config"] == "spherenet.hf.configuration.SpherenetNGPTConfig" and out["config_auto_class"] is None
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(out["logits"]), tiny(NGPT)(torch.tensor(ids)), atol=1e-5, rtol=0)
+    assert out["checkpointing"] is True and out["vocab_size"] == VOCAB + 8
+    assert "attn_implementation='eager' is not supported" in out["eager"]
+    assert out["lora"] == ["SphereLoraLinear"]
 
 
 def test_save_pretrained_writes_the_export_layout(tmp_path):

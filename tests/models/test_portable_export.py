@@ -4,14 +4,14 @@ transformers' inputs (padding, positions, cache), generate and pipeline."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
+
+from fresh_python import run_script  # noqa: E402
 
 from recipes.checkpoints import Trained  # noqa: E402
 from recipes.export import export  # noqa: E402
@@ -283,7 +283,8 @@ def single_file_export(reference, directory):
     self-contained ``modeling_spherenet.py`` that config.json's ``auto_map`` names for both classes."""
     reference.save_pretrained(directory)
     modeling = PORTABLE_MODELING_FILE.read_text().replace(
-        "from .configuration_spherenet import SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig\n", ""
+        "from .configuration_spherenet import SPHERENET_HF, SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig\n",
+        "",
     )
     (directory / "modeling_spherenet.py").write_text(PORTABLE_CONFIGURATION_FILE.read_text() + modeling)
     (directory / "configuration_spherenet.py").unlink()
@@ -315,7 +316,7 @@ def test_an_export_written_before_the_split_still_loads_and_write_portable_model
     }
     torch.testing.assert_close(NGPT.from_pretrained(updated)(ids), reference(ids))  # the rewritten manifest checks out
     remote = remote_class(updated, "modeling_spherenet.SpherenetNGPTForCausalLM")  # its relative import resolves
-    assert remote.config_class.__module__.endswith(".configuration_spherenet")
+    assert remote is SpherenetNGPTForCausalLM  # spherenet is installed here: the export's code gives its classes
     assert remote_class(updated, "configuration_spherenet.SpherenetNGPTConfig").from_pretrained(updated).d_model == 16
     torch.testing.assert_close(remote.from_pretrained(updated)(ids).logits, reference(ids), atol=1e-5, rtol=0)
     (updated / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -350,20 +351,13 @@ def test_portable_code_imports_nothing_but_torch_transformers_the_standard_libra
 
     standard = {"hashlib", "json", "math", "os", "shutil", "typing", "warnings", "weakref"}
     assert imports(PORTABLE_MODELING_FILE) == standard | {"torch", "transformers", ".configuration_spherenet"}
-    assert imports(PORTABLE_CONFIGURATION_FILE) == {"math", "typing", "transformers"}
+    assert imports(PORTABLE_CONFIGURATION_FILE) == {"importlib", "math", "typing", "transformers", "warnings"}
 
 
-# Run in a fresh interpreter, isolated (-I: no PYTHONPATH, no script directory), from outside the
-# repository, with spherenet made unimportable; prints what the parent compares.
+# Run where spherenet cannot be imported (fresh_python.run_script); prints what the parent compares.
 _WITHOUT_SPHERENET = """
-import importlib.abc, json, sys
+import json, sys
 
-class NoSpherenet(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "spherenet" or name.startswith("spherenet."):
-            raise ImportError(f"{name} is blocked")
-
-sys.meta_path.insert(0, NoSpherenet())
 try:
     import spherenet
     spherenet_importable = True
@@ -419,19 +413,9 @@ def test_an_export_loads_and_generates_where_spherenet_cannot_be_imported(cls, t
     (bad / "config.json").write_text(json.dumps({**values, "mlp": "geglu"}))
     write_manifest(bad, ("config.json", "model.safetensors"))  # edited on purpose: the manifest agrees
     ids, short, long = [[5, 9, 200, 31, 7, 7, 64]], [[72, 101, 108]], [[1, 2, 3, 4, 5, 6]]
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    env["HF_HOME"] = str(tmp_path / "hf_home")
-    result = subprocess.run(
-        [sys.executable, "-I", "-c", _WITHOUT_SPHERENET, json.dumps([str(directory), str(bad), ids, short, long])],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,  # transformers asks before running remote code it was not told to trust
-        timeout=300,
-        cwd=tmp_path,
-        env=env,
+    out = run_script(
+        _WITHOUT_SPHERENET, [str(directory), str(bad), ids, short, long], tmp_path / "run", spherenet=False
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.rpartition("RESULT ")[2])
     assert out["spherenet_importable"] is False and out["spherenet_loaded"] == []
     assert out["class"] == f"modeling_spherenet.Spherenet{cls.__name__}ForCausalLM"
     with torch.no_grad():

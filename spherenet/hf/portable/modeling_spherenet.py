@@ -3,6 +3,8 @@ Hypersphere") and its baseline GPT as transformers causal language models, needi
 transformers only: an export carries this file as ``modeling_spherenet.py`` with its configs,
 ``configuration_spherenet.py`` (a relative import, which transformers' remote code copies along), so
 that ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it without spherenet.
+Where spherenet is installed, an export's copy of this file gives spherenet's own classes
+(``configuration_spherenet.installed_spherenet``), whatever was imported first.
 
 It computes what spherenet computes (its plain-torch formulas), with spherenet's module names (the
 export's model.safetensors loads as it is), and keeps nGPT what it is as spherenet's classes do: its
@@ -36,7 +38,7 @@ from transformers.utils import (
     cached_file,
 )
 
-from .configuration_spherenet import SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig
+from .configuration_spherenet import SPHERENET_HF, SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig
 
 # ---- Layers: each computes in float32 at least where spherenet does, and returns the input's dtype ----
 
@@ -630,3 +632,8 @@ class SpherenetGPTForCausalLM(_SpherenetForCausalLM):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.embed_out(self.norm_out(h))
+
+
+if SPHERENET_HF is not None:  # spherenet is installed: its classes, which every spherenet tool takes
+    SpherenetNGPTForCausalLM = SPHERENET_HF.SpherenetNGPTForCausalLM
+    SpherenetGPTForCausalLM = SPHERENET_HF.SpherenetGPTForCausalLM
