@@ -214,6 +214,53 @@ def test_trainer_checkpoints_resume_and_continue_the_run(way, tmp_path):
     assert sphere_error(resumed_model) < 1e-5
 
 
+class Killed(Exception):
+    """The process ended here, as by kill -9: nothing after it is written."""
+
+
+def test_resume_after_a_kill_while_saving_continues_from_the_last_complete_checkpoint(tmp_path, monkeypatch):
+    """A run killed while Trainer writes checkpoint-10 (the model's files and sha256sums.json are
+    there, trainer_state.json is not): ``resume_from_checkpoint=True`` passes over it, saying so in
+    one line, and continues from checkpoint-5 exactly: the losses of steps 10 and 15 are those of the
+    run that was never stopped."""
+    from transformers import Trainer
+
+    options = dict(max_steps=15, save_steps=5, save_strategy="steps", logging_steps=5)
+    _, losses, _ = train(tiny_ngpt(), arguments(tmp_path / "straight", **options))
+    save_rest = Trainer._save_optimizer_and_scheduler
+
+    def killed_at_step_10(trainer, output_dir):
+        if output_dir.endswith("checkpoint-10"):
+            raise Killed
+        save_rest(trainer, output_dir)
+
+    monkeypatch.setattr(Trainer, "_save_optimizer_and_scheduler", killed_at_step_10)
+    with pytest.raises(Killed):
+        train(tiny_ngpt(), arguments(tmp_path / "run", **options))
+    monkeypatch.undo()
+    stopped = tmp_path / "run" / "checkpoint-10"
+    assert (stopped / "model.safetensors").is_file() and (stopped / MANIFEST_NAME).is_file()
+    assert not (stopped / "trainer_state.json").exists()
+    resumed, resumed_losses, caught = train(tiny_ngpt(seed=1), arguments(tmp_path / "run", **options), resume=True)
+    passed_over = [str(w.message) for w in caught if "checkpoint-10" in str(w.message)]
+    assert len(passed_over) == 1 and "\n" not in passed_over[0] and "checkpoint-5" in passed_over[0], passed_over
+    assert resumed.state.global_step == 15
+    assert resumed_losses == pytest.approx(losses, abs=1e-6)
+
+
+def test_resume_with_no_complete_checkpoint_stops_in_one_line_naming_the_incomplete_ones(tmp_path):
+    from transformers import Trainer
+
+    run = tmp_path / "run"
+    train(tiny_ngpt(), arguments(run, max_steps=5, save_steps=5, save_strategy="steps"))
+    (run / "checkpoint-5" / "trainer_state.json").unlink()
+    trainer = Trainer(model=tiny_ngpt(), args=arguments(run, max_steps=10), train_dataset=dataset())
+    with pytest.raises(ValueError) as info:
+        trainer.train(resume_from_checkpoint=True)
+    message = str(info.value)
+    assert "\n" not in message and "checkpoint-5" in message and "trainer_state.json" in message, message
+
+
 def test_save_pretrained_takes_transformers_arguments_and_shards(tmp_path):
     """state_dict, safe_serialization, is_main_process and max_shard_size (a sharded index the
     manifest covers, loaded back by spherenet's, the transformers class's and the Auto loader);
