@@ -25,7 +25,7 @@ from ..models import GPT, NGPT, PretrainedFileError
 from ..models.common import check_input_ids, check_inputs_embeds
 from ..models.hub import exported_model_type
 from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig, check_is_export
-from .portable.modeling_spherenet import keep_on_sphere
+from .portable.guards_spherenet import keep_on_sphere
 from .surface import SpherenetModelSurface, check_attn_implementation
 
 __all__ = ["SpherenetNGPTForCausalLM", "SpherenetGPTForCausalLM", "padding_mask", "positions_from_mask", "sdpa_inputs"]

@@ -187,7 +187,7 @@ class SpherenetModelSurface:
         """Put every sphere weight back on the unit sphere, in place: :func:`spherenet.optim.normalize_`
         (``W <- Norm(W)`` along the embedding dimension, Section 2.6 step 2). The model runs it after
         every step of a torch optimizer that holds one of them
-        (:func:`spherenet.hf.portable.modeling_spherenet.keep_on_sphere`)."""
+        (:func:`spherenet.hf.portable.guards_spherenet.keep_on_sphere`)."""
         normalize_(self)
 
     @torch.compiler.disable  # a counter torch.compile would guard on, recompiling at every call

@@ -10,11 +10,12 @@ A saved model is a directory (or a Hub repository) holding
     model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``; or,
                          saved with ``max_shard_size``, shards ``model-0000i-of-0000n.safetensors``
                          and their index ``model.safetensors.index.json`` (transformers' layout)
-    configuration_spherenet.py, modeling_spherenet.py
+    configuration_spherenet.py, guards_spherenet.py, modeling_spherenet.py
                          the portable model code (:mod:`spherenet.hf.portable`: its config classes,
-                         and its model classes, which import them; torch and transformers only), so
-                         that transformers' ``AutoModelForCausalLM.from_pretrained(dir,
-                         trust_remote_code=True)`` loads the model where spherenet is not installed
+                         the sphere's guards, and its model classes, which import both; torch and
+                         transformers only), so that transformers'
+                         ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``
+                         loads the model where spherenet is not installed
     sha256sums.json      the size and sha256 of the files above (every shard and the index too) (the
                          entries of a checkpoint's manifest): a damaged file is refused on load with
                          an error naming it; a directory without it (saved by hand, or before it

@@ -65,7 +65,11 @@ def test_export_carries_auto_map_modeling_file_and_card(exported):
             "AutoConfig": f"configuration_spherenet.Spherenet{cls.__name__}Config",
             "AutoModelForCausalLM": f"modeling_spherenet.Spherenet{cls.__name__}ForCausalLM",
         }
-        for name in ("configuration_spherenet.py", "modeling_spherenet.py"):  # the portable code: no spherenet import
+        for name in (
+            "configuration_spherenet.py",
+            "guards_spherenet.py",
+            "modeling_spherenet.py",
+        ):  # no spherenet import
             code = (directory / name).read_text()
             assert code == PORTABLE_MODELING.with_name(name).read_text() and "import spherenet" not in code
         assert "trust_remote_code=True" in (directory / "README.md").read_text()
@@ -263,6 +267,7 @@ def test_save_pretrained_writes_the_export_layout(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "config.json",
         "configuration_spherenet.py",
+        "guards_spherenet.py",
         "model.safetensors",
         "modeling_spherenet.py",
         "sha256sums.json",

@@ -1,5 +1,5 @@
-"""The portable model code of an export (spherenet/hf/portable/: configuration_spherenet.py and
-modeling_spherenet.py, written into every export under those names): it needs torch and transformers only, and computes spherenet's logits for every option an export can carry, through
+"""The portable model code of an export (spherenet/hf/portable/: configuration_spherenet.py,
+guards_spherenet.py and modeling_spherenet.py, written into every export under those names): it needs torch and transformers only, and computes spherenet's logits for every option an export can carry, through
 transformers' inputs (padding, positions, cache), generate and pipeline."""
 
 import json
@@ -276,18 +276,25 @@ def remote_class(directory, class_ref):
 
 
 PORTABLE_CONFIGURATION_FILE = PORTABLE_MODELING_FILE.with_name("configuration_spherenet.py")
+PORTABLE_GUARDS_FILE = PORTABLE_MODELING_FILE.with_name("guards_spherenet.py")
 
 
 def single_file_export(reference, directory):
-    """``reference`` saved as exports were before the portable code was split in two: one
-    self-contained ``modeling_spherenet.py`` that config.json's ``auto_map`` names for both classes."""
+    """``reference`` saved as exports were before the portable code was split: one self-contained
+    ``modeling_spherenet.py`` that config.json's ``auto_map`` names for both classes."""
     reference.save_pretrained(directory)
-    modeling = PORTABLE_MODELING_FILE.read_text().replace(
+    relative_imports = (
         "from .configuration_spherenet import SPHERENET_HF, SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig\n",
-        "",
+        "from .guards_spherenet import SphereGuards, keep_on_sphere\n",
     )
-    (directory / "modeling_spherenet.py").write_text(PORTABLE_CONFIGURATION_FILE.read_text() + modeling)
+    modeling = PORTABLE_MODELING_FILE.read_text()
+    for line in relative_imports:
+        assert line in modeling
+        modeling = modeling.replace(line, "")
+    code = PORTABLE_CONFIGURATION_FILE.read_text() + PORTABLE_GUARDS_FILE.read_text() + modeling
+    (directory / "modeling_spherenet.py").write_text(code)
     (directory / "configuration_spherenet.py").unlink()
+    (directory / "guards_spherenet.py").unlink()
     values = json.loads((directory / "config.json").read_text())
     values["auto_map"] = {k: "modeling_spherenet." + v.partition(".")[2] for k, v in values["auto_map"].items()}
     (directory / "config.json").write_text(json.dumps(values, indent=2))
@@ -310,6 +317,7 @@ def test_an_export_written_before_the_split_still_loads_and_write_portable_model
     write_portable_modeling(updated)
     assert (updated / "modeling_spherenet.py").read_text() == PORTABLE_MODELING_FILE.read_text()
     assert (updated / "configuration_spherenet.py").read_text() == PORTABLE_CONFIGURATION_FILE.read_text()
+    assert (updated / "guards_spherenet.py").read_text() == PORTABLE_GUARDS_FILE.read_text()
     assert json.loads((updated / "config.json").read_text())["auto_map"] == {
         "AutoConfig": "configuration_spherenet.SpherenetNGPTConfig",
         "AutoModelForCausalLM": "modeling_spherenet.SpherenetNGPTForCausalLM",
@@ -335,13 +343,13 @@ def test_write_portable_modeling_keeps_every_file_the_manifest_listed(tmp_path):
     write_manifest(export, names)
     write_portable_modeling(export)
     listed = set(json.loads((export / "sha256sums.json").read_text())["files"])
-    assert listed == set(names) | {"configuration_spherenet.py", "modeling_spherenet.py"}
+    assert listed == set(names) | {"configuration_spherenet.py", "guards_spherenet.py", "modeling_spherenet.py"}
     assert any(name.startswith("model-0000") for name in listed)
     ids = torch.tensor([[1, 2, 3]])
     torch.testing.assert_close(NGPT.from_pretrained(export)(ids), reference(ids))
 
 
-def test_portable_code_imports_nothing_but_torch_transformers_the_standard_library_and_its_config():
+def test_portable_code_imports_nothing_but_torch_transformers_the_standard_library_and_its_own_files():
     import ast
 
     def imports(path):
@@ -349,9 +357,11 @@ def test_portable_code_imports_nothing_but_torch_transformers_the_standard_libra
         found = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         return found | {"." * n.level + n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
 
-    standard = {"hashlib", "json", "math", "os", "shutil", "typing", "warnings", "weakref"}
-    assert imports(PORTABLE_MODELING_FILE) == standard | {"torch", "transformers", ".configuration_spherenet"}
+    own = {".configuration_spherenet", ".guards_spherenet"}
+    assert imports(PORTABLE_MODELING_FILE) == {"math", "typing", "torch", "transformers"} | own
     assert imports(PORTABLE_CONFIGURATION_FILE) == {"importlib", "math", "typing", "transformers", "warnings"}
+    standard = {"hashlib", "json", "math", "os", "shutil", "typing", "warnings", "weakref"}
+    assert imports(PORTABLE_GUARDS_FILE) == standard | {"torch", "transformers"}
 
 
 # Run where spherenet cannot be imported (fresh_python.run_script); prints what the parent compares.
