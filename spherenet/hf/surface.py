@@ -195,8 +195,8 @@ class SpherenetModelSurface:
         """Warn once per model (a ``UserWarning``) when a training forward finds sphere weights
         off the sphere: changed other than by an optimizer step (after every one of which
         :meth:`normalize_sphere_weights_` runs), by hand or by an optimizer that is not a
-        ``torch.optim.Optimizer``. Checked every :attr:`sphere_check_every` training forwards: one read of the
-        sphere weights (a forward and backward read them three times) and one host
+        ``torch.optim.Optimizer``. Checked every :attr:`sphere_check_every` training forwards:
+        one read of the sphere weights (a forward and backward read them three times) and one host
         synchronization, so under a tenth of a training step's weight traffic; an inference
         forward (eval mode or no gradients) never checks, and logits never change."""
         if self.__dict__.get("_sphere_warned") or not (self.training and torch.is_grad_enabled()):

@@ -74,7 +74,7 @@ def test_from_pretrained_checks_every_file_against_the_manifest(tmp_path):
         portable.SpherenetNGPTForCausalLM.from_pretrained(tmp_path / "export")
 
 
-def test_save_pretrained_writes_the_export_layout_with_a_manifest_spherenet_checks(tmp_path):
+def test_save_pretrained_writes_the_export_layout_with_a_manifest_spherenet_checks(tmp_path, monkeypatch):
     reference = export(tmp_path / "export")
     model = portable.SpherenetNGPTForCausalLM.from_pretrained(tmp_path / "export")
     for saved, options in ((tmp_path / "saved", {}), (tmp_path / "sharded", {"max_shard_size": "20KB"})):
@@ -86,6 +86,11 @@ def test_save_pretrained_writes_the_export_layout_with_a_manifest_spherenet_chec
             warnings.simplefilter("error", PretrainedFileWarning)  # checked against the manifest
             torch.testing.assert_close(load_pretrained(saved)(IDS), reference(IDS), atol=0, rtol=0)
     assert (tmp_path / "sharded" / INDEX_NAME).is_file()
+    pushed = []  # save_pretrained(push_to_hub=True): saved with the manifest, then pushed as push_to_hub does
+    monkeypatch.setattr(type(model), "push_to_hub", lambda self, repo_id, **hub: pushed.append((repo_id, hub)))
+    model.save_pretrained(tmp_path / "pushed", push_to_hub=True, repo_id="someone/ngpt", commit_message="tuned")
+    assert (tmp_path / "pushed" / MANIFEST_NAME).is_file()
+    assert pushed == [("someone/ngpt", {"token": None, "max_shard_size": "50GB", "commit_message": "tuned"})]
     flip_a_byte(tmp_path / "saved" / "model.safetensors")
     with pytest.raises(PretrainedFileError, match="model.safetensors has sha256"):
         load_pretrained(tmp_path / "saved")

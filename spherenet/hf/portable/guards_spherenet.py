@@ -35,6 +35,8 @@ _MANIFEST_FORMAT = {"format": "spherenet-files", "version": 1}
 _CODE_FILES = ("configuration_spherenet.py", "guards_spherenet.py", "modeling_spherenet.py")  # the export's code
 # from_pretrained's arguments that say where and how to fetch a Hub repository's files
 _HUB_ARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token")
+# save_pretrained's arguments of the push that push_to_hub=True makes (token goes to both)
+_PUSH_ARGS = ("repo_id", "commit_message", "commit_description", "private", "create_pr", "revision", "tags")
 _OFF_SPHERE_REMEDY = (
     "they were changed other than by an optimizer step (after each of which the model renormalizes them, "
     "Section 2.6); put them back with model.normalize_sphere_weights_()"
@@ -98,7 +100,7 @@ def _shards(index_file: str) -> list[str]:
 
 
 def write_export_files(directory: str) -> None:
-    """This code's two files beside a saved config and weights, and ``sha256sums.json`` over every
+    """This code's files beside a saved config and weights, and ``sha256sums.json`` over every
     file of the save (config.json, generation_config.json, the weights or their shards and index,
     the code), in spherenet's layout."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -227,7 +229,7 @@ class SphereGuards:
 
     def save_pretrained(self, save_directory, is_main_process=True, state_dict=None, push_to_hub=False, **kwargs):
         """transformers' ``save_pretrained``, writing an export: config.json (with the ``auto_map`` of
-        this code), the weights, this code's two files and ``sha256sums.json`` over them. Sphere
+        this code), the weights, this code's files and ``sha256sums.json`` over them. Sphere
         weights off the sphere are refused, in one error saying how to put them back, before anything
         is written. ``push_to_hub=True`` saves, then pushes as :meth:`push_to_hub` does (transformers
         would upload the files before the manifest is written)."""
@@ -235,7 +237,7 @@ class SphereGuards:
         if push_to_hub:
             if state_dict is not None:
                 raise ValueError("save_pretrained: push_to_hub=True pushes the model's own weights: pass no state_dict")
-            hub = {k: kwargs.pop(k) for k in ("repo_id", "commit_message", "private", "create_pr") if k in kwargs}
+            hub = {k: kwargs.pop(k) for k in _PUSH_ARGS if k in kwargs}
             self.save_pretrained(save_directory, is_main_process, **kwargs)
             if not is_main_process:
                 return None
