@@ -261,6 +261,43 @@ def test_an_export_loaded_before_spherenet_is_imported_is_spherenets_class(expor
     assert out["lora"] == ["SphereLoraLinear"]
 
 
+# spherenet installed, but its transformers module does not import (as with a transformers it does not support)
+_SPHERENET_HF_BROKEN = """
+import importlib.abc, json, sys, warnings
+
+class BrokenHf(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "spherenet.hf":
+            raise ImportError("spherenet.hf needs transformers>=5.24,<6; installed: transformers 9.0")
+
+sys.meta_path.insert(0, BrokenHf())
+import torch
+from transformers import AutoModelForCausalLM
+
+directory, ids = json.loads(sys.argv[1])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("default")  # as a user sees warnings: once where they are raised
+    model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+with torch.no_grad():
+    logits = model(torch.tensor(ids)).logits.tolist()
+print("RESULT", json.dumps({
+    "class": type(model).__module__.rpartition(".")[2] + "." + type(model).__name__,
+    "warned": [str(w.message) for w in caught if "spherenet" in str(w.message)],
+    "logits": logits,
+}))
+"""
+
+
+def test_where_spherenet_hf_does_not_import_the_exports_own_classes_run_and_say_why(exported, tmp_path):
+    ids = [[1, 2, 3, 4, 5]]
+    out = run_script(_SPHERENET_HF_BROKEN, [str(exported[NGPT]), ids], tmp_path, spherenet=True)
+    assert out["class"] == "modeling_spherenet.SpherenetNGPTForCausalLM"
+    assert len(out["warned"]) == 1 and "installed: transformers 9.0" in out["warned"][0], out["warned"]
+    assert "the export's own classes run, which spherenet's tools do not take" in out["warned"][0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(out["logits"]), tiny(NGPT)(torch.tensor(ids)), atol=1e-5, rtol=0)
+
+
 def test_save_pretrained_writes_the_export_layout(tmp_path):
     model = SpherenetGPTForCausalLM.from_spherenet(tiny(GPT))
     model.save_pretrained(tmp_path)

@@ -284,7 +284,7 @@ def single_file_export(reference, directory):
     ``modeling_spherenet.py`` that config.json's ``auto_map`` names for both classes."""
     reference.save_pretrained(directory)
     relative_imports = (
-        "from .configuration_spherenet import SPHERENET_HF, SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig\n",
+        "from .configuration_spherenet import SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig, installed_spherenet\n",
         "from .guards_spherenet import SphereGuards, keep_on_sphere\n",
     )
     modeling = PORTABLE_MODELING_FILE.read_text()

@@ -147,18 +147,19 @@ class SpherenetGPTConfig(_SpherenetConfig):
         self._require(_number(self.norm_eps, 0), "norm_eps", "a number > 0")
 
 
-def installed_spherenet():
+def installed_spherenet(say_why: bool = False):
     """spherenet's transformers module (``spherenet.hf``) where spherenet is installed and this file
     runs as an export's code, whose classes then stand for this file's; None where spherenet is not
-    installed (this file's classes run) and in spherenet's own copy of this file. A spherenet that is
-    installed but whose transformers module does not import (a transformers version outside the
-    range it supports) is named in a warning."""
+    installed (this file's classes run) and in spherenet's own copy of this file. ``say_why``: a
+    spherenet that is installed but whose transformers module does not import (a transformers
+    version outside the range it supports) is named in a warning (the model code says it, once: this
+    file runs for the config and again beside the model code)."""
     if __name__.startswith("spherenet."):
         return None
     try:
         return importlib.import_module("spherenet.hf")
     except ImportError as error:
-        if not (isinstance(error, ModuleNotFoundError) and error.name == "spherenet"):
+        if say_why and not (isinstance(error, ModuleNotFoundError) and error.name == "spherenet"):
             warnings.warn(
                 f"spherenet is installed, but spherenet.hf does not import ({error}): the export's own classes run, "
                 "which spherenet's tools do not take",

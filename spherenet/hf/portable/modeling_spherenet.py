@@ -21,7 +21,7 @@ from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .configuration_spherenet import SPHERENET_HF, SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig
+from .configuration_spherenet import SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig, installed_spherenet
 from .guards_spherenet import SphereGuards, keep_on_sphere
 
 # ---- Layers: each computes in float32 at least where spherenet does, and returns the input's dtype ----
@@ -392,6 +392,7 @@ class SpherenetGPTForCausalLM(_SpherenetForCausalLM):
         return self.embed_out(self.norm_out(h))
 
 
+SPHERENET_HF = installed_spherenet(say_why=True)
 if SPHERENET_HF is not None:  # spherenet is installed: its classes, which every spherenet tool takes
     SpherenetNGPTForCausalLM = SPHERENET_HF.SpherenetNGPTForCausalLM
     SpherenetGPTForCausalLM = SPHERENET_HF.SpherenetGPTForCausalLM
