@@ -3,13 +3,14 @@ with ``AutoConfig`` and ``AutoModelForCausalLM`` (model_type ``spherenet-ngpt`` 
 ``spherenet-gpt``) when this package is imported.
 
 An export (``save_pretrained``, ``spherenet-export``) carries the portable model code
-(:mod:`spherenet.hf.portable`: a configuration and a modeling file, torch and transformers only),
+(:mod:`spherenet.hf.portable`: a configuration, a guards and a modeling file, torch and transformers only),
 so ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it where
 spherenet is not installed. Needs ``pip install "spherenet-torch[hf]"``.
 
-Training with ``transformers.Trainer`` keeps nGPT on the sphere with :class:`SphereCallback`
-(``callbacks=[SphereCallback()]``) or spherenet's optimizers
-(``optimizers=spherenet.optim.build_optimizer(model, ...)``); see :mod:`spherenet.hf.trainer`.
+Training with ``transformers.Trainer`` keeps nGPT on the sphere with its defaults (the model
+renormalizes its sphere weights after every optimizer step), :class:`SphereCallback` or
+spherenet's optimizers (``optimizers=spherenet.optim.build_optimizer(model, ...)``), and resumes
+from the last checkpoint it finished writing; see :mod:`spherenet.hf.trainer`.
 
 :func:`from_normalized_nemotron` and :func:`to_normalized_nemotron` read and write NGPT in the
 published Normalized-Nemotron layout (:mod:`spherenet.models.nemotron`, which needs no

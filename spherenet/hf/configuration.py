@@ -94,6 +94,13 @@ class SpherenetConfigBase(PretrainedConfig):
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
+    def register_for_auto_class(cls, auto_class="AutoConfig") -> None:
+        """Nothing: :mod:`spherenet.hf` registers these classes with ``AutoConfig`` by model_type, and
+        an export's code is these classes where spherenet is installed. transformers registers the
+        class an export's code gives, so that ``config.save_pretrained`` copies its source file
+        beside the config: here that would be spherenet's, not the export's code."""
+
+    @classmethod
     def from_spherenet_config(cls, config, **kwargs):
         """The transformers config of spherenet's ``config``; ``kwargs``: transformers' own fields."""
         values = {}

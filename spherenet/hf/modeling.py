@@ -25,6 +25,7 @@ from ..models import GPT, NGPT, PretrainedFileError
 from ..models.common import check_input_ids, check_inputs_embeds
 from ..models.hub import exported_model_type
 from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig, check_is_export
+from .portable.guards_spherenet import keep_on_sphere
 from .surface import SpherenetModelSurface, check_attn_implementation
 
 __all__ = ["SpherenetNGPTForCausalLM", "SpherenetGPTForCausalLM", "padding_mask", "positions_from_mask", "sdpa_inputs"]
@@ -129,6 +130,8 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         self._modules = spherenet_model._modules
         self._spherenet_model = [spherenet_model]  # a list: not a submodule (its modules are ours)
         self.post_init()
+        if self.sphere_weights():
+            keep_on_sphere(self)  # the paper's normalization after every optimizer step, whatever the optimizer
 
     def _init_weights(self, module) -> None:
         """Nothing: spherenet's modules initialize themselves when built (unit rows, the
@@ -162,7 +165,8 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         not a spherenet export of this model raises :class:`spherenet.models.PretrainedFileError`
         saying what it holds. A directory in NVIDIA's Normalized-Nemotron layout loads through
         :func:`spherenet.hf.from_normalized_nemotron` (nGPT's class; GPT's refuses it). The path
-        is kept as ``name_or_path``, which peft records as an adapter's base."""
+        (a local directory's made absolute) is kept as ``name_or_path``, which peft records as an
+        adapter's base."""
         if model_args:
             raise TypeError(f"{cls.__name__}.from_pretrained takes no positional arguments after the path")
         check_attn_implementation(kwargs.pop("attn_implementation", None), f"{cls.__name__}.from_pretrained")
@@ -196,8 +200,10 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
             check_is_export(pretrained_model_name_or_path, exported_model_type(cls.spherenet_class.model_type))
             model = cls.spherenet_class.from_pretrained(pretrained_model_name_or_path, **loader_args)
         hf_model = cls.from_spherenet(model).eval()
-        # what transformers records: peft saves it as an adapter's base_model_name_or_path
-        hf_model.name_or_path = hf_model.config.name_or_path = os.fspath(pretrained_model_name_or_path)
+        # what transformers records; peft saves it as an adapter's base_model_name_or_path, which a
+        # local directory's absolute path lets the adapter find from any working directory
+        where = os.fspath(pretrained_model_name_or_path)
+        hf_model.name_or_path = hf_model.config.name_or_path = os.path.abspath(where) if os.path.isdir(where) else where
         return hf_model
 
     def load_adapter(self, peft_model_id=None, adapter_name=None, peft_config=None, *args, **kwargs):

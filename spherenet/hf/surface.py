@@ -2,8 +2,9 @@
 (:mod:`spherenet.hf.modeling` mixes :class:`SpherenetModelSurface` in): gradient checkpointing
 is spherenet's activation checkpointing, ``resize_token_embeddings`` keeps nGPT's embeddings on
 the sphere, attention is SDPA only, ``generate`` slides past the context as spherenet's own
-:func:`spherenet.models.common.generate` does, and a training forward warns (once) when the
-optimizer has moved the sphere weights off the sphere.
+:func:`spherenet.models.common.generate` does, ``num_parameters`` counts as transformers does, and
+nGPT's sphere weights are renormalized after every optimizer step, with a training forward that
+warns (once) when they are off the sphere anyway.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import torch
 from torch import nn
 
 from ..layers import Scale, SphereEmbedding, SphereLinear
-from ..models.hub import OFF_SPHERE_REMEDY, off_sphere
+from ..manifolds import named_sphere_parameters
+from ..models.hub import off_sphere
+from ..optim import normalize_
 
 __all__ = ["SpherenetModelSurface", "SUPPORTED_ATTENTION", "check_attn_implementation"]
 
@@ -96,6 +99,16 @@ class SpherenetModelSurface:
 
     # ---- vocabulary
 
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """transformers' count of the parameters (``only_trainable``: those that require
+        gradients); ``exclude_embeddings`` leaves out the input embedding's, as transformers does
+        for its models' ``nn.Embedding`` (nGPT's is a :class:`~spherenet.layers.SphereEmbedding`,
+        which transformers would count)."""
+        embedding = {id(p) for p in self.get_input_embeddings().parameters()} if exclude_embeddings else set()
+        return sum(
+            p.numel() for p in self.parameters() if id(p) not in embedding and (p.requires_grad or not only_trainable)
+        )
+
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Module:
@@ -166,13 +179,24 @@ class SpherenetModelSurface:
 
     # ---- the sphere during training
 
+    def sphere_weights(self) -> dict[str, torch.Tensor]:
+        """``{name: parameter}`` of the weights declared on the unit sphere (nGPT's; GPT has none)."""
+        return dict(named_sphere_parameters(self))
+
+    def normalize_sphere_weights_(self) -> None:
+        """Put every sphere weight back on the unit sphere, in place: :func:`spherenet.optim.normalize_`
+        (``W <- Norm(W)`` along the embedding dimension, Section 2.6 step 2). The model runs it after
+        every step of a torch optimizer that holds one of them
+        (:func:`spherenet.hf.portable.guards_spherenet.keep_on_sphere`)."""
+        normalize_(self)
+
     @torch.compiler.disable  # a counter torch.compile would guard on, recompiling at every call
     def _watch_sphere(self) -> None:
         """Warn once per model (a ``UserWarning``) when a training forward finds sphere weights
-        off the sphere: the optimizer stepped them without renormalizing (transformers'
-        default AdamW), which :class:`spherenet.hf.SphereCallback` or spherenet's optimizers
-        prevent. Checked every :attr:`sphere_check_every` training forwards: one read of the
-        sphere weights (a forward and backward read them three times) and one host
+        off the sphere: changed other than by an optimizer step (after every one of which
+        :meth:`normalize_sphere_weights_` runs), by hand or by an optimizer that is not a
+        ``torch.optim.Optimizer``. Checked every :attr:`sphere_check_every` training forwards:
+        one read of the sphere weights (a forward and backward read them three times) and one host
         synchronization, so under a tenth of a training step's weight traffic; an inference
         forward (eval mode or no gradients) never checks, and logits never change."""
         if self.__dict__.get("_sphere_warned") or not (self.training and torch.is_grad_enabled()):
@@ -183,7 +207,7 @@ class SpherenetModelSurface:
             self._warn_if_off_sphere()
 
     def _warn_if_off_sphere(self) -> None:
-        named = self.spherenet_model.sphere_weights()
+        named = self.sphere_weights()
         found = off_sphere(named.items())
         if found is None:
             return
@@ -191,8 +215,9 @@ class SpherenetModelSurface:
         self.__dict__["_sphere_warned"] = True
         warnings.warn(
             f"{type(self).__name__}: {count} of its {len(named)} sphere weights have left the unit sphere during "
-            f"training (|row norm - 1| up to {error:.3g} in {name!r}): the optimizer steps them without renormalizing, "
-            f"so the model is no longer an nGPT and save_pretrained will refuse it; {OFF_SPHERE_REMEDY}",
+            f"training (|row norm - 1| up to {error:.3g} in {name!r}): they were changed other than by an optimizer "
+            "step (after each of which the model renormalizes them, Section 2.6), so the model is no longer an nGPT "
+            "and save_pretrained will refuse it; put them back with model.normalize_sphere_weights_()",
             UserWarning,
             stacklevel=4,
         )

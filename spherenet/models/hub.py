@@ -4,15 +4,18 @@ A saved model is a directory (or a Hub repository) holding
 
     config.json          the config dataclass's fields, plus ``model_type`` ("spherenet-ngpt" /
                          "spherenet-gpt"), ``architectures`` (["NGPT"] / ["GPT"]),
-                         ``spherenet_version`` and ``auto_map`` (transformers' classes)
+                         ``spherenet_version`` and ``auto_map`` (transformers' classes); an
+                         export saved again by transformers also has transformers' own keys
+                         (``TRANSFORMERS_KEYS``), which loading passes over
     model.safetensors    the model's state dict, tensor names as in ``model.state_dict()``; or,
                          saved with ``max_shard_size``, shards ``model-0000i-of-0000n.safetensors``
                          and their index ``model.safetensors.index.json`` (transformers' layout)
-    configuration_spherenet.py, modeling_spherenet.py
+    configuration_spherenet.py, guards_spherenet.py, modeling_spherenet.py
                          the portable model code (:mod:`spherenet.hf.portable`: its config classes,
-                         and its model classes, which import them; torch and transformers only), so
-                         that transformers' ``AutoModelForCausalLM.from_pretrained(dir,
-                         trust_remote_code=True)`` loads the model where spherenet is not installed
+                         the sphere's guards, and its model classes, which import both; torch and
+                         transformers only), so that transformers'
+                         ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``
+                         loads the model where spherenet is not installed
     sha256sums.json      the size and sha256 of the files above (every shard and the index too) (the
                          entries of a checkpoint's manifest): a damaged file is refused on load with
                          an error naming it; a directory without it (saved by hand, or before it
@@ -71,6 +74,7 @@ from .hub_layout import (
     METADATA_KEYS,
     MODELING_NAME,
     PORTABLE_MODELING,
+    TRANSFORMERS_KEYS,
     PretrainedFileWarning,
     auto_map,
     exported_model_type,
@@ -362,7 +366,7 @@ class HubMixin:
                 f"{config_file} describes model_type {model_type!r}, not {expected!r}: load it with "
                 f"{other.__name__ if other else 'the class that saved it'}.from_pretrained"
             )
-        fields = {k: v for k, v in values.items() if k not in METADATA_KEYS}
+        fields = {k: v for k, v in values.items() if k not in METADATA_KEYS + TRANSFORMERS_KEYS}
         try:
             return cls.config_from_dict(fields, str(config_file))
         except ValueError as exc:

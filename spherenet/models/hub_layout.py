@@ -18,9 +18,11 @@ __all__ = [
     "MANIFEST_NAME",
     "MODELING_NAME",
     "CONFIGURATION_NAME",
+    "GUARDS_NAME",
     "PORTABLE_CODE",
     "PORTABLE_MODELING",
     "METADATA_KEYS",
+    "TRANSFORMERS_KEYS",
     "PretrainedFileWarning",
     "exported_model_type",
     "auto_map",
@@ -31,17 +33,41 @@ __all__ = [
 
 CONFIG_NAME = "config.json"
 MANIFEST_NAME = "sha256sums.json"
-MODELING_NAME = "modeling_spherenet.py"  # the model classes; imports the configuration file
+MODELING_NAME = "modeling_spherenet.py"  # the model classes; imports the two files below
 CONFIGURATION_NAME = "configuration_spherenet.py"  # the config classes
+GUARDS_NAME = "guards_spherenet.py"  # the sphere's guards and the export's files on save and load
 # keys config.json holds besides the config's fields
 METADATA_KEYS = ("model_type", "architectures", "spherenet_version", "auto_map")
+# keys transformers writes into config.json besides the model's fields (its PretrainedConfig's fields, the
+# transformers classes' use_cache and tie_word_embeddings, the token ids Trainer copies from a tokenizer): an
+# export saved again by transformers has them. None changes what the model computes (spherenet's models are
+# untied; the cache and the token ids are generation's), so a loader passes over them.
+TRANSFORMERS_KEYS = (
+    "transformers_version",
+    "_name_or_path",
+    "dtype",
+    "torch_dtype",
+    "use_cache",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "id2label",
+    "label2id",
+    "problem_type",
+)
 
 # The portable model code (torch and transformers only), written into every export under the names it has
-# here (the modeling file imports the configuration file by that name). Read by path: models may not
+# here (the modeling file imports the other two by those names). Read by path: models may not
 # import hf, and importing spherenet.hf would need transformers.
 PORTABLE_CODE = Path(__file__).resolve().parents[1] / "hf" / "portable"
 PORTABLE_MODELING = PORTABLE_CODE / MODELING_NAME
-_PORTABLE_NAMES = (CONFIGURATION_NAME, MODELING_NAME)
+_PORTABLE_NAMES = (CONFIGURATION_NAME, GUARDS_NAME, MODELING_NAME)
 
 
 class PretrainedFileWarning(UserWarning):

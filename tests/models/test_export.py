@@ -138,6 +138,7 @@ def test_a_saved_model_carries_a_manifest_of_its_files(safetensors_torch, tmp_pa
     assert sorted(manifest["files"]) == [
         "config.json",
         "configuration_spherenet.py",
+        "guards_spherenet.py",
         "model.safetensors",
         "modeling_spherenet.py",
     ]
@@ -285,7 +286,14 @@ def test_push_to_hub_uploads_the_saved_files(safetensors_torch, monkeypatch):
         (
             "upload_folder",
             "someone/gpt-tiny",
-            ["config.json", "configuration_spherenet.py", "model.safetensors", "modeling_spherenet.py", MANIFEST_NAME],
+            [
+                "config.json",
+                "configuration_spherenet.py",
+                "guards_spherenet.py",
+                "model.safetensors",
+                "modeling_spherenet.py",
+                MANIFEST_NAME,
+            ],
         ),
     ]
 

@@ -3,8 +3,6 @@ contract (padding, positions, Cache, labels, inputs_embeds, logits_to_keep), gen
 pipelines, and what a directory that is not an export gets."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,6 +10,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from fresh_python import run_script  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, TextStreamer, pipeline  # noqa: E402
 
 import spherenet.hf as shf  # noqa: E402
@@ -66,7 +65,11 @@ def test_export_carries_auto_map_modeling_file_and_card(exported):
             "AutoConfig": f"configuration_spherenet.Spherenet{cls.__name__}Config",
             "AutoModelForCausalLM": f"modeling_spherenet.Spherenet{cls.__name__}ForCausalLM",
         }
-        for name in ("configuration_spherenet.py", "modeling_spherenet.py"):  # the portable code: no spherenet import
+        for name in (
+            "configuration_spherenet.py",
+            "guards_spherenet.py",
+            "modeling_spherenet.py",
+        ):  # no spherenet import
             code = (directory / name).read_text()
             assert code == PORTABLE_MODELING.with_name(name).read_text() and "import spherenet" not in code
         assert "trust_remote_code=True" in (directory / "README.md").read_text()
@@ -188,19 +191,13 @@ def test_sampling_beam_search_streamer_and_pipeline(exported, capsys):
 # transformers alone (spherenet unimportable, so its classes are not registered): how many times
 # AutoTokenizer asks whether to run the export's code (stdin answered "n"), and what it loads
 _TOKENIZER_PROMPTS = """
-import builtins, importlib.abc, json, sys
+import builtins, json, sys
 
-class NoSpherenet(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "spherenet":
-            raise ImportError(name)
-
-sys.meta_path.insert(0, NoSpherenet())
 asked = []
 builtins.input = lambda prompt="": asked.append(prompt) or "n"
 from transformers import AutoTokenizer
 
-directory, how = sys.argv[1], json.loads(sys.argv[2])
+directory, how = json.loads(sys.argv[1])
 tokenizer = AutoTokenizer.from_pretrained(directory, **how)
 print("RESULT", json.dumps({"asked": len(asked), "ids": tokenizer("Hello").input_ids, "eos": tokenizer.eos_token}))
 """
@@ -213,30 +210,92 @@ def test_auto_tokenizer_asks_about_the_exports_code_unless_told_and_loads_the_by
     """What the README says to pass: transformers 5's AutoTokenizer reads config.json through AutoConfig
     (whose ``auto_map`` names the export's code) before the tokenizer's own files, so without
     ``trust_remote_code`` it asks; either value loads the same fast tokenizer without asking."""
-    result = subprocess.run(
-        [sys.executable, "-I", "-c", _TOKENIZER_PROMPTS, str(exported[NGPT]), json.dumps(how)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.rpartition("RESULT ")[2])
+    out = run_script(_TOKENIZER_PROMPTS, [str(exported[NGPT]), how], tmp_path, spherenet=False, timeout=120)
     assert out == {"asked": asked, "ids": list(b"Hello"), "eos": "<0xFF>"}
 
 
-@pytest.mark.slow
-def test_trust_remote_code_loads_an_export_in_a_fresh_process(exported):
-    """transformers alone imported: the export's modeling file brings in spherenet.hf."""
-    code = (
-        "import sys, torch\n"
-        "from transformers import AutoModelForCausalLM\n"
-        f"m = AutoModelForCausalLM.from_pretrained({str(exported[GPT])!r}, trust_remote_code=True)\n"
-        "print(type(m).__name__, m(torch.tensor([[1, 2, 3]])).logits.shape[-1])\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["SpherenetGPTForCausalLM", str(VOCAB)]
+# spherenet installed, nothing of it imported: the README's first call, then spherenet's tools on what it returns
+_EXPORT_BEFORE_SPHERENET = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+
+ngpt, gpt, ids = json.loads(sys.argv[1])
+model = AutoModelForCausalLM.from_pretrained(ngpt, trust_remote_code=True)
+baseline = AutoModelForCausalLM.from_pretrained(gpt, trust_remote_code=True)
+result = {"classes": [f"{type(m).__module__}.{type(m).__name__}" for m in (model, baseline)]}
+result["config"] = f"{type(model.config).__module__}.{type(model.config).__name__}"
+result["config_auto_class"] = type(model.config)._auto_class
+with torch.no_grad():
+    result["logits"] = model(torch.tensor(ids)).logits.tolist()
+from peft import get_peft_model
+from spherenet.hf import SphereCallback
+from spherenet.hf.lora import sphere_lora_config
+
+SphereCallback().on_train_begin(None, None, None, model=model)  # refuses a model that declares no sphere weights
+model.gradient_checkpointing_enable()
+result["checkpointing"] = model.is_gradient_checkpointing
+model.resize_token_embeddings(model.config.vocab_size + 8)
+result["vocab_size"] = model.config.vocab_size
+try:
+    AutoModelForCausalLM.from_pretrained(ngpt, trust_remote_code=True, attn_implementation="eager")
+except ValueError as error:
+    result["eager"] = str(error)
+adapted = get_peft_model(model, sphere_lora_config(model, r=2))
+result["lora"] = sorted({type(m).__name__ for m in adapted.modules() if hasattr(m, "lora_A")})
+print("RESULT", json.dumps(result))
+"""
+
+
+def test_an_export_loaded_before_spherenet_is_imported_is_spherenets_class(exported, tmp_path):
+    """Where spherenet is installed, the export's code is spherenet's classes whatever was imported
+    first: every spherenet tool takes the model, and it behaves as spherenet's."""
+    ids = [[1, 2, 3, 4, 5]]
+    out = run_script(_EXPORT_BEFORE_SPHERENET, [str(exported[NGPT]), str(exported[GPT]), ids], tmp_path, True)
+    assert out["classes"] == ["spherenet.hf.modeling.SpherenetNGPTForCausalLM", "spherenet.hf.modeling.SpherenetGPTForCausalLM"]  # fmt: skip  # one expectation a line
+    assert out["config"] == "spherenet.hf.configuration.SpherenetNGPTConfig" and out["config_auto_class"] is None
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(out["logits"]), tiny(NGPT)(torch.tensor(ids)), atol=1e-5, rtol=0)
+    assert out["checkpointing"] is True and out["vocab_size"] == VOCAB + 8
+    assert "attn_implementation='eager' is not supported" in out["eager"]
+    assert out["lora"] == ["SphereLoraLinear"]
+
+
+# spherenet installed, but its transformers module does not import (as with a transformers it does not support)
+_SPHERENET_HF_BROKEN = """
+import importlib.abc, json, sys, warnings
+
+class BrokenHf(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "spherenet.hf":
+            raise ImportError("spherenet.hf needs transformers>=5.24,<6; installed: transformers 9.0")
+
+sys.meta_path.insert(0, BrokenHf())
+import torch
+from transformers import AutoModelForCausalLM
+
+directory, ids = json.loads(sys.argv[1])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("default")  # as a user sees warnings: once where they are raised
+    model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+with torch.no_grad():
+    logits = model(torch.tensor(ids)).logits.tolist()
+print("RESULT", json.dumps({
+    "class": type(model).__module__.rpartition(".")[2] + "." + type(model).__name__,
+    "warned": [str(w.message) for w in caught if "spherenet" in str(w.message)],
+    "logits": logits,
+}))
+"""
+
+
+def test_where_spherenet_hf_does_not_import_the_exports_own_classes_run_and_say_why(exported, tmp_path):
+    ids = [[1, 2, 3, 4, 5]]
+    out = run_script(_SPHERENET_HF_BROKEN, [str(exported[NGPT]), ids], tmp_path, spherenet=True)
+    assert out["class"] == "modeling_spherenet.SpherenetNGPTForCausalLM"
+    assert len(out["warned"]) == 1 and "installed: transformers 9.0" in out["warned"][0], out["warned"]
+    assert "the export's own classes run, which spherenet's tools do not take" in out["warned"][0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(out["logits"]), tiny(NGPT)(torch.tensor(ids)), atol=1e-5, rtol=0)
 
 
 def test_save_pretrained_writes_the_export_layout(tmp_path):
@@ -245,6 +304,7 @@ def test_save_pretrained_writes_the_export_layout(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "config.json",
         "configuration_spherenet.py",
+        "guards_spherenet.py",
         "model.safetensors",
         "modeling_spherenet.py",
         "sha256sums.json",
@@ -433,6 +493,25 @@ def test_transformers_config_declares_every_field_of_spherenets(hf_class, config
 
     declared = {f.name for f in dataclasses.fields(hf_class)} - {f.name for f in dataclasses.fields(PretrainedConfig)}
     assert declared - {"use_cache", "tie_word_embeddings"} == {f.name for f in dataclasses.fields(config_class)}
+
+
+@pytest.mark.parametrize(
+    "hf_class, config_class",
+    [(shf.SpherenetNGPTConfig, NGPTConfig), (shf.SpherenetGPTConfig, GPTConfig)],
+    ids=["ngpt", "gpt"],
+)
+def test_spherenets_loader_passes_over_every_key_transformers_writes_and_no_field_of_its_own(hf_class, config_class):
+    """What transformers' ``to_dict`` writes besides spherenet's fields and config.json's metadata is
+    in ``TRANSFORMERS_KEYS``, which names none of spherenet's fields."""
+    import dataclasses
+
+    from spherenet.models.hub_layout import METADATA_KEYS, TRANSFORMERS_KEYS
+
+    config = hf_class.from_spherenet_config(tiny(NGPT if config_class is NGPTConfig else GPT).config)
+    config.pad_token_id = config.eos_token_id = config.bos_token_id = 0  # what Trainer copies from a tokenizer
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    assert set(config.to_dict()) - fields - set(METADATA_KEYS) <= set(TRANSFORMERS_KEYS)
+    assert not fields & set(TRANSFORMERS_KEYS)
 
 
 @pytest.mark.parametrize("cls", [NGPT, GPT])

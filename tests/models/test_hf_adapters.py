@@ -4,6 +4,7 @@ transformers' ``model.load_adapter(dir)`` and peft's ``AutoPeftModelForCausalLM`
 with the saved adapter's logits exactly."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -118,6 +119,28 @@ def test_auto_peft_model_loads_the_recorded_base_with_the_adapters_config(export
     # without config= peft cannot know spherenet's layer: it refuses the SphereLinear by name
     with pytest.raises(ValueError, match="SphereLinear"), pytest.warns(UserWarning, match="spherenet_lora"):
         peft.AutoPeftModelForCausalLM.from_pretrained(adapter, **how)
+
+
+def test_an_adapter_of_a_base_loaded_by_a_relative_path_loads_from_another_directory_offline(
+    export, tmp_path, monkeypatch
+):
+    """peft records the base as the model's ``name_or_path``: the export's absolute path, however it
+    was typed, so AutoPeftModelForCausalLM finds it from any working directory without the Hub."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # a miss fails now, not after retries
+    monkeypatch.chdir(export.parent)
+    expected = save_adapter(export.name, tmp_path / "adapter")  # the base typed as a relative path
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(export)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    adapter = os.path.relpath(tmp_path / "adapter")
+    with pytest.warns(UserWarning, match="spherenet_lora"):  # peft's own read of the saved file (see above)
+        loaded = peft.AutoPeftModelForCausalLM.from_pretrained(
+            adapter, config=adapter_config(adapter), import_allowlist=["spherenet"]
+        )
+    torch.testing.assert_close(loaded(input_ids=IDS).logits, expected, rtol=0, atol=0)
 
 
 def test_auto_model_from_pretrained_refuses_an_adapter_directory_in_one_line(export, tmp_path):

@@ -164,3 +164,22 @@ def test_an_export_has_a_pad_token_for_batched_generation(tmp_path):
     for row, text in zip(out, texts):
         prompt = torch.tensor([tokenizer(text)["input_ids"]])
         assert row[width:].tolist() == reference.generate(prompt, 6, temperature=0)[0, prompt.shape[1] :].tolist()
+
+
+@MODELS
+def test_num_parameters_leaves_out_the_input_embedding_as_transformers_counts(cls, tmp_path):
+    """transformers' ``num_parameters(exclude_embeddings=True)`` leaves out its models' input
+    embedding: so does spherenet's class (nGPT's is a SphereEmbedding, not an nn.Embedding), and
+    both counts equal the export's own class's."""
+    from spherenet.hf.portable import modeling_spherenet as portable
+
+    model = hf(tiny(cls))
+    total = sum(p.numel() for p in model.parameters())
+    assert model.num_parameters() == total
+    assert model.num_parameters(exclude_embeddings=True) == total - VOCAB * 32
+    model.spherenet_model.save_pretrained(tmp_path)
+    exported = getattr(portable, type(model).__name__).from_pretrained(tmp_path)
+    for exclude in (False, True):
+        assert exported.num_parameters(exclude_embeddings=exclude) == model.num_parameters(exclude_embeddings=exclude)
+    model.embed_out.weight.requires_grad_(False)
+    assert model.num_parameters(only_trainable=True, exclude_embeddings=True) == total - 2 * VOCAB * 32

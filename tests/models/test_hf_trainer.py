@@ -1,5 +1,6 @@
-"""nGPT under transformers' Trainer: it stays on the sphere with spherenet.hf.SphereCallback or
-spherenet's optimizers, drift without them warns once and is refused on save with the remedy,
+"""nGPT under transformers' Trainer: it stays on the sphere with Trainer's defaults (the model
+renormalizes after every optimizer step), spherenet.hf.SphereCallback or spherenet's optimizers;
+weights off the sphere anyway warn once and are refused on save with the remedy,
 and the model saves through transformers' own entry points (Trainer.save_model, checkpoints and
 resume, push_to_hub with the Hub replaced by a local recorder, save_pretrained's arguments)."""
 
@@ -22,7 +23,7 @@ from spherenet.hf import SphereCallback, SpherenetGPTForCausalLM, SpherenetNGPTF
 from spherenet.manifolds import Sphere  # noqa: E402
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, PretrainedFileError  # noqa: E402
 from spherenet.models.hub import INDEX_NAME, MANIFEST_NAME  # noqa: E402
-from spherenet.optim import build_optimizer, normalize_  # noqa: E402
+from spherenet.optim import build_optimizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,41 +87,70 @@ def test_trainer_keeps_ngpt_on_the_sphere(way, tmp_path):
     torch.testing.assert_close(loaded(ids).logits, model.eval()(ids).logits, atol=1e-5, rtol=0)
 
 
-def test_default_adamw_drift_warns_once_and_save_names_the_remedy(tmp_path):
-    """Trainer's own AdamW moves the rows off the sphere: one UserWarning naming the remedies;
-    save_pretrained then refuses in one message (not a list of every tensor) saying how to put
-    them back, and does after normalize_."""
+def test_trainer_with_its_defaults_keeps_ngpt_on_the_sphere_as_sphere_callback_does(tmp_path):
+    """Trainer's own AdamW and nothing else: the model follows every optimizer step with the
+    paper's normalization (Section 2.6), so the run is SphereCallback's (the same losses and
+    weights), nothing warns, and every checkpoint is written."""
+    runs = {}
+    for way, options in (("defaults", {}), ("callback", {"callbacks": [SphereCallback()]})):
+        model, args = tiny_ngpt(), arguments(tmp_path / way, save_strategy="steps", save_steps=12)
+        _, losses, caught = train(model, args, **options)
+        assert sphere_error(model) < 1e-5 and sphere_warnings(caught) == []
+        runs[way] = model, losses
+    (defaults, losses), (callback, callback_losses) = runs["defaults"], runs["callback"]
+    assert losses == pytest.approx(callback_losses, abs=1e-6) and losses[-1] < losses[0] - 0.2
+    for (name, a), b in zip(defaults.named_parameters(), callback.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+    ids = dataset()[0]["input_ids"][None]
+    for step in (12, 24):
+        loaded = SpherenetNGPTForCausalLM.from_pretrained(tmp_path / "defaults" / f"checkpoint-{step}")
+        assert sphere_error(loaded) < 1e-5
+    torch.testing.assert_close(loaded(ids).logits, defaults.eval()(ids).logits, atol=1e-6, rtol=0)
+
+
+def off_the_sphere_by_hand(model) -> None:
+    """Every sphere weight scaled: what no optimizer step did (the model would have renormalized it)."""
+    with torch.no_grad():
+        for weight in model.sphere_weights().values():
+            weight.mul_(1.5)
+
+
+def test_weights_off_the_sphere_warn_in_training_and_save_names_the_remedy(tmp_path):
+    """Weights changed by hand: a training forward warns once naming the remedy; save_pretrained
+    then refuses in one message (not a list of every tensor) saying how to put them back, and
+    saves after it."""
     model = tiny_ngpt()
-    trainer, losses, caught = train(model, arguments(tmp_path))
-    assert sphere_error(model) > 1e-3  # it did leave the sphere
+    off_the_sphere_by_hand(model)
+    ids = dataset()[1]["input_ids"][None]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(model.sphere_check_every):
+            model(ids, labels=ids).loss.backward()
     found = sphere_warnings(caught)
-    assert len(found) == 1, found
-    assert "SphereCallback" in found[0] and "build_optimizer" in found[0] and "normalize_(model)" in found[0]
+    assert len(found) == 1 and "model.normalize_sphere_weights_()" in found[0], found
     with pytest.raises(PretrainedFileError) as info:
-        trainer.save_model(str(tmp_path / "saved"))
+        model.save_pretrained(tmp_path / "saved")
     message = str(info.value)
     assert "\n" not in message and message.count(".weight'") == 1, message
     assert "16 of its 16 sphere weights have left the unit sphere" in message
-    assert "spherenet.optim.normalize_(model)" in message and "SphereCallback" in message
+    assert "spherenet.optim.normalize_(model)" in message
     assert not (tmp_path / "saved" / "model.safetensors").exists()
-    normalize_(model)
+    model.normalize_sphere_weights_()
     model.save_pretrained(tmp_path / "saved")
     assert SpherenetNGPTForCausalLM.from_pretrained(tmp_path / "saved") is not None
 
 
 def test_drift_warning_is_once_per_model_and_only_in_training(tmp_path):
-    """A plain AdamW loop warns once per model instance; eval forwards (drifted or not) never
-    check, and their logits are those of spherenet's model."""
+    """A model off the sphere warns once per model instance; eval forwards (drifted or not)
+    never check, and their logits are those of spherenet's model."""
     ids = dataset()[1]["input_ids"][None]
     for _ in range(2):  # each new model warns again, once
         model = tiny_ngpt()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        off_the_sphere_by_hand(model)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for _ in range(40):
+            for _ in range(4 * model.sphere_check_every):
                 model(ids, labels=ids).loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
         assert len(sphere_warnings(caught)) == 1
     model.eval()
     checks = model.__dict__.get("_training_forwards")
@@ -182,6 +212,53 @@ def test_trainer_checkpoints_resume_and_continue_the_run(way, tmp_path):
     for (name, a), b in zip(straight.model.named_parameters(), resumed_model.parameters()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
     assert sphere_error(resumed_model) < 1e-5
+
+
+class Killed(Exception):
+    """The process ended here, as by kill -9: nothing after it is written."""
+
+
+def test_resume_after_a_kill_while_saving_continues_from_the_last_complete_checkpoint(tmp_path, monkeypatch):
+    """A run killed while Trainer writes checkpoint-10 (the model's files and sha256sums.json are
+    there, trainer_state.json is not): ``resume_from_checkpoint=True`` passes over it, saying so in
+    one line, and continues from checkpoint-5 exactly: the losses of steps 10 and 15 are those of the
+    run that was never stopped."""
+    from transformers import Trainer
+
+    options = dict(max_steps=15, save_steps=5, save_strategy="steps", logging_steps=5)
+    _, losses, _ = train(tiny_ngpt(), arguments(tmp_path / "straight", **options))
+    save_rest = Trainer._save_optimizer_and_scheduler
+
+    def killed_at_step_10(trainer, output_dir):
+        if output_dir.endswith("checkpoint-10"):
+            raise Killed
+        save_rest(trainer, output_dir)
+
+    monkeypatch.setattr(Trainer, "_save_optimizer_and_scheduler", killed_at_step_10)
+    with pytest.raises(Killed):
+        train(tiny_ngpt(), arguments(tmp_path / "run", **options))
+    monkeypatch.undo()
+    stopped = tmp_path / "run" / "checkpoint-10"
+    assert (stopped / "model.safetensors").is_file() and (stopped / MANIFEST_NAME).is_file()
+    assert not (stopped / "trainer_state.json").exists()
+    resumed, resumed_losses, caught = train(tiny_ngpt(seed=1), arguments(tmp_path / "run", **options), resume=True)
+    passed_over = [str(w.message) for w in caught if "checkpoint-10" in str(w.message)]
+    assert len(passed_over) == 1 and "\n" not in passed_over[0] and "checkpoint-5" in passed_over[0], passed_over
+    assert resumed.state.global_step == 15
+    assert resumed_losses == pytest.approx(losses, abs=1e-6)
+
+
+def test_resume_with_no_complete_checkpoint_stops_in_one_line_naming_the_incomplete_ones(tmp_path):
+    from transformers import Trainer
+
+    run = tmp_path / "run"
+    train(tiny_ngpt(), arguments(run, max_steps=5, save_steps=5, save_strategy="steps"))
+    (run / "checkpoint-5" / "trainer_state.json").unlink()
+    trainer = Trainer(model=tiny_ngpt(), args=arguments(run, max_steps=10), train_dataset=dataset())
+    with pytest.raises(ValueError) as info:
+        trainer.train(resume_from_checkpoint=True)
+    message = str(info.value)
+    assert "\n" not in message and "checkpoint-5" in message and "trainer_state.json" in message, message
 
 
 def test_save_pretrained_takes_transformers_arguments_and_shards(tmp_path):

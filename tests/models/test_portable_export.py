@@ -1,17 +1,17 @@
-"""The portable model code of an export (spherenet/hf/portable/: configuration_spherenet.py and
-modeling_spherenet.py, written into every export under those names): it needs torch and transformers only, and computes spherenet's logits for every option an export can carry, through
+"""The portable model code of an export (spherenet/hf/portable/: configuration_spherenet.py,
+guards_spherenet.py and modeling_spherenet.py, written into every export under those names): it needs torch and transformers only, and computes spherenet's logits for every option an export can carry, through
 transformers' inputs (padding, positions, cache), generate and pipeline."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
+
+from fresh_python import run_script  # noqa: E402
 
 from recipes.checkpoints import Trained  # noqa: E402
 from recipes.export import export  # noqa: E402
@@ -222,6 +222,7 @@ def test_a_config_the_file_cannot_compute_is_refused_in_one_line(key, value, tmp
     values = json.loads((tmp_path / "config.json").read_text())
     values[key] = value
     (tmp_path / "config.json").write_text(json.dumps(values))
+    write_manifest(tmp_path, ("config.json", "model.safetensors"))  # edited on purpose: the manifest agrees
     with pytest.raises(ValueError, match=f"spherenet-ngpt config: {key}") as error:
         portable.SpherenetNGPTForCausalLM.from_pretrained(tmp_path)
     assert "\n" not in str(error.value)
@@ -242,6 +243,30 @@ def test_config_classes_read_every_key_of_an_export_and_keep_transformers_defaul
     assert bare.update == "lerp" and bare.s_qk == portable_config.SCALINGS["s_qk"] and bare.head_dim is None
 
 
+@pytest.mark.parametrize("cls", [NGPT, GPT], ids=["ngpt", "gpt"])
+@torch.no_grad()
+def test_an_export_saved_again_by_transformers_loads_in_spherenet_with_the_same_logits(cls, tmp_path):
+    """transformers' own config fields (its version, dtype, use_cache, the token ids Trainer copies
+    from a tokenizer) are not another spherenet version's: spherenet's loader, its transformers
+    class and AutoModelForCausalLM read the re-saved export, and compute the export's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from spherenet.models import load_pretrained
+
+    reference = spherenet_model(cls, {"n_kv_heads": 2})
+    model = portable_export(reference, tmp_path / "export")
+    model.config.pad_token_id, model.config.eos_token_id = 0, VOCAB - 1  # as Trainer aligns them with a tokenizer
+    model.save_pretrained(tmp_path / "resaved")  # transformers' PreTrainedModel.save_pretrained
+    written = json.loads((tmp_path / "resaved" / "config.json").read_text())
+    assert {"transformers_version", "dtype", "use_cache", "tie_word_embeddings", "pad_token_id"} <= set(written)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(6))
+    expected = reference(ids)
+    hf_class = SpherenetNGPTForCausalLM if cls is NGPT else SpherenetGPTForCausalLM
+    torch.testing.assert_close(load_pretrained(tmp_path / "resaved")(ids), expected, atol=0, rtol=0)
+    for loader in (hf_class.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        torch.testing.assert_close(loader(tmp_path / "resaved")(ids).logits, expected, atol=0, rtol=0)
+
+
 def remote_class(directory, class_ref):
     """The class ``class_ref`` of ``directory``'s own code, loaded as transformers' remote code
     (what ``trust_remote_code=True`` runs where spherenet's classes are not registered)."""
@@ -251,17 +276,25 @@ def remote_class(directory, class_ref):
 
 
 PORTABLE_CONFIGURATION_FILE = PORTABLE_MODELING_FILE.with_name("configuration_spherenet.py")
+PORTABLE_GUARDS_FILE = PORTABLE_MODELING_FILE.with_name("guards_spherenet.py")
 
 
 def single_file_export(reference, directory):
-    """``reference`` saved as exports were before the portable code was split in two: one
-    self-contained ``modeling_spherenet.py`` that config.json's ``auto_map`` names for both classes."""
+    """``reference`` saved as exports were before the portable code was split: one self-contained
+    ``modeling_spherenet.py`` that config.json's ``auto_map`` names for both classes."""
     reference.save_pretrained(directory)
-    modeling = PORTABLE_MODELING_FILE.read_text().replace(
-        "from .configuration_spherenet import SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig\n", ""
+    relative_imports = (
+        "from .configuration_spherenet import SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig, installed_spherenet\n",
+        "from .guards_spherenet import SphereGuards, keep_on_sphere\n",
     )
-    (directory / "modeling_spherenet.py").write_text(PORTABLE_CONFIGURATION_FILE.read_text() + modeling)
+    modeling = PORTABLE_MODELING_FILE.read_text()
+    for line in relative_imports:
+        assert line in modeling
+        modeling = modeling.replace(line, "")
+    code = PORTABLE_CONFIGURATION_FILE.read_text() + PORTABLE_GUARDS_FILE.read_text() + modeling
+    (directory / "modeling_spherenet.py").write_text(code)
     (directory / "configuration_spherenet.py").unlink()
+    (directory / "guards_spherenet.py").unlink()
     values = json.loads((directory / "config.json").read_text())
     values["auto_map"] = {k: "modeling_spherenet." + v.partition(".")[2] for k, v in values["auto_map"].items()}
     (directory / "config.json").write_text(json.dumps(values, indent=2))
@@ -284,13 +317,14 @@ def test_an_export_written_before_the_split_still_loads_and_write_portable_model
     write_portable_modeling(updated)
     assert (updated / "modeling_spherenet.py").read_text() == PORTABLE_MODELING_FILE.read_text()
     assert (updated / "configuration_spherenet.py").read_text() == PORTABLE_CONFIGURATION_FILE.read_text()
+    assert (updated / "guards_spherenet.py").read_text() == PORTABLE_GUARDS_FILE.read_text()
     assert json.loads((updated / "config.json").read_text())["auto_map"] == {
         "AutoConfig": "configuration_spherenet.SpherenetNGPTConfig",
         "AutoModelForCausalLM": "modeling_spherenet.SpherenetNGPTForCausalLM",
     }
     torch.testing.assert_close(NGPT.from_pretrained(updated)(ids), reference(ids))  # the rewritten manifest checks out
     remote = remote_class(updated, "modeling_spherenet.SpherenetNGPTForCausalLM")  # its relative import resolves
-    assert remote.config_class.__module__.endswith(".configuration_spherenet")
+    assert remote is SpherenetNGPTForCausalLM  # spherenet is installed here: the export's code gives its classes
     assert remote_class(updated, "configuration_spherenet.SpherenetNGPTConfig").from_pretrained(updated).d_model == 16
     torch.testing.assert_close(remote.from_pretrained(updated)(ids).logits, reference(ids), atol=1e-5, rtol=0)
     (updated / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -309,13 +343,13 @@ def test_write_portable_modeling_keeps_every_file_the_manifest_listed(tmp_path):
     write_manifest(export, names)
     write_portable_modeling(export)
     listed = set(json.loads((export / "sha256sums.json").read_text())["files"])
-    assert listed == set(names) | {"configuration_spherenet.py", "modeling_spherenet.py"}
+    assert listed == set(names) | {"configuration_spherenet.py", "guards_spherenet.py", "modeling_spherenet.py"}
     assert any(name.startswith("model-0000") for name in listed)
     ids = torch.tensor([[1, 2, 3]])
     torch.testing.assert_close(NGPT.from_pretrained(export)(ids), reference(ids))
 
 
-def test_portable_code_imports_nothing_but_torch_transformers_the_standard_library_and_its_config():
+def test_portable_code_imports_nothing_but_torch_transformers_the_standard_library_and_its_own_files():
     import ast
 
     def imports(path):
@@ -323,21 +357,17 @@ def test_portable_code_imports_nothing_but_torch_transformers_the_standard_libra
         found = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         return found | {"." * n.level + n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
 
-    assert imports(PORTABLE_MODELING_FILE) == {"math", "typing", "torch", "transformers", ".configuration_spherenet"}
-    assert imports(PORTABLE_CONFIGURATION_FILE) == {"math", "typing", "transformers"}
+    own = {".configuration_spherenet", ".guards_spherenet"}
+    assert imports(PORTABLE_MODELING_FILE) == {"math", "typing", "torch", "transformers"} | own
+    assert imports(PORTABLE_CONFIGURATION_FILE) == {"importlib", "math", "typing", "transformers", "warnings"}
+    standard = {"hashlib", "json", "math", "os", "shutil", "typing", "warnings", "weakref"}
+    assert imports(PORTABLE_GUARDS_FILE) == standard | {"torch", "transformers"}
 
 
-# Run in a fresh interpreter, isolated (-I: no PYTHONPATH, no script directory), from outside the
-# repository, with spherenet made unimportable; prints what the parent compares.
+# Run where spherenet cannot be imported (fresh_python.run_script); prints what the parent compares.
 _WITHOUT_SPHERENET = """
-import importlib.abc, json, sys
+import json, sys
 
-class NoSpherenet(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "spherenet" or name.startswith("spherenet."):
-            raise ImportError(f"{name} is blocked")
-
-sys.meta_path.insert(0, NoSpherenet())
 try:
     import spherenet
     spherenet_importable = True
@@ -391,20 +421,11 @@ def test_an_export_loads_and_generates_where_spherenet_cannot_be_imported(cls, t
     shutil.copytree(directory, bad)
     values = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps({**values, "mlp": "geglu"}))
+    write_manifest(bad, ("config.json", "model.safetensors"))  # edited on purpose: the manifest agrees
     ids, short, long = [[5, 9, 200, 31, 7, 7, 64]], [[72, 101, 108]], [[1, 2, 3, 4, 5, 6]]
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    env["HF_HOME"] = str(tmp_path / "hf_home")
-    result = subprocess.run(
-        [sys.executable, "-I", "-c", _WITHOUT_SPHERENET, json.dumps([str(directory), str(bad), ids, short, long])],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,  # transformers asks before running remote code it was not told to trust
-        timeout=300,
-        cwd=tmp_path,
-        env=env,
+    out = run_script(
+        _WITHOUT_SPHERENET, [str(directory), str(bad), ids, short, long], tmp_path / "run", spherenet=False
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.rpartition("RESULT ")[2])
     assert out["spherenet_importable"] is False and out["spherenet_loaded"] == []
     assert out["class"] == f"modeling_spherenet.Spherenet{cls.__name__}ForCausalLM"
     with torch.no_grad():

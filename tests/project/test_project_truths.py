@@ -210,3 +210,25 @@ def test_the_distribution_name_is_declared_once_and_every_install_hint_names_it(
     assert done.returncode in (0, 1), done.stderr
     hits = [line for line in done.stdout.splitlines() if not line.startswith("tests/project/test_project_truths.py")]
     assert not hits, "install hints naming the package index's unrelated 'spherenet':\n" + "\n".join(hits)
+
+
+# --- what each extra brings ----------------------------------------------------------------------
+
+# the packages a user of the transformers classes, PEFT, Trainer and lm-evaluation-harness installs
+EXTRA_PACKAGES = {"hf": ("transformers", "peft", "accelerate"), "eval": ("lm_eval",)}
+
+
+def test_the_readme_install_section_names_the_extras_of_transformers_peft_accelerate_and_lm_eval():
+    """Before its first section, the README says which extra brings which of these packages, as
+    pyproject.toml declares them."""
+    from spherenet.train.config_toml import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    install = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+    for extra, packages in EXTRA_PACKAGES.items():
+        declared = {re.split(r"[<>=\[ ]", requirement)[0] for requirement in extras[extra]}
+        assert set(packages) <= declared, f"pyproject.toml's [{extra}] is {extras[extra]}"
+        line = next((line for line in install.splitlines() if f"[{extra}]" in line), None)
+        assert line is not None, f"the README's install section does not name the [{extra}] extra"
+        named = {package: package.replace("_", "-") for package in packages}
+        assert all(re.search(rf"{alias}|{package}", line, re.I) for package, alias in named.items()), line

@@ -1,11 +1,11 @@
 """The portable model code of an export: nGPT and GPT as transformers classes needing torch and
-transformers only, in the two files an export carries under the names they have here,
+transformers only, in the files an export carries under the names they have here,
 :mod:`~spherenet.hf.portable.configuration_spherenet` (the config classes, config.json's
-``auto_map["AutoConfig"]``) and :mod:`~spherenet.hf.portable.modeling_spherenet` (the causal LM
-classes, ``auto_map["AutoModelForCausalLM"]``; it imports the configuration file, which
-transformers' remote code copies along), so that
-``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it where spherenet is
-not installed. ``save_pretrained`` and ``recipes.export`` write both files;
+``auto_map["AutoConfig"]``), :mod:`~spherenet.hf.portable.guards_spherenet` (the sphere's guards)
+and :mod:`~spherenet.hf.portable.modeling_spherenet` (the causal LM classes,
+``auto_map["AutoModelForCausalLM"]``; it imports the other two, which transformers' remote code
+copies along), so that ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)``
+loads it where spherenet is not installed. ``save_pretrained`` and ``recipes.export`` write them;
 :func:`write_portable_modeling` brings an export written before them (no modeling file, spherenet's
 own, or the single-file portable code) up to date.
 """
@@ -27,7 +27,7 @@ from ...models.hub_layout import (
 
 __all__ = ["PORTABLE_MODELING_FILE", "portable_auto_map", "write_portable_modeling"]
 
-#: The source written into an export as its modeling file (it imports the configuration file beside it).
+#: The source written into an export as its modeling file (it imports the other two files beside it).
 PORTABLE_MODELING_FILE = PORTABLE_MODELING
 
 # config.json's model_type -> the architecture whose classes the portable code holds

@@ -6,9 +6,15 @@ imports it.
 
 config.json's keys are spherenet's names (transformers' generic names are aliases); an option value
 the model code cannot compute is refused in one line naming the key rather than computed as another.
+
+Where spherenet is installed, an export's copy of this file and of the model code are spherenet's own
+classes (:func:`installed_spherenet`): one model, whichever of spherenet and the export was imported
+first, which every spherenet tool takes.
 """
 
+import importlib
 import math
+import warnings
 from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
@@ -139,3 +145,30 @@ class SpherenetGPTConfig(_SpherenetConfig):
     def _check_options(self) -> None:
         super()._check_options()
         self._require(_number(self.norm_eps, 0), "norm_eps", "a number > 0")
+
+
+def installed_spherenet(say_why: bool = False):
+    """spherenet's transformers module (``spherenet.hf``) where spherenet is installed and this file
+    runs as an export's code, whose classes then stand for this file's; None where spherenet is not
+    installed (this file's classes run) and in spherenet's own copy of this file. ``say_why``: a
+    spherenet that is installed but whose transformers module does not import (a transformers
+    version outside the range it supports) is named in a warning (the model code says it, once: this
+    file runs for the config and again beside the model code)."""
+    if __name__.startswith("spherenet."):
+        return None
+    try:
+        return importlib.import_module("spherenet.hf")
+    except ImportError as error:
+        if say_why and not (isinstance(error, ModuleNotFoundError) and error.name == "spherenet"):
+            warnings.warn(
+                f"spherenet is installed, but spherenet.hf does not import ({error}): the export's own classes run, "
+                "which spherenet's tools do not take",
+                UserWarning,
+                stacklevel=2,
+            )
+        return None
+
+
+SPHERENET_HF = installed_spherenet()
+if SPHERENET_HF is not None:
+    SpherenetNGPTConfig, SpherenetGPTConfig = SPHERENET_HF.SpherenetNGPTConfig, SPHERENET_HF.SpherenetGPTConfig

@@ -1,8 +1,10 @@
 """nGPT (Loshchilov et al. 2024, "nGPT: Normalized Transformer with Representation Learning on the
 Hypersphere") and its baseline GPT as transformers causal language models, needing torch and
-transformers only: an export carries this file as ``modeling_spherenet.py`` with its configs,
-``configuration_spherenet.py`` (a relative import, which transformers' remote code copies along), so
-that ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it without spherenet.
+transformers only: an export carries this file as ``modeling_spherenet.py`` with the two it imports
+(relative imports, which transformers' remote code copies along), ``configuration_spherenet.py`` (the
+configs) and ``guards_spherenet.py`` (the sphere's guards, as spherenet's classes have them), so that
+``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` loads it without spherenet.
+Where spherenet is installed, it gives spherenet's own classes, whatever was imported first.
 
 It computes what spherenet computes (its plain-torch formulas), with spherenet's module names (the
 export's model.safetensors loads as it is). Top to bottom: the layers, the blocks, the two causal LM
@@ -19,7 +21,8 @@ from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .configuration_spherenet import SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig
+from .configuration_spherenet import SpherenetGPTConfig, SpherenetNGPTConfig, _SpherenetConfig, installed_spherenet
+from .guards_spherenet import SphereGuards, keep_on_sphere
 
 # ---- Layers: each computes in float32 at least where spherenet does, and returns the input's dtype ----
 
@@ -246,7 +249,7 @@ class GPTBlock(nn.Module):
 # ---- The causal language models ----
 
 
-class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
+class _SpherenetForCausalLM(SphereGuards, PreTrainedModel, GenerationMixin):
     """``h = E_in[ids]``, the blocks, then ``logits(h)``, with transformers' inputs: a padding
     ``attention_mask`` (each row's positions counted from its first real token, so a left-padded
     row gives the logits of the row alone), ``position_ids``, a :class:`transformers.Cache`."""
@@ -288,6 +291,7 @@ class _SpherenetForCausalLM(PreTrainedModel, GenerationMixin):
         """``input_ids`` (B, T) or ``inputs_embeds``; ``attention_mask`` (B, cached + new; 1: a real token);
         ``position_ids`` (B, T); ``cache`` (or ``past_key_values``); ``labels``; ``logits_to_keep`` (0: all)."""
         c = self.config
+        self._watch_sphere()
         if past_key_values is not None and cache is not None:
             raise ValueError("pass the cache as cache= or past_key_values=, not both")
         cache = past_key_values if cache is None else cache
@@ -359,6 +363,12 @@ class SpherenetNGPTForCausalLM(_SpherenetForCausalLM):
         self.embed_out = Linear(config.d_model, config.vocab_size)
         self.s_z = Scale(config.vocab_size, config.s_z, config.d_model)
         self.post_init()
+        keep_on_sphere(self)
+
+    def sphere_weights(self) -> dict[str, torch.Tensor]:
+        """E_input, E_output and every block's attention and MLP matrices, unit rows along the
+        embedding dimension (Section 2.6; W_o and W_o_mlp are stored transposed for it)."""
+        return {f"{name}.weight": m.weight for name, m in self.named_modules() if isinstance(m, (nn.Embedding, Linear))}
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         s_z = self.s_z(h)
@@ -380,3 +390,9 @@ class SpherenetGPTForCausalLM(_SpherenetForCausalLM):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.embed_out(self.norm_out(h))
+
+
+SPHERENET_HF = installed_spherenet(say_why=True)
+if SPHERENET_HF is not None:  # spherenet is installed: its classes, which every spherenet tool takes
+    SpherenetNGPTForCausalLM = SPHERENET_HF.SpherenetNGPTForCausalLM
+    SpherenetGPTForCausalLM = SPHERENET_HF.SpherenetGPTForCausalLM
