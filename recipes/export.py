@@ -8,7 +8,7 @@ RUN is a run's ``train.out_dir``, its ``checkpoints/`` directory, or one ``step_
 the newest sound checkpoint is used unless ``--step`` picks one. OUT receives ``config.json``
 and ``model.safetensors`` (``NGPT.from_pretrained(OUT)`` / ``GPT.from_pretrained(OUT)`` or
 ``spherenet.models.load_pretrained(OUT)`` load them; with ``auto_map`` and the portable code,
-``configuration_spherenet.py`` and ``modeling_spherenet.py``, so does transformers' ``AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)``), the tokenizer's files
+``configuration_spherenet.py``, ``guards_spherenet.py`` and ``modeling_spherenet.py``, so does transformers' ``AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)``), the tokenizer's files
 (``spherenet.data.tokenizer.load_tokenizer(OUT)``, and a ``tokenizer.json`` for every tokenizer,
 which ``tokenizers`` / ``transformers`` load, with ``tokenizer_config.json`` naming its end-of-text
 token as ``eos_token``: for the byte tokenizer ``<0xFF>``, id 255, or ``<|endoftext|>``, id 256,
@@ -127,7 +127,7 @@ print(tokenizer.decode(model.generate(ids, 50)[0].tolist()))
 ```
 
 With transformers (`pip install "spherenet-torch[hf]"`; `trust_remote_code=True` runs this directory's
-`configuration_spherenet.py` and `modeling_spherenet.py`, which need torch and transformers only):
+`configuration_spherenet.py`, `guards_spherenet.py` and `modeling_spherenet.py`, which need torch and transformers only):
 
 ```python
 from transformers import AutoModelForCausalLM, pipeline
