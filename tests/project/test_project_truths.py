@@ -219,12 +219,14 @@ EXTRA_PACKAGES = {"hf": ("transformers", "peft", "accelerate"), "eval": ("lm_eva
 
 
 def test_the_readme_install_section_names_the_extras_of_transformers_peft_accelerate_and_lm_eval():
-    """Before its first section, the README says which extra brings which of these packages, as
+    """The README's install section says which extra brings which of these packages, as
     pyproject.toml declares them."""
     from spherenet.train.config_toml import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    install = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+    sections = (ROOT / "README.md").read_text().split("\n## ")
+    install = next((section for section in sections if section.startswith("Install")), None)
+    assert install is not None, "the README has no Install section"
     for extra, packages in EXTRA_PACKAGES.items():
         declared = {re.split(r"[<>=\[ ]", requirement)[0] for requirement in extras[extra]}
         assert set(packages) <= declared, f"pyproject.toml's [{extra}] is {extras[extra]}"
