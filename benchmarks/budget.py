@@ -298,6 +298,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.gpu_plan or args.size_axis:
         return args
     args.command = portable_command(shlex.join(["python", "benchmarks/budget.py", *argv]))
+    args.seeds_given = "--seeds" in argv  # a report asked for these seeds alone (budget.reported)
     args.points = [scaling.Point.parse(t) for t in args.points]
     args.budgets = sorted(set(args.budgets))
     if BASELINE not in args.arms:
@@ -382,6 +383,8 @@ def reported(args: argparse.Namespace) -> argparse.Namespace:
             join(shown, pt, budgets_of(start, pt), start.arms)
             for key in planned_at(start, pt):
                 shown.plan_seeds[key] = sorted({*shown.plan_seeds.get(key, ()), *start.seeds})
+    if args.seeds_given:  # the seeds this command names, where it plans: a report of those seeds alone
+        shown.plan_seeds.update({key: sorted(args.seeds) for pt in args.points for key in planned_at(args, pt)})
     for path in sorted(args.results.glob("steps*/runs.jsonl")):
         budget = int(path.parent.name.removeprefix("steps"))
         for point, arm, _, _ in scaling.Ledger(path).rows:

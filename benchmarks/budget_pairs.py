@@ -56,7 +56,7 @@ def paired_section(rows: list[dict], corpus: str, tokens_per_param) -> str:
     if not pairs:
         return ""
     lines = [
-        "## Update rules against LERP, paired by seed\n",
+        "\n## Update rules against LERP, paired by seed\n",
         f"Final validation loss of each rule minus LERP's (the `ngpt` arm) on the same seed, each at its own "
         f"chosen rate; {corpus} only. Mean, standard error (SE) and 95% interval (t, n - 1 degrees of "
         "freedom) of the paired differences; > 0: the rule is behind LERP. Excludes 0: the interval lies on "
@@ -75,4 +75,4 @@ def paired_section(rows: list[dict], corpus: str, tokens_per_param) -> str:
             f"| {p['point']} | {p['budget']} | {tokens_per_param(p['point'], p['budget']):.1f} | {p['rule']} | "
             f"{p['n']} | {per_seed} | {p['mean']:+.3f} | {se} | {ci} | {verdict} |"
         )
-    return "\n".join(lines) + "\n\n"
+    return "\n".join(lines) + "\n"

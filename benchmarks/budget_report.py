@@ -382,7 +382,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
             ],
             corpus=args.corpus_label,
         )
-        + "\n\n"
+        + "\n"
         + paired_section(rows, args.corpus_label, lambda point, budget: tokens_per_param(args, point, budget))
     )
     if plots:
