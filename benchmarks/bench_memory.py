@@ -28,8 +28,8 @@ What is measured:
   ``torch.cuda.max_memory_reserved()``, the most the caching allocator held from the driver
   over the whole worker (warm-up and compilation included).
 
-nGPT's eager forward uses the fused autograd functions of ``spherenet.kernels`` (``kernels.use("torch")``) (the
-default). ``--variants [plain] [checkpointed]`` adds "eager, plain autograd" (nGPT with ``kernels.use("reference")``,
+nGPT's eager forward uses the fused autograd functions of ``spherenet.kernels`` (``kernels.configure("torch")``) (the
+default). ``--variants [plain] [checkpointed]`` adds "eager, plain autograd" (nGPT with ``kernels.configure("reference")``,
 compared with GPT's eager step) and "eager, activation checkpointing" (both models,
 ``set_activation_checkpointing(True)``).
 

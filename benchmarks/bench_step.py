@@ -6,8 +6,8 @@ d_MLP (4 d), vocabulary and context (the presets ``ngpt-SIZE`` and ``gpt-SIZE`` 
 overrides); each gets its paper recipe from ``spherenet.optim.build_optimizer`` (nGPT:
 ``riemannian_adam``; GPT: ``adamw``, Table 3). "torch.compile" is ``torch.compile(model)``
 (forward and backward graphs; the optimizer step stays eager, as in training). nGPT's eager
-forward uses the fused autograd functions of ``spherenet.kernels`` (``kernels.use("torch")``) (the default);
-``--variants [plain] [checkpointed]`` adds the contenders "eager, plain autograd" (nGPT with ``kernels.use("reference")``,
+forward uses the fused autograd functions of ``spherenet.kernels`` (``kernels.configure("torch")``) (the default);
+``--variants [plain] [checkpointed]`` adds the contenders "eager, plain autograd" (nGPT with ``kernels.configure("reference")``,
 compared with GPT's eager time) and "eager, activation checkpointing" (both models,
 ``set_activation_checkpointing(True)``); ``--variants slerp riemannian tangent`` add nGPT with the
 SLERP update (eq. 6), the Riemannian update (eq. 24-26) or RiemannianAdam's moments on the
@@ -152,12 +152,14 @@ def make_step(model, optimizer, scheduler, x, y, device, dtype, mode: str = "eag
     ``mode`` (plain autograd, Triton kernels, else the fused torch functions)."""
     autocast = "bf16" if dtype == "bf16" else "off"
 
+    implementation = IMPLEMENTATION.get(mode, "torch")
+
     def step():
-        with kernels.use(IMPLEMENTATION.get(mode, "torch")):
-            with autocast_context(autocast, device):
-                logits = model(x)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            loss.backward()
+        kernels.configure(implementation)  # the contenders' steps interleave: each sets its own
+        with autocast_context(autocast, device):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

@@ -5,7 +5,8 @@ Each op has a plain-torch reference written in the algorithm's order, and beside
 implementations under the same signature (fused torch, native C++, Triton: a Triton kernel, its
 ``torch.library.custom_op``, fake and wrapper together in the op family's ``*_triton`` module,
 imported on first use). Which one runs is decided in one place, :mod:`spherenet.kernels.resolve`
-(the op's argument, a ``with use(name):`` block, the environment variable ``SPHERENET_KERNELS``).
+(the op's argument, else the setting: the environment variable ``SPHERENET_KERNELS``, or
+:func:`~spherenet.kernels.resolve.configure`), once per device type and dtype, and kept.
 The Triton kernels share the helpers of :mod:`spherenet.kernels._triton`.
 
 The layer ops (equation numbers of Loshchilov et al., "nGPT", 2024):
@@ -28,7 +29,7 @@ from .activation import relu2, swiglu
 from .linear import scaled_linear
 from .norm import normalize, qk_normalize
 from .residual import residual_update
-from .resolve import VALUES, Op, active, checkpoint, use
+from .resolve import VALUES, Op, checkpoint, configure, setting
 from .sphere_adam import SphereAdamOptions, sphere_adam_
 from .sphere_rows import normalize_rows_, sphere_muon_tail_
 
@@ -36,8 +37,8 @@ __all__ = [
     "VALUES",
     "Op",
     "resolve",
-    "use",
-    "active",
+    "configure",
+    "setting",
     "checkpoint",
     "normalize",
     "qk_normalize",

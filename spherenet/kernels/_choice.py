@@ -2,7 +2,7 @@
 takes which tensors: the resolver's per-tensor fallbacks.
 
 :func:`spherenet.kernels.resolve.resolve` names the implementation for the tensors' device type
-(the op's argument, a ``use()`` block, ``SPHERENET_KERNELS``, the op's ``auto`` table).
+(the op's argument, the setting: ``SPHERENET_KERNELS`` or ``configure()``, the op's ``auto`` table).
 :func:`assign` then sends a tensor to the op's ``"torch"`` implementation (its foreach passes)
 where the named one cannot take it: ``"native"`` on a tensor that is not on the CPU, a dtype the
 implementation does not compute in (Triton: float32, bf16, fp16, and float64 in float32 only when

@@ -47,7 +47,7 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) ->
     """``(x W^T) * scale``, one factor per output feature. ``weight`` is ``(out_features,
     in_features)``; ``scale`` is ``(out_features,)``, ``(1,)`` or a scalar."""
     try:
-        return SCALED_LINEAR.pick(x.device.type)(x, weight, scale)
+        return SCALED_LINEAR(x, weight, scale)
     except Exception:
         check_linear("scaled_linear", x, weight, scale)  # a ValueError naming the shapes, where they are the cause
         raise

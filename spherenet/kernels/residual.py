@@ -25,10 +25,11 @@ from .. import manifolds
 from .arguments import check_update
 from .norm import NORMALIZE, _normalize_values
 from .residual_fused import _lerp_values, _riemannian_values, lerp_normalize, riemannian_normalize, slerp_normalize
-from .resolve import Op, resolve
+from .resolve import Op
 
 __all__ = [
     "UPDATES",
+    "update_op",
     "residual_update",
     "normalized_update",
     "lerp_normalize",
@@ -108,40 +109,47 @@ def residual_update(update: str, h: torch.Tensor, h_block: torch.Tensor, alpha: 
         raise
 
 
-def _update_op(caller: str, update: str, h: torch.Tensor, block: torch.Tensor, alpha) -> Op:
-    """The update's op, after the checks a failure would not reveal: the name, and an ``alpha`` of
-    more than one dimension, which may broadcast past the points' shape (the definitions refuse
-    that, where the fused functions would return the larger shape; the models' alpha is one
-    dimension, which cannot)."""
+def update_op(update: str, caller: str = "update_op") -> Op:
+    """The op of the update named ``update`` (``"lerp"``, ``"slerp"``, ``"riemannian"``): what a
+    block looks up once, when it is built. A ``ValueError`` naming ``caller`` for another name."""
     op = UPDATES.get(update)
     if op is None:
         raise ValueError(f"{caller}: unknown update {update!r}; expected one of {', '.join(UPDATES)}")
+    return op
+
+
+def _update_op(caller: str, update: str | Op, h: torch.Tensor, block: torch.Tensor, alpha) -> Op:
+    """The update's op (``update``: its name or the op), after the checks a failure would not
+    reveal: the name, and an ``alpha`` of more than one dimension, which may broadcast past the
+    points' shape (the definitions refuse that, where the fused functions would return the larger
+    shape; the models' alpha is one dimension, which cannot)."""
+    op = update if isinstance(update, Op) else update_op(update, caller)
     if isinstance(alpha, torch.Tensor) and alpha.dim() > 1:
-        check_update(f"{caller}({update!r})", h, block, alpha)
+        check_update(f"{caller}({op.name!r})", h, block, alpha)
     return op
 
 
 #: the updates whose ``"torch"`` forward :func:`normalized_update` runs directly without gradients
-_FORWARD_VALUES = {"lerp": _lerp_values, "riemannian": _riemannian_values}
+_FORWARD_VALUES = {UPDATES["lerp"]: _lerp_values, UPDATES["riemannian"]: _riemannian_values}
 
 
-def normalized_update(update: str, h: torch.Tensor, block_out: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+def normalized_update(update: str | Op, h: torch.Tensor, block_out: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """``residual_update(update, h, Norm(block_out), alpha)``: a sub-block's output normalized
     (``h_A = Norm(ATTN(h))``, ``h_M = Norm(MLP(h))``) and the hidden state moved towards it (eq.
-    10, 11) in one call. Without gradients, where both ops resolve to ``"torch"``, their forward
-    values are computed directly (no autograd function, one resolution each): the same values,
-    fewer calls per token in decoding."""
+    10, 11) in one call. ``update``: the update's name or its op (:func:`update_op`, as a block
+    holds it). Without gradients, where both ops run ``"torch"``, their forward values are
+    computed directly (no autograd function): the same values, fewer calls per token in decoding."""
     op = _update_op("normalized_update", update, h, block_out, alpha)
     try:
-        values = _FORWARD_VALUES.get(update)
-        if values is not None and not torch.is_grad_enabled():
-            device = h.device.type
-            if (
-                resolve(NORMALIZE, None, device, (block_out,)) == "torch"
-                and resolve(op, None, device, (h, block_out, alpha)) == "torch"
-            ):
-                return values(h, _normalize_values(block_out, None)[0], alpha, None)[0]
+        values = _FORWARD_VALUES.get(op)
+        if (
+            values is not None
+            and not torch.is_grad_enabled()
+            and NORMALIZE.implementation_name(block_out) == "torch"
+            and op.implementation_name(h, block_out, alpha) == "torch"
+        ):
+            return values(h, _normalize_values(block_out, None)[0], alpha, None)[0]
         return op(h, NORMALIZE(block_out), alpha)
     except Exception:
-        check_update(f"normalized_update({update!r})", h, block_out, alpha)  # as residual_update
+        check_update(f"normalized_update({op.name!r})", h, block_out, alpha)  # as residual_update
         raise

@@ -17,11 +17,11 @@ An op declares its implementations in one table and what ``"auto"`` takes per de
 
 1. the op's explicit argument (the optimizer's ``sphere_kernel=``), unless ``None`` or ``"auto"``;
    an implementation the op lacks is a ``ValueError``;
-2. the innermost ``with use(name):`` block;
-3. the environment variable ``SPHERENET_KERNELS``, read once, at import (unset: ``"auto"``);
-4. ``"auto"``.
+2. the setting, :func:`setting`: ``SPHERENET_KERNELS`` as read at import (unset: ``"auto"``), or
+   what :func:`configure` set since;
+3. ``"auto"``.
 
-A name from 2 or 3 covers every op, so an op that lacks it takes its ``"auto"`` choice instead:
+The setting covers every op, so an op that lacks it takes its ``"auto"`` choice instead:
 ``SPHERENET_KERNELS=triton`` leaves the scaled linear (which has no Triton kernel: its scale is
 folded into the matmul) on ``"torch"``. ``SPHERENET_KERNELS=reference`` runs every op's plain
 reference; ``=torch`` keeps everything in torch (no C++ build, no Triton). Whether the named
@@ -30,6 +30,10 @@ kernel built) is decided here too: an op declares, per implementation, which cal
 (:attr:`Op.takes`, e.g. Triton: no float64), and a call it does not take runs the op's
 ``"torch"`` implementation; the row ops do the same tensor by tensor
 (:mod:`spherenet.kernels._choice`). An implementation never falls back on its family's module.
+
+A call of an op (:meth:`Op.__call__`) is decided once per device type, dtype and whether a
+``torch.func`` transform is active, and the decision is kept: the next call with the same three
+goes straight to the implementation. :func:`configure` forgets every kept decision.
 
 Under ``torch.func``'s transforms (``vmap``, ``grad``, ``jvp``, ``jacrev``, ...) a call runs
 ``"reference"``, whatever was chosen: plain torch operations, which the transforms batch and
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +52,8 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-from ..manifolds.geodesic import func_transform_active
+# the innermost active torch.func transform, None outside them (a C function: no Python frame per call)
+_PEEK_TRANSFORM = getattr(torch._C._functorch, "peek_interpreter_stack", lambda: None)
 
 __all__ = [
     "VALUES",
@@ -55,8 +61,8 @@ __all__ = [
     "Op",
     "resolve",
     "check",
-    "use",
-    "active",
+    "setting",
+    "configure",
     "environment",
     "checkpoint",
 ]
@@ -80,10 +86,11 @@ def _from_environment() -> str:
 
 
 _ENVIRONMENT = _from_environment()
-_scope: str | None = None  # the innermost use() block's name
+_setting = _ENVIRONMENT
+_OPS: weakref.WeakSet = weakref.WeakSet()  # every op, whose kept decisions configure() forgets
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # an op is itself: compared and hashed by identity
 class Op:
     """An accelerated op: ``implementations`` maps each name of :data:`VALUES` it has (never
     ``"auto"``) to whatever the op runs (a function, or a kernel name the op's code knows);
@@ -96,6 +103,8 @@ class Op:
     implementations: Mapping[str, Any]
     auto: Mapping[str, str]
     takes: Mapping[str, Callable[..., bool]] = field(default_factory=dict)
+    #: (device type, dtype, transform active) -> (implementation's name, its takes predicate or None)
+    decided: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         unknown = [k for k in self.implementations if k not in IMPLEMENTATIONS]
@@ -111,15 +120,32 @@ class Op:
         unknown = sorted(k for k in self.takes if k not in self.implementations)
         if unknown:
             raise ValueError(f"op {self.name}: takes names {unknown}, which it does not implement")
+        _OPS.add(self)
 
     def pick(self, device_type: str, requested: str | None = None) -> Any:
         """The implementation :func:`resolve` names, from the table."""
         return self.implementations[resolve(self, requested, device_type)]
 
     def __call__(self, *args):
-        """The op on ``args``: the implementation :func:`resolve` names for them (on the first
-        argument's device type)."""
-        return self.implementations[resolve(self, None, args[0].device.type, args)](*args)
+        """The op on ``args``: the implementation decided for the first argument's device type
+        and dtype (and whether a ``torch.func`` transform is active), kept after the first call."""
+        x = args[0]
+        key = (x.device.type, x.dtype, _PEEK_TRANSFORM() is not None)
+        decided = self.decided.get(key)
+        if decided is None:
+            decided = self.decided[key] = self._decide(*key)
+        name, takes = decided
+        if takes is not None and not takes(*args):
+            name = "torch"
+        return self.implementations[name](*args)  # by name: the table's entry now, patched or not
+
+    def implementation_name(self, *args) -> str:
+        """The name of the implementation a call on ``args`` runs (:meth:`__call__`'s decision)."""
+        return resolve(self, None, args[0].device.type, args)
+
+    def _decide(self, device_type: str, dtype: torch.dtype, transform: bool) -> tuple[Any, Any]:
+        name = "reference" if transform and "reference" in self.implementations else resolve(self, None, device_type)
+        return name, self.takes.get(name)
 
 
 def resolve(op: Op, requested: str | None = None, device_type: str = "cpu", args: tuple | None = None) -> str:
@@ -135,10 +161,10 @@ def resolve(op: Op, requested: str | None = None, device_type: str = "cpu", args
             )
         name = requested
     else:
-        name = _scope or _ENVIRONMENT
+        name = _setting
         if name == "auto" or name not in op.implementations:
             name = op.auto.get(device_type, op.auto["*"])
-    if args is not None and name != "reference" and "reference" in op.implementations and func_transform_active():
+    if args is not None and name != "reference" and "reference" in op.implementations and _PEEK_TRANSFORM() is not None:
         return "reference"
     if args is not None and name in op.takes and not op.takes[name](*args):
         return "torch"
@@ -146,37 +172,46 @@ def resolve(op: Op, requested: str | None = None, device_type: str = "cpu", args
 
 
 def environment() -> str:
-    """``SPHERENET_KERNELS``'s value as read at import (unset: ``"auto"``), regardless of any
-    :func:`use` block: what decides whether the native kernel may be built at all."""
+    """``SPHERENET_KERNELS``'s value as read at import (unset: ``"auto"``), whatever
+    :func:`configure` set since: what decides whether the native kernel may be built at all."""
     return _ENVIRONMENT
 
 
-def active() -> str:
-    """The name every op not given an explicit one follows now: the innermost :func:`use`
-    block's, else ``SPHERENET_KERNELS``'s, else ``"auto"``."""
-    return _scope or _ENVIRONMENT
+def setting() -> str:
+    """The name every op not given an explicit one follows: ``SPHERENET_KERNELS``'s, or the last
+    :func:`configure`'s."""
+    return _setting
+
+
+def configure(name: str) -> str:
+    """Make ``name`` (one of :data:`VALUES`) the setting every op not given an explicit
+    implementation follows from now on, in this process, and forget every kept decision; returns
+    the previous setting (to restore it). Under ``torch.compile`` the choice is fixed when the
+    graph is traced."""
+    global _setting
+    check(name)
+    previous, _setting = _setting, name
+    for op in list(_OPS):
+        op.decided.clear()
+    return previous
 
 
 @contextlib.contextmanager
-def use(name: str):
-    """Within the ``with`` block every op not given an explicit implementation follows ``name``
-    (one of :data:`VALUES`); the previous choice is restored on exit. Under ``torch.compile`` the
-    choice is fixed when the graph is traced."""
-    global _scope
-    check(name)
-    previous, _scope = _scope, name
+def _setting_of(name: str):
+    previous = configure(name) if name != _setting else None
     try:
         yield
     finally:
-        _scope = previous
+        if previous is not None:
+            configure(previous)
 
 
 def checkpoint(function, *args):
     """``torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)`` whose
-    recomputation in the backward pass runs the implementations of the forward pass (a backward
-    run outside the forward's ``with use(...)`` block recomputes the same graph)."""
+    recomputation in the backward pass runs the implementations of the forward pass, whatever the
+    setting is by then (recomputing another graph would not match what the forward saved)."""
     if torch.compiler.is_compiling():
         return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
-    name = active()
-    contexts = lambda: (contextlib.nullcontext(), use(name))  # noqa: E731  (forward, recomputation)
+    name = _setting
+    contexts = lambda: (contextlib.nullcontext(), _setting_of(name))  # noqa: E731  (forward, recomputation)
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=contexts)

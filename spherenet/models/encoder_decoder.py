@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .. import kernels
+from ..kernels.residual import update_op
 from ..layers import KVCache, RMSNorm, RotaryEmbedding, ScaleSpec
 from ..layers.config import ALPHA, GPTConfig, NGPTConfig
 from .gpt import GPTAttention, gpt_attention, gpt_mlp
@@ -113,6 +114,7 @@ class NGPTCrossBlock(nn.Module):
         if not isinstance(config, NGPTConfig):
             raise TypeError(f"NGPTCrossBlock takes an NGPTConfig, got {config!r}")
         c = self.config = config
+        self.update = update_op(c.update, type(self).__name__)  # chosen here, once
         # the order of NGPTBlock's modules with the cross-attention between: parameter order is
         # what optimizer states of saved runs are matched by
         self.attn = ngpt_attention(c, rope, causal=c.causal)
@@ -132,7 +134,7 @@ class NGPTCrossBlock(nn.Module):
         cross_cache: KVCache | None = None,
     ) -> torch.Tensor:
         _check_context(self, context, cross_cache)
-        update, position = self.config.update, 0 if cache is None else cache.length
+        update, position = self.update, 0 if cache is None else cache.length
         h_attn = kernels.normalize(self.attn(h, cache=cache, attn_mask=attn_mask))  # h_A = Norm(ATTN(h))
         h = kernels.residual_update(update, h, h_attn, self.residual_attn.alpha())  # eq. 10
         h_cross = self.cross_attn(h, context, cache=cross_cache, attn_mask=context_mask, query_offset=position)

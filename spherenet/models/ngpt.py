@@ -29,7 +29,7 @@ from einops import rearrange
 from torch import nn
 
 from .. import kernels
-from ..kernels.residual import normalized_update
+from ..kernels.residual import normalized_update, update_op
 from ..layers import KVCache, NGPTConfig, RotaryEmbedding, Scale, ScaleSpec, SphereEmbedding, SphereLinear
 from ..layers.attention import Attention
 from ..layers.config import S_QK, S_U, S_UV, S_V, ngpt_softmax_scale
@@ -238,6 +238,7 @@ class NGPTBlock(nn.Module):
         if not isinstance(config, NGPTConfig):
             raise TypeError(f"NGPTBlock takes an NGPTConfig, got {config!r}")
         c = self.config = config
+        self.update = update_op(c.update, "NGPTBlock")  # LERP, SLERP or the Riemannian update: chosen here, once
         self.attn = ngpt_attention(c, rope, causal=c.causal)
         self.residual_attn = residual_alpha(c, c.alpha_attn)
         self.mlp = ngpt_mlp(c)
@@ -250,10 +251,9 @@ class NGPTBlock(nn.Module):
         attn_mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        update = self.config.update
         attn = self.attn(h, cache=cache, attn_mask=attn_mask, positions=positions)
-        h = normalized_update(update, h, attn, self.residual_attn.alpha())  # h_A = Norm(ATTN(h)), eq. 10
-        return normalized_update(update, h, self.mlp(h), self.residual_mlp.alpha())  # h_M = Norm(MLP(h)), eq. 11
+        h = normalized_update(self.update, h, attn, self.residual_attn.alpha())  # h_A = Norm(ATTN(h)), eq. 10
+        return normalized_update(self.update, h, self.mlp(h), self.residual_mlp.alpha())  # h_M = Norm(MLP(h)), eq. 11
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_setting import kernels_set_to
 
 from spherenet import kernels
 from spherenet.kernels.residual import normalized_update
@@ -20,7 +21,7 @@ def normal(*shape):
 @pytest.mark.parametrize("update", ["lerp", "slerp", "riemannian"])
 def test_a_residual_update_names_mismatched_shapes(implementation, update):
     h, alpha = normal(2, 3, 4), torch.full((4,), 0.1, dtype=torch.float64)
-    with kernels.use(implementation):
+    with kernels_set_to(implementation):
         with pytest.raises(
             ValueError, match=rf"residual_update\('{update}'\): h has shape \(2, 3, 4\) and h_block \(2, 3, 5\)"
         ):
@@ -40,7 +41,7 @@ def test_an_unknown_update_is_named(op):
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_the_layer_ops_name_mismatched_shapes(implementation):
     x = torch.randn(2, 3, 4)
-    with kernels.use(implementation):
+    with kernels_set_to(implementation):
         with pytest.raises(ValueError, match=r"swiglu: shapes u \(2, 3, 4\) and v \(2, 3, 5\) do not broadcast"):
             kernels.swiglu(x, torch.randn(2, 3, 5))
         with pytest.raises(ValueError, match=r"qk_normalize: shapes x \(2, 3, 4\) and s_qk \(5,\) do not broadcast"):
@@ -60,7 +61,7 @@ def test_the_broadcasting_the_ops_define_still_runs():
     h, block = normal(2, 3, 4), normal(3, 4)  # leading dimensions broadcast
     for update in ("lerp", "slerp", "riemannian"):
         for alpha in (0.1, torch.tensor(0.1, dtype=torch.float64), torch.full((1, 1, 4), 0.1, dtype=torch.float64)):
-            with kernels.use("reference"):
+            with kernels_set_to("reference"):
                 expected = kernels.residual_update(update, h, block, alpha)
             torch.testing.assert_close(kernels.residual_update(update, h, block, alpha), expected)
     x = torch.randn(2, 3, 4)
@@ -108,7 +109,7 @@ def test_an_alpha_that_would_grow_the_points_is_refused_by_every_implementation(
     h, block, alpha = normal(3, 4), normal(3, 4), torch.full((1, 1, 4), 0.1, dtype=torch.float64)
     for implementation in IMPLEMENTATIONS:
         for update in ("lerp", "slerp", "riemannian"):
-            with kernels.use(implementation):
+            with kernels_set_to(implementation):
                 for op in (kernels.residual_update, normalized_update):
                     with pytest.raises(ValueError, match=r"alpha has shape \(1, 1, 4\), which does not broadcast"):
                         op(update, h, block, alpha)
@@ -132,7 +133,7 @@ def test_the_implementations_accept_the_same_shapes_with_the_same_values(h_lead,
     alpha = torch.full(alpha_shape, 0.2, dtype=torch.float64, requires_grad=True)
     results = []
     for implementation in IMPLEMENTATIONS:
-        with kernels.use(implementation):
+        with kernels_set_to(implementation):
             try:
                 out = kernels.residual_update(update, h, block, alpha)
             except ValueError:
@@ -159,7 +160,7 @@ def test_swiglu_and_qk_accept_the_same_shapes_in_every_implementation(first_lead
     second = (1 + torch.rand(second_shape, dtype=torch.float64)).requires_grad_()
     results = []
     for implementation in IMPLEMENTATIONS:
-        with kernels.use(implementation):
+        with kernels_set_to(implementation):
             try:
                 out = getattr(kernels, op)(first, second)
             except ValueError:

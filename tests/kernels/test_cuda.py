@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from kernel_setting import kernels_set_to
 
 from spherenet.models import from_preset
 from spherenet.optim import RiemannianAdam, build_optimizer
@@ -167,7 +168,6 @@ def test_cuda_triton_layer_kernels_under_bf16_autocast_match_the_default(update)
     """nGPT's element-wise operations as Triton kernels (bf16 activations, fp32 arithmetic)
     against the default fused torch functions, loss and gradients, under bf16 autocast, eager
     and compiled."""
-    from spherenet import kernels
 
     torch.manual_seed(0)
     model = from_preset("ngpt-tiny", update=update).cuda()
@@ -175,7 +175,7 @@ def test_cuda_triton_layer_kernels_under_bf16_autocast_match_the_default(update)
 
     def loss_and_grads(implementation, runner):
         model.zero_grad()
-        with kernels.use(implementation), torch.autocast("cuda", dtype=torch.bfloat16):
+        with kernels_set_to(implementation), torch.autocast("cuda", dtype=torch.bfloat16):
             loss = lm_loss(runner(x), y)
         loss.backward()
         return loss.item(), [p.grad.clone() for p in model.parameters()]

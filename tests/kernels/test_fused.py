@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_setting import kernels_set_to
 from model_references import unit
 
 from spherenet import kernels
@@ -184,20 +185,23 @@ def test_bf16_inputs_keep_the_plain_dtypes_and_values():
     assert_same(activation.relu2_fused, plain_relu2, (x,), **tol)
 
 
-def test_use_switches_and_restores_the_implementation():
-    assert kernels.active() == "auto"
-    with kernels.use("reference"):
-        assert kernels.active() == "reference"
-        with kernels.use("torch"):
-            assert kernels.active() == "torch"
-        assert kernels.active() == "reference"
-    assert kernels.active() == "auto"
+def test_configure_sets_the_implementation_and_returns_the_previous_setting():
+    assert kernels.setting() == "auto"
+    x = torch.randn(3, 8, requires_grad=True)
+    assert type(kernels.normalize(x).grad_fn).__name__ == "_NormalizeBackward"  # "auto": the fused function
+    assert kernels.configure("reference") == "auto"
+    try:
+        assert kernels.setting() == "reference"
+        assert type(kernels.normalize(x).grad_fn).__name__ == "DivBackward0"  # the kept decision was forgotten
+        assert kernels.configure("torch") == "reference"
+        assert kernels.setting() == "torch"
+    finally:
+        kernels.configure("auto")
     with pytest.raises(
         ValueError, match="kernel implementation must be one of auto, reference, torch, native, triton, got 'cuda'"
     ):
-        with kernels.use("cuda"):
-            pass
-    assert kernels.active() == "auto"
+        kernels.configure("cuda")
+    assert kernels.setting() == "auto"
 
 
 def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
@@ -217,7 +221,7 @@ def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
     for name, op in ops.items():
         monkeypatch.setitem(op.implementations, "reference", record(name))
     x = torch.ones(2, 4)
-    with kernels.use("reference"):
+    with kernels_set_to("reference"):
         kernels.normalize(x)
         kernels.qk_normalize(x, x)
         for update in ("lerp", "slerp", "riemannian"):
@@ -232,7 +236,7 @@ def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
 
 @pytest.mark.slow
 def test_the_environment_chooses_the_implementation_at_import():
-    code = "import spherenet.kernels as kernels; print(kernels.active())"
+    code = "import spherenet.kernels as kernels; print(kernels.setting())"
     env = dict(os.environ, SPHERENET_KERNELS="reference")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "reference"
@@ -260,7 +264,7 @@ def ngpt(dtype=torch.float64, **overrides):
 
 
 def loss_and_grads(model, ids, fused_ops: bool, autocast: bool = False):
-    with kernels.use("torch" if fused_ops else "reference"), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+    with kernels_set_to("torch" if fused_ops else "reference"), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
         logits = model(ids)
     loss = F.cross_entropy(logits.float().flatten(0, 1), ids.roll(-1, 1).flatten())
     return logits, torch.autograd.grad(loss, list(model.parameters()))
@@ -312,7 +316,7 @@ def test_fused_model_keeps_fewer_activations_than_plain_and_than_gpt(update, sav
     model = NGPT(preset_config("ngpt-tiny", update=update, **shape))
     gpt = GPT(preset_config("gpt-tiny", **shape))
     ids = torch.randint(0, 64, (4, 64), generator=_gen(4))
-    with kernels.use("reference"):
+    with kernels_set_to("reference"):
         plain = saved_bytes(model, lambda: model(ids).sum().backward())
     lean = saved_bytes(model, lambda: model(ids).sum().backward())
     baseline = saved_bytes(gpt, lambda: gpt(ids).sum().backward())

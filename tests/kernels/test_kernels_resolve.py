@@ -1,5 +1,6 @@
-"""The one resolver of spherenet.kernels: its order (argument, use() block, SPHERENET_KERNELS,
-the op's auto table), its refusals, and the shared Triton helpers' constants."""
+"""The one resolver of spherenet.kernels: its order (argument, the setting: SPHERENET_KERNELS or
+configure(), the op's auto table), its decisions kept per device type and dtype, its refusals,
+and the shared Triton helpers' constants."""
 
 import os
 import subprocess
@@ -7,10 +8,11 @@ import sys
 
 import pytest
 import torch
+from kernel_setting import kernels_set_to
 
 from spherenet import kernels
 from spherenet.kernels import resolve as resolve_module
-from spherenet.kernels.resolve import Op, resolve, use
+from spherenet.kernels.resolve import Op, resolve
 
 OP = Op("demo", implementations={"reference": 0, "torch": 1, "triton": 2}, auto={"cuda": "triton", "*": "torch"})
 
@@ -21,18 +23,38 @@ def test_auto_follows_the_device_table():
     assert resolve(OP, None, "xpu") == "torch"
 
 
-def test_the_argument_beats_a_use_block_which_beats_auto():
-    with use("reference"):
+def test_the_argument_beats_the_setting_which_beats_auto():
+    with kernels_set_to("reference"):
         assert resolve(OP, None, "cuda") == "reference"
         assert resolve(OP, "triton", "cpu") == "triton"
-        with use("auto"):
+        with kernels_set_to("auto"):
             assert resolve(OP, None, "cuda") == "triton"
-        assert kernels.active() == "reference"
-    assert kernels.active() == "auto"
+        assert kernels.setting() == "reference"
+    assert kernels.setting() == "auto"
+
+
+def test_a_call_is_decided_once_per_device_type_and_dtype_until_configure():
+    """The second call with the same device type and dtype goes straight to the kept decision;
+    another dtype is decided on its own; configure() forgets them all."""
+    ran = []
+    op = Op("demo", {"reference": lambda x: ran.append("reference") or x, "torch": lambda x: ran.append("torch") or x}, {"*": "torch"})  # fmt: skip  # one table
+    op(torch.ones(2))
+    op(torch.ones(2))
+    assert list(op.decided) == [("cpu", torch.float32, False)] and ran == ["torch", "torch"]
+    op(torch.ones(2, dtype=torch.float64))
+    assert len(op.decided) == 2
+    with kernels_set_to("reference"):
+        assert op.decided == {}
+        op(torch.ones(2))
+    assert ran[-1] == "reference"
+    op(torch.ones(2))
+    assert ran[-1] == "torch"
+    torch.func.vmap(op)(torch.ones(3, 2))  # a torch.func transform: the reference, decided apart
+    assert ran[-1] == "reference" and ("cpu", torch.float32, True) in op.decided
 
 
 def test_a_scope_naming_an_implementation_the_op_lacks_takes_its_auto_choice():
-    with use("native"):
+    with kernels_set_to("native"):
         assert resolve(OP, None, "cuda") == "triton"
         assert resolve(OP, None, "cpu") == "torch"
 
@@ -42,8 +64,8 @@ def test_refusals_name_the_value_and_the_allowed_ones():
         resolve(OP, "native", "cpu")
     with pytest.raises(ValueError, match=r"must be one of auto, reference, torch, native, triton, got 'cuda'"):
         resolve(OP, "cuda", "cpu")
-    with pytest.raises(ValueError, match=r"got 'fast'"), use("fast"):
-        pass
+    with pytest.raises(ValueError, match=r"got 'fast'"):
+        kernels.configure("fast")
     with pytest.raises(ValueError, match=r"auto names \['native'\]"):
         Op("bad", implementations={"torch": 0}, auto={"*": "native"})
     with pytest.raises(ValueError, match=r"'\*' entry"):
@@ -60,7 +82,7 @@ def test_a_call_the_named_implementation_does_not_take_runs_torch():
     assert resolve(op, None, "cpu", (-1,)) == "torch"
     assert resolve(op, "triton", "cpu", (-1,)) == "torch"
     assert resolve(op, None, "cpu") == "triton"  # without the call's arguments: the table's choice
-    with use("reference"):
+    with kernels_set_to("reference"):
         assert resolve(op, None, "cpu", (-1,)) == "reference"  # takes only speaks for its own names
     with pytest.raises(ValueError, match=r"takes names \['native'\]"):
         Op("bad", {"torch": 0}, {"*": "torch"}, takes={"native": bool})
@@ -70,7 +92,7 @@ def test_a_call_the_named_implementation_does_not_take_runs_torch():
 
 def test_the_layer_ops_send_what_triton_does_not_take_to_torch(monkeypatch):
     """float64, a Python float alpha, broadcast SwiGLU inputs and q/k not of 4 dimensions never reach a
-    Triton module (which imports no family module back to fall back on): under use("triton") they
+    Triton module (which imports no family module back to fall back on): with the setting "triton" they
     run the fused torch functions, with their values."""
     from spherenet.kernels import activation, norm, residual
 
@@ -83,7 +105,7 @@ def test_the_layer_ops_send_what_triton_does_not_take_to_torch(monkeypatch):
             )
     monkeypatch.setattr(residual, "UPDATES", {k: Op(op.name, {**op.implementations, "triton": ran.append}, op.auto, op.takes) for k, op in residual.UPDATES.items()})  # fmt: skip  # one table
     x = torch.randn(3, 8, dtype=torch.float64)
-    with use("triton"):
+    with kernels_set_to("triton"):
         assert torch.equal(kernels.normalize(x), norm.normalize_fused(x))
         assert torch.equal(kernels.qk_normalize(x.float(), torch.ones(8)), norm.scaled_normalize_fused(x.float(), torch.ones(8)))  # fmt: skip  # one check
         assert torch.equal(kernels.relu2(x), activation.relu2_fused(x))
@@ -102,9 +124,9 @@ def _in_subprocess(code: str, value: str) -> subprocess.CompletedProcess:
 
 def test_the_environment_is_read_once_with_the_same_values():
     code = (
-        "from spherenet.kernels.resolve import Op, resolve, active\n"
+        "from spherenet.kernels.resolve import Op, resolve, setting\n"
         "op = Op('demo', {'reference': 0, 'torch': 1}, {'*': 'torch'})\n"
-        "print(active(), resolve(op, None, 'cpu'))"
+        "print(setting(), resolve(op, None, 'cpu'))"
     )
     assert _in_subprocess(code, "reference").stdout.split() == ["reference", "reference"]
     assert _in_subprocess(code, " Triton ").stdout.split() == ["triton", "torch"]  # lacks triton: auto
@@ -118,13 +140,13 @@ def test_the_optimizer_keeps_its_defaults_through_the_resolver():
     def chosen(requested, device_type):
         return resolve_module.resolve(SPHERE_ADAM, requested, device_type)
 
-    assert resolve_module.active() == "auto"
+    assert resolve_module.setting() == "auto"
     assert [chosen(None, d) for d in ("cpu", "cuda", "mps")] == ["native", "triton", "torch"]
     assert chosen("torch", "cuda") == "torch"
     assert chosen("triton", "cpu") == "triton"
-    with use("torch"):  # SPHERENET_KERNELS=torch: torch alone, no C++ build and no Triton
+    with kernels_set_to("torch"):  # SPHERENET_KERNELS=torch: torch alone, no C++ build and no Triton
         assert [chosen(None, d) for d in ("cpu", "cuda")] == ["torch", "torch"]
-    with use("triton"):
+    with kernels_set_to("triton"):
         assert chosen(None, "cpu") == "triton"
 
 

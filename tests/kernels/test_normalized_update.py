@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_setting import kernels_set_to
 
 from spherenet import kernels, manifolds
 from spherenet.kernels.residual import normalized_update, residual_update
@@ -34,7 +35,7 @@ def test_equals_normalize_then_update_bitwise(update, dtype, scalar_alpha):
 def test_follows_the_resolver(update):
     h, out, alpha = _inputs()
     definition = {"lerp": manifolds.lerp, "riemannian": manifolds.riemannian_update}[update]
-    with torch.no_grad(), kernels.use("reference"):
+    with torch.no_grad(), kernels_set_to("reference"):
         got = normalized_update(update, h, out, alpha)
     assert torch.equal(got, definition(h, manifolds.normalize(out), alpha))
 

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from kernel_setting import kernels_set_to
+
 from spherenet import kernels  # noqa: E402
 from spherenet.kernels import _triton, activation_triton, norm_triton, residual_triton  # noqa: E402
 from spherenet.manifolds import lerp, normalize, riemannian_update, slerp  # noqa: E402
@@ -183,7 +185,7 @@ def test_relu2_through_the_resolver_runs_the_kernel(monkeypatch):
     calls = []
     monkeypatch.setattr(activation_triton, "_relu2_op", lambda x: calls.append(x.shape) or F.relu(x) ** 2)
     x = torch.randn(3, 5, generator=_gen(15)).to(DEVICE)
-    with kernels.use("triton"):
+    with kernels_set_to("triton"):
         kernels.relu2(x)
         kernels.relu2(x.double())  # float64: the fused torch function
     assert calls == [x.shape]
@@ -203,7 +205,7 @@ def test_relu2_traces_as_one_custom_op_forward_and_backward():
 
 def test_float64_runs_the_torch_functions():
     x = torch.randn(4, 8, dtype=torch.float64)
-    with kernels.use("triton"):  # the resolver keeps float64 from the kernels
+    with kernels_set_to("triton"):  # the resolver keeps float64 from the kernels
         torch.testing.assert_close(kernels.normalize(x), normalize(x), rtol=0, atol=0)
 
 
@@ -214,7 +216,7 @@ def tiny_ngpt(**overrides) -> NGPT:
 
 
 def loss_and_grads(model, ids, implementation):
-    with kernels.use(implementation):
+    with kernels_set_to(implementation):
         logits = model(ids)
     loss = F.cross_entropy(logits.flatten(0, 1), ids.roll(-1, 1).flatten())
     return loss, torch.autograd.grad(loss, list(model.parameters()))
@@ -237,7 +239,7 @@ def test_compiled_fullgraph_traces_the_kernels():
     model = tiny_ngpt()
     ids = torch.randint(0, 64, (2, 16), generator=_gen(12)).to(DEVICE)
     torch._dynamo.reset()
-    with kernels.use("triton"):
+    with kernels_set_to("triton"):
         eager = model(ids)
         compiled = torch.compile(model, fullgraph=True)(ids)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)

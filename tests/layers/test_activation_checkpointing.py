@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gloo import WORLD, spawn
+from kernel_setting import kernels_set_to
 
-from spherenet import kernels
 from spherenet.layers import KVCache
 from spherenet.models import from_preset
 
@@ -48,12 +48,12 @@ def test_same_loss_and_gradients_with_less_kept(kind, saved_bytes):
 
 
 def test_recomputation_uses_the_implementation_of_the_forward():
-    """A forward under ``kernels.use("reference")`` whose backward runs after the ``with`` block
+    """A forward under ``kernels_set_to("reference")`` whose backward runs after the ``with`` block
     recomputes the plain graph (recomputing the fused one would not match what was saved)."""
     model = model_of("ngpt")
     model.set_activation_checkpointing(True)
     ids = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(2))
-    with kernels.use("reference"):
+    with kernels_set_to("reference"):
         loss = F.cross_entropy(model(ids).flatten(0, 1), ids.roll(-1, 1).flatten())
     grads = torch.autograd.grad(loss, list(model.parameters()))
     _, want = loss_and_grads(model, ids)

@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
+from kernel_setting import kernels_set_to
 
-from spherenet import kernels
 from spherenet.layers import GPTConfig, NGPTConfig, ScaleSpec
 from spherenet.manifolds import normalize
 from spherenet.models import GPTBlock, GPTReLU2MLP, NGPTBlock, NGPTReLU2MLP, gpt_mlp, ngpt_mlp
@@ -37,7 +37,7 @@ def test_ngpt_relu2_mlp_matches_float64_reference(implementation):
     h = normalize(torch.randn(3, 5, d, generator=_gen(2), dtype=torch.float64))
     s_uv = mlp.s_uv.param * (0.7 / 0.2)  # Section 2.5: stored at scale, used times init/scale
     expected = ngpt_relu2_reference(h, mlp.w_u.weight, mlp.w_o.weight, s_uv)
-    with torch.no_grad(), kernels.use(implementation):
+    with torch.no_grad(), kernels_set_to(implementation):
         out = mlp(h)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
     assert (h @ mlp.w_u.weight.T < 0).any()  # the ReLU cuts something here
@@ -50,7 +50,7 @@ def test_ngpt_relu2_mlp_under_triton_interpreter_matches_reference():
     h = normalize(torch.randn(2, 3, 16, generator=_gen(4)))
     with torch.no_grad():
         expected = ngpt_relu2_reference(h.double(), mlp.w_u.weight.double(), mlp.w_o.weight.double(), 1.0).float()
-        with kernels.use("triton"):
+        with kernels_set_to("triton"):
             out = mlp(h)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 

@@ -10,6 +10,7 @@ import hashlib
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_setting import kernels_set_to
 
 from spherenet.layers import KVCache, NGPTConfig
 from spherenet.models import NGPT, fold_for_inference, is_folded
@@ -228,11 +229,10 @@ def test_a_wrapped_linear_is_not_folded_past():
 @pytest.mark.parametrize("implementation", ["reference", "torch"])
 def test_folded_decoding_follows_the_kernel_choice(implementation):
     """The folded modules' calls go through the resolver: a ``use(...)`` block is obeyed."""
-    from spherenet import kernels
 
     model = _model(**VARIANTS["gqa"])
     ids = _ids(length=10)
-    with kernels.use(implementation):
+    with kernels_set_to(implementation):
         reference = _eval_logits(model, ids)
         folded = fold_for_inference(model)
         caches = [KVCache() for _ in folded.blocks]

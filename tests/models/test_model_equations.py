@@ -8,6 +8,7 @@ references in test_model_parts.py."""
 from __future__ import annotations
 
 import torch
+from kernel_setting import kernels_set_to
 from model_references import randomize_scales, unit
 
 from spherenet import kernels
@@ -76,6 +77,6 @@ def test_riemannian_update_is_eq_24_26_at_a_finite_step():
     expected = step / step.norm(dim=-1, keepdim=True)  # eq. 25, 26
     torch.testing.assert_close(riemannian_update(h, h_block, alpha), expected, rtol=1e-12, atol=1e-12)
     for implementation in ("reference", "torch"):
-        with kernels.use(implementation):
+        with kernels_set_to(implementation):
             out = kernels.residual_update("riemannian", h, h_block, alpha)
         torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
