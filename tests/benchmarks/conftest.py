@@ -48,3 +48,9 @@ def convergence(request):
 def budget_pairs(request):
     """benchmarks/budget_pairs.py"""
     yield from _script(request, "budget_pairs.py")
+
+
+@pytest.fixture(scope="module")
+def forward_path(request):
+    """benchmarks/forward_path.py"""
+    yield from _script(request, "forward_path.py")

@@ -228,7 +228,7 @@ def test_a_wrapped_linear_is_not_folded_past():
 
 @pytest.mark.parametrize("implementation", ["reference", "torch"])
 def test_folded_decoding_follows_the_kernel_choice(implementation):
-    """The folded modules' calls go through the resolver: a ``use(...)`` block is obeyed."""
+    """The folded modules' calls go through the resolver: the kernels' setting is obeyed."""
 
     model = _model(**VARIANTS["gqa"])
     ids = _ids(length=10)
