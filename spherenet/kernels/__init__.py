@@ -1,5 +1,5 @@
-"""Every accelerated op of spherenet, one module per op family, below :mod:`spherenet.layers`
-and :mod:`spherenet.optim`: they call an op, and neither chooses its implementation.
+"""Every accelerated op of spherenet, below :mod:`spherenet.layers` and :mod:`spherenet.optim`:
+they call an op, and neither chooses its implementation.
 
 Each op has a plain-torch reference written in the algorithm's order, and beside it its other
 implementations under the same signature (fused torch, native C++, Triton: a Triton kernel, its
@@ -25,10 +25,7 @@ The optimizer ops (Section 2.6; the Triton kernels of both in :mod:`~spherenet.k
 """
 
 from . import resolve  # the module (its function resolve.resolve is not re-exported: one name, one thing)
-from .activation import relu2, swiglu
-from .linear import scaled_linear
-from .norm import normalize, qk_normalize
-from .residual import residual_update
+from .layer_ops import normalize, qk_normalize, relu2, residual_update, scaled_linear, swiglu
 from .resolve import VALUES, Op, checkpoint, configure, setting
 from .sphere_adam import SphereAdamOptions, sphere_adam_
 from .sphere_rows import normalize_rows_, sphere_muon_tail_

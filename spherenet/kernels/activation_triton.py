@@ -1,9 +1,9 @@
 """SwiGLU, ``u * SiLU(v)`` (eq. 19), and the squared ReLU, ``relu(x)**2``, as Triton kernels: the
-``"triton"`` implementations of :mod:`spherenet.kernels.activation`, each op's kernels,
+``"triton"`` implementations of :mod:`spherenet.kernels.layer_ops`, each op's kernels,
 ``torch.library.custom_op``, fake and wrapper together. Element-wise: a program takes
 :data:`~spherenet.kernels._triton.ELEMENTS_PER_PROGRAM` elements and computes in float32. Float64
 tensors, and SwiGLU's ``u`` and ``v`` of different shapes (broadcasting), are not sent here (the
-ops' ``takes`` in :mod:`spherenet.kernels.activation`).
+ops' ``takes`` in :mod:`spherenet.kernels.layer_ops`).
 
 Equation numbers are those of Loshchilov et al., "nGPT" (2024).
 """
@@ -82,7 +82,7 @@ _swiglu_op.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
 
 
 def swiglu(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``u * SiLU(v)`` (eq. 19); reference :func:`spherenet.kernels.activation.swiglu_reference`."""
+    """``u * SiLU(v)`` (eq. 19); reference :func:`spherenet.kernels.layer_ops.swiglu_reference`."""
     check_device("swiglu", u, v)
     return _swiglu_op(u, v)
 
@@ -144,6 +144,6 @@ _relu2_op.register_autograd(_relu2_grad, setup_context=_relu2_setup)
 
 
 def relu2(x: torch.Tensor) -> torch.Tensor:
-    """``relu(x)**2``; reference :func:`spherenet.kernels.activation.relu2_reference`."""
+    """``relu(x)**2``; reference :func:`spherenet.kernels.layer_ops.relu2_reference`."""
     check_device("relu2", x)
     return _relu2_op(x)

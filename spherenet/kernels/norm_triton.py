@@ -1,5 +1,5 @@
 """``Norm`` and ``Norm(x) * s_qk`` as Triton kernels: the ``"triton"`` implementation of
-:mod:`spherenet.kernels.norm`, each op's kernels, ``torch.library.custom_op``, fake and wrapper
+:mod:`spherenet.kernels.layer_ops`, each op's kernels, ``torch.library.custom_op``, fake and wrapper
 together.
 
 A program takes a tile of whole rows (:func:`spherenet.kernels._triton.blocks`), loads them once,
@@ -7,7 +7,7 @@ computes in float32 and stores in the output's dtype; the backward kernel reads 
 saved (the normalized output and one float32 norm per row, as the fused functions do) and writes
 the input gradient in one pass. ``torch.compile(fullgraph=True)`` traces each op as one opaque
 node. Float64 tensors, which the kernels do not compute in, are not sent here (the op's
-``takes`` in :mod:`spherenet.kernels.norm`).
+``takes`` in :mod:`spherenet.kernels.layer_ops`).
 
 Equation numbers are those of Loshchilov et al., "nGPT" (2024).
 """
@@ -88,7 +88,7 @@ _normalize_op.register_autograd(_normalize_grad, setup_context=_normalize_setup)
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
-    """``Norm(x)`` over the last dimension (Table 1); reference :func:`spherenet.kernels.norm.normalize_reference`."""
+    """``Norm(x)`` over the last dimension (Table 1); reference :func:`spherenet.manifolds.normalize`."""
     check_device("normalize", x)
     return _normalize_op(x)[0]
 
@@ -177,7 +177,7 @@ _scaled_normalize_op.register_autograd(_scaled_normalize_grad, setup_context=_sc
 def scaled_normalize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``Norm(x) * s_qk`` for q or k of shape ``(B, H, T, d_k)`` with ``s_qk`` of shape
     ``(H, 1, d_k)`` or ``(1,)`` (eq. 15, 16); reference
-    :func:`spherenet.kernels.norm.scaled_normalize_reference`."""
+    :func:`spherenet.kernels.layer_ops.scaled_normalize_reference`."""
     check_device("scaled_normalize", x)
     heads, d = x.shape[1], x.shape[3]
     per_head = scale.reshape(heads, d) if scale.numel() == heads * d else scale.reshape(1, 1).expand(heads, d)

@@ -1,6 +1,6 @@
 """The residual updates (LERP, eq. 10, 11; SLERP, eq. 6; Riemannian, eq. 24-26; each then
 ``Norm``) as Triton kernels: the ``"triton"`` implementation of
-:mod:`spherenet.kernels.residual`, each update's kernels, ``torch.library.custom_op``, fake and
+:mod:`spherenet.kernels.layer_ops`, each update's kernels, ``torch.library.custom_op``, fake and
 wrapper together.
 
 A program takes a tile of whole rows (:func:`spherenet.kernels._triton.blocks`) and computes in
@@ -12,7 +12,7 @@ rows). SLERP's backward recomputes the angle, sines, tangent and fallback direct
 references, antipodal rows and per-dimension ``alpha`` included, are :func:`spherenet.manifolds.lerp`,
 :func:`~spherenet.manifolds.slerp` and :func:`~spherenet.manifolds.riemannian_update`. Float64
 tensors and a Python float ``alpha`` are not sent here (the ops' ``takes`` in
-:mod:`spherenet.kernels.residual`).
+:mod:`spherenet.kernels.layer_ops`).
 
 Equation numbers are those of Loshchilov et al., "nGPT" (2024).
 """

@@ -31,9 +31,10 @@ kernel built) is decided here too: an op declares, per implementation, which cal
 ``"torch"`` implementation; the row ops do the same tensor by tensor
 (:mod:`spherenet.kernels._choice`). An implementation never falls back on its family's module.
 
-A call of an op (:meth:`Op.__call__`) is decided once per device type, dtype and whether a
-``torch.func`` transform is active, and the decision is kept: the next call with the same three
-goes straight to the implementation. :func:`configure` forgets every kept decision.
+A call of a layer op (:func:`spherenet.kernels.layer_ops.run`) is decided once per device type,
+dtype and whether a ``torch.func`` transform is active (:meth:`Op.decide`), and the decision is
+kept on the op: the next call with the same three goes straight to the implementation.
+:func:`configure` forgets every kept decision.
 
 Under ``torch.func``'s transforms (``vmap``, ``grad``, ``jvp``, ``jacrev``, ...) a call runs
 ``"reference"``, whatever was chosen: plain torch operations, which the transforms batch and
@@ -52,8 +53,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-# the innermost active torch.func transform, None outside them (a C function: no Python frame per call)
-_PEEK_TRANSFORM = getattr(torch._C._functorch, "peek_interpreter_stack", lambda: None)
+from ..manifolds.geodesic import peek_transform
 
 __all__ = [
     "VALUES",
@@ -126,26 +126,17 @@ class Op:
         """The implementation :func:`resolve` names, from the table."""
         return self.implementations[resolve(self, requested, device_type)]
 
-    def __call__(self, *args):
-        """The op on ``args``: the implementation decided for the first argument's device type
-        and dtype (and whether a ``torch.func`` transform is active), kept after the first call."""
-        x = args[0]
-        key = (x.device.type, x.dtype, _PEEK_TRANSFORM() is not None)
-        decided = self.decided.get(key)
-        if decided is None:
-            decided = self.decided[key] = self._decide(*key)
-        name, takes = decided
-        if takes is not None and not takes(*args):
-            name = "torch"
-        return self.implementations[name](*args)  # by name: the table's entry now, patched or not
-
     def implementation_name(self, *args) -> str:
-        """The name of the implementation a call on ``args`` runs (:meth:`__call__`'s decision)."""
+        """The name of the implementation a call on ``args`` runs."""
         return resolve(self, None, args[0].device.type, args)
 
-    def _decide(self, device_type: str, dtype: torch.dtype, transform: bool) -> tuple[Any, Any]:
+    def decide(self, device_type: str, dtype: torch.dtype, transform: bool) -> tuple[str, Any]:
+        """``(name, its takes predicate or None)`` for calls on tensors of ``device_type`` and
+        ``dtype`` (``transform``: a ``torch.func`` transform is active): decided by
+        :func:`resolve` and kept in :attr:`decided` until :func:`configure`."""
         name = "reference" if transform and "reference" in self.implementations else resolve(self, None, device_type)
-        return name, self.takes.get(name)
+        decision = self.decided[device_type, dtype, transform] = (name, self.takes.get(name))
+        return decision
 
 
 def resolve(op: Op, requested: str | None = None, device_type: str = "cpu", args: tuple | None = None) -> str:
@@ -164,7 +155,7 @@ def resolve(op: Op, requested: str | None = None, device_type: str = "cpu", args
         name = _setting
         if name == "auto" or name not in op.implementations:
             name = op.auto.get(device_type, op.auto["*"])
-    if args is not None and name != "reference" and "reference" in op.implementations and _PEEK_TRANSFORM() is not None:
+    if args is not None and name != "reference" and "reference" in op.implementations and peek_transform() is not None:
         return "reference"
     if args is not None and name in op.takes and not op.takes[name](*args):
         return "torch"

@@ -8,9 +8,8 @@ operations they share, and the choice of their implementation, are in :mod:`sphe
 from .attention import Attention, KVCache, RotaryEmbedding, apply_rotary
 from .config import RESIDUAL_UPDATES, GPTConfig, NGPTConfig
 from .head import SphereClassifier
-from .linear import SphereEmbedding, SphereLinear
 from .norm import RMSNorm
-from .scale import Scale, ScaleSpec
+from .sphere import Scale, ScaleSpec, SphereEmbedding, SphereLinear
 
 __all__ = [
     "NGPTConfig",

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .scale import ScaleSpec
+from .sphere import ScaleSpec
 
 __all__ = ["NGPTConfig", "GPTConfig", "ALPHA", "S_QK", "S_U", "S_V", "S_UV", "S_Z", "RESIDUAL_UPDATES", "MLP_KINDS"]
 

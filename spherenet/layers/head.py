@@ -13,8 +13,7 @@ from torch import nn
 
 from .. import kernels
 from .config import S_Z
-from .linear import SphereLinear
-from .scale import Scale, ScaleSpec
+from .sphere import Scale, ScaleSpec, SphereLinear
 
 __all__ = ["SphereClassifier"]
 

@@ -27,6 +27,7 @@ __all__ = [
     "check_points",
     "in_func_transform",
     "func_transform_active",
+    "peek_transform",
     "may_hold_any",
     "TINY",
     "ANTIPODAL_SIN",
@@ -41,15 +42,16 @@ TINY = {torch.float64: 1e-300, torch.float32: 1e-30, torch.float16: 1e-7, torch.
 ANTIPODAL_SIN = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 
-# the innermost active torch.func transform, None outside them (absent from a torch: never active)
-_PEEK_TRANSFORM = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+#: ``peek_transform()``: the innermost active ``torch.func`` transform, None outside them (a C
+#: function: no Python frame per call; absent from a torch: never active)
+peek_transform = getattr(torch._C._functorch, "peek_interpreter_stack", None) or (lambda: None)
 
 
 def func_transform_active() -> bool:
     """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ...) is active, also while
     ``torch.compile`` traces one (dynamo traces the stack: it holds the transform there). An
     operation with no batching rule, such as ``torch._assert_async``, must stand aside then."""
-    return _PEEK_TRANSFORM is not None and _PEEK_TRANSFORM() is not None
+    return peek_transform() is not None
 
 
 def in_func_transform() -> bool:

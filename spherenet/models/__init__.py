@@ -6,7 +6,7 @@ Each model class enters itself in :data:`MODEL_CLASSES` under its ``model_type``
 everything that needs "every model class" (loading, presets, analysis, recipes) reads it there.
 """
 
-from ..layers.scale import ScaleSpec
+from ..layers.sphere import ScaleSpec
 from .common import LanguageModel, generate, sample_next_token
 from .encoder_decoder import GPTCrossAttention, GPTCrossBlock, NGPTCrossAttention, NGPTCrossBlock
 from .gpt import GPT, GPTMLP, GPTAttention, GPTBlock, GPTConfig, GPTReLU2MLP, gpt_mlp

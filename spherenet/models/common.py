@@ -12,7 +12,7 @@ from torch import nn
 
 from .. import kernels
 from ..layers import KVCache, RotaryEmbedding
-from ..manifolds.geodesic import func_transform_active
+from ..manifolds.geodesic import peek_transform
 from .hub import HubMixin
 
 __all__ = [
@@ -192,7 +192,9 @@ def assert_ids_in_vocab(input_ids: torch.Tensor, vocab_size: int) -> None:
     synchronization. Where ids enter (the data loader, :func:`generate`'s prompt) they are
     checked on the host with an error naming the id (:func:`check_token_ids`).
     """
-    if func_transform_active():  # vmap has no batching rule for the assertion, compiled or not;
+    if (
+        peek_transform() is not None
+    ):  # a torch.func transform: vmap has no batching rule for the assertion, compiled or not;
         return  # the embedding lookup still refuses an id outside the table
     ids = input_ids.long()  # a narrower integer dtype would wrap the comparison with vocab_size
     in_vocab = ((ids >= 0) & (ids < vocab_size)).all()

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .. import kernels
-from ..kernels.residual import update_op
+from ..kernels.layer_ops import update_op
 from ..layers import KVCache, RMSNorm, RotaryEmbedding, ScaleSpec
 from ..layers.config import ALPHA, GPTConfig, NGPTConfig
 from .gpt import GPTAttention, gpt_attention, gpt_mlp

@@ -36,7 +36,7 @@ from torch import nn
 from .. import kernels
 from ..layers import Scale
 from ..layers.attention import Attention
-from ..layers.linear import is_plain
+from ..layers.sphere import is_plain
 from .ngpt import NGPTMLP, NGPTAttention, NGPTReLU2MLP
 
 __all__ = ["fold_for_inference", "is_folded", "FrozenScale", "FoldedNGPTAttention", "FoldedSwiGLU", "FoldedReLU2"]

@@ -29,11 +29,11 @@ from einops import rearrange
 from torch import nn
 
 from .. import kernels
-from ..kernels.residual import normalized_update, update_op
+from ..kernels.layer_ops import normalized_update, update_op
 from ..layers import KVCache, NGPTConfig, RotaryEmbedding, Scale, ScaleSpec, SphereEmbedding, SphereLinear
 from ..layers.attention import Attention
 from ..layers.config import S_QK, S_U, S_UV, S_V, ngpt_softmax_scale
-from ..layers.linear import scaled
+from ..layers.sphere import scaled
 from .common import LanguageModel
 
 __all__ = [
@@ -228,7 +228,7 @@ class NGPTBlock(nn.Module):
 
     with ``config.update == "lerp"``; ``"slerp"`` and ``"riemannian"`` swap in eq. 6 or eq.
     24-26 (the Norm and the update in one call,
-    :func:`spherenet.kernels.residual.normalized_update`). ``alpha_A``, ``alpha_M``: the eigen
+    :func:`spherenet.kernels.layer_ops.normalized_update`). ``alpha_A``, ``alpha_M``: the eigen
     learning rates (Section 2.2.2), :class:`Scale` s of ``config.alpha_attn``, ``.alpha_mlp``,
     held as ``residual_attn.alpha`` and ``residual_mlp.alpha``. No RMSNorm/LayerNorm anywhere.
     """

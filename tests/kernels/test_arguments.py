@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from kernel_setting import kernels_set_to
 
 from spherenet import kernels
-from spherenet.kernels.residual import normalized_update
+from spherenet.kernels.layer_ops import normalized_update
 
 IMPLEMENTATIONS = ["reference", "torch"]
 

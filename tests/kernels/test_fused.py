@@ -17,7 +17,7 @@ from kernel_setting import kernels_set_to
 from model_references import unit
 
 from spherenet import kernels
-from spherenet.kernels import activation, norm, residual
+from spherenet.kernels import fused, layer_ops
 from spherenet.manifolds import lerp, normalize, riemannian_update
 from spherenet.models import preset_config
 from spherenet.models.gpt import GPT
@@ -78,7 +78,7 @@ def plain_relu2(x):
     return torch.where(x > 0, x * x, torch.zeros_like(x))
 
 
-UPDATES = {"lerp": (residual.lerp_normalize, lerp), "riemannian": (residual.riemannian_normalize, riemannian_update)}
+UPDATES = {"lerp": (fused.lerp_normalize, lerp), "riemannian": (fused.riemannian_normalize, riemannian_update)}
 TOL = {torch.float64: {"rtol": 1e-12, "atol": 1e-12}, torch.float32: {"rtol": 2e-5, "atol": 2e-6}}
 
 
@@ -98,10 +98,10 @@ def test_norm_scaled_norm_and_activations_gradcheck(scale_shape):
     x = leaf(torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=_gen(0)))
     s = leaf(torch.rand(scale_shape, dtype=torch.float64, generator=_gen(1)) + 0.5)
     v = leaf(torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=_gen(2)))
-    assert torch.autograd.gradcheck(norm.normalize_fused, (x,))
-    assert torch.autograd.gradcheck(norm.scaled_normalize_fused, (x, s))
-    assert torch.autograd.gradcheck(activation.swiglu_fused, (x, v))
-    assert torch.autograd.gradcheck(activation.relu2_fused, (x,))
+    assert torch.autograd.gradcheck(fused.normalize_fused, (x,))
+    assert torch.autograd.gradcheck(fused.scaled_normalize_fused, (x, s))
+    assert torch.autograd.gradcheck(fused.swiglu_fused, (x, v))
+    assert torch.autograd.gradcheck(fused.relu2_fused, (x,))
 
 
 # ------------------------------------------------------------------- same as plain autograd
@@ -121,11 +121,11 @@ def test_norm_scaled_norm_and_activations_match_plain(dtype, scale_shape):
     x = 3 * torch.randn(2, 4, 5, 8, dtype=dtype, generator=_gen(5))
     s = torch.rand(scale_shape, dtype=torch.float64, generator=_gen(6)).to(dtype) + 0.5
     v = torch.randn(2, 4, 5, 8, dtype=dtype, generator=_gen(7))
-    assert_same(norm.normalize_fused, normalize, (x,), **TOL[dtype])
-    assert_same(norm.scaled_normalize_fused, plain_scaled_normalize, (x, s), **TOL[dtype])
-    assert_same(activation.swiglu_fused, plain_swiglu, (x, v), **TOL[dtype])
-    assert_same(activation.relu2_fused, plain_relu2, (x,), **TOL[dtype])
-    assert_same(activation.relu2_reference, plain_relu2, (x,), **TOL[dtype])
+    assert_same(fused.normalize_fused, normalize, (x,), **TOL[dtype])
+    assert_same(fused.scaled_normalize_fused, plain_scaled_normalize, (x, s), **TOL[dtype])
+    assert_same(fused.swiglu_fused, plain_swiglu, (x, v), **TOL[dtype])
+    assert_same(fused.relu2_fused, plain_relu2, (x,), **TOL[dtype])
+    assert_same(layer_ops.relu2_reference, plain_relu2, (x,), **TOL[dtype])
 
 
 def test_relu2_values_and_gradients_are_exact_in_float64():
@@ -134,7 +134,7 @@ def test_relu2_values_and_gradients_are_exact_in_float64():
     want = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.25, 9.0], dtype=torch.float64)  # (1e-300)**2 underflows
     upstream = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, -6.0], dtype=torch.float64)
     want_grad = upstream * torch.tensor([0.0, 0.0, 0.0, 2e-300, 1.0, 6.0], dtype=torch.float64)
-    for fn in (activation.relu2_reference, activation.relu2_fused, kernels.relu2):
+    for fn in (layer_ops.relu2_reference, fused.relu2_fused, kernels.relu2):
         x_leaf = leaf(x)
         out = fn(x_leaf)
         (grad,) = torch.autograd.grad(out, x_leaf, upstream)
@@ -153,7 +153,7 @@ def test_zero_and_tiny_norms_behave_as_the_plain_clamp(dtype):
     x[0] = 0
     x[1] = x[1] / x[1].norm() * eps * 0.5
     x[2] = x[2] / x[2].norm() * eps * 4
-    out, grads = grads_of(norm.normalize_fused, (x,))
+    out, grads = grads_of(fused.normalize_fused, (x,))
     ref, ref_grads = grads_of(normalize, (x,))
     assert torch.isfinite(grads[0]).all()
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=0)
@@ -179,10 +179,10 @@ def test_bf16_inputs_keep_the_plain_dtypes_and_values():
         assert_same(*pair, (h, b, alpha), **tol)
     x = torch.randn(2, 4, 8, 16, generator=_gen(13)).bfloat16()
     s = torch.rand(4, 1, 16, generator=_gen(14)) + 0.5
-    assert_same(norm.normalize_fused, normalize, (x,), **tol)
-    assert_same(norm.scaled_normalize_fused, plain_scaled_normalize, (x, s), **tol)
-    assert_same(activation.swiglu_fused, plain_swiglu, (x, 2 * x.flip(-1)), **tol)
-    assert_same(activation.relu2_fused, plain_relu2, (x,), **tol)
+    assert_same(fused.normalize_fused, normalize, (x,), **tol)
+    assert_same(fused.scaled_normalize_fused, plain_scaled_normalize, (x, s), **tol)
+    assert_same(fused.swiglu_fused, plain_swiglu, (x, 2 * x.flip(-1)), **tol)
+    assert_same(fused.relu2_fused, plain_relu2, (x,), **tol)
 
 
 def test_configure_sets_the_implementation_and_returns_the_previous_setting():
@@ -210,12 +210,12 @@ def test_every_entry_point_dispatches_to_the_chosen_implementation(monkeypatch):
     calls = []
     record = lambda name: lambda *args: calls.append(name) or args[0]  # noqa: E731
     ops = {
-        "normalize": kernels.norm.NORMALIZE,
-        "qk_normalize": kernels.norm.QK_NORMALIZE,
-        **kernels.residual.UPDATES,
-        "swiglu": kernels.activation.SWIGLU,
-        "relu2": kernels.activation.RELU2,
-        "scaled_linear": kernels.linear.SCALED_LINEAR,
+        "normalize": kernels.layer_ops.NORMALIZE,
+        "qk_normalize": kernels.layer_ops.QK_NORMALIZE,
+        **kernels.layer_ops.UPDATES,
+        "swiglu": kernels.layer_ops.SWIGLU,
+        "relu2": kernels.layer_ops.RELU2,
+        "scaled_linear": kernels.layer_ops.SCALED_LINEAR,
     }
     assert {name: op.auto for name, op in ops.items()} == {name: {"*": "torch"} for name in ops}
     for name, op in ops.items():

@@ -36,20 +36,22 @@ def test_the_argument_beats_the_setting_which_beats_auto():
 def test_a_call_is_decided_once_per_device_type_and_dtype_until_configure():
     """The second call with the same device type and dtype goes straight to the kept decision;
     another dtype is decided on its own; configure() forgets them all."""
+    from spherenet.kernels.layer_ops import run
+
     ran = []
     op = Op("demo", {"reference": lambda x: ran.append("reference") or x, "torch": lambda x: ran.append("torch") or x}, {"*": "torch"})  # fmt: skip  # one table
-    op(torch.ones(2))
-    op(torch.ones(2))
+    run(op, torch.ones(2))
+    run(op, torch.ones(2))
     assert list(op.decided) == [("cpu", torch.float32, False)] and ran == ["torch", "torch"]
-    op(torch.ones(2, dtype=torch.float64))
+    run(op, torch.ones(2, dtype=torch.float64))
     assert len(op.decided) == 2
     with kernels_set_to("reference"):
         assert op.decided == {}
-        op(torch.ones(2))
+        run(op, torch.ones(2))
     assert ran[-1] == "reference"
-    op(torch.ones(2))
+    run(op, torch.ones(2))
     assert ran[-1] == "torch"
-    torch.func.vmap(op)(torch.ones(3, 2))  # a torch.func transform: the reference, decided apart
+    torch.func.vmap(lambda x: run(op, x))(torch.ones(3, 2))  # a torch.func transform: the reference, decided apart
     assert ran[-1] == "reference" and ("cpu", torch.float32, True) in op.decided
 
 
@@ -94,26 +96,23 @@ def test_the_layer_ops_send_what_triton_does_not_take_to_torch(monkeypatch):
     """float64, a Python float alpha, broadcast SwiGLU inputs and q/k not of 4 dimensions never reach a
     Triton module (which imports no family module back to fall back on): with the setting "triton" they
     run the fused torch functions, with their values."""
-    from spherenet.kernels import activation, norm, residual
+    from spherenet.kernels import fused, layer_ops
 
     ran = []
-    for module, ops in ((norm, ("NORMALIZE", "QK_NORMALIZE")), (activation, ("SWIGLU", "RELU2"))):
-        for name in ops:
-            op = getattr(module, name)
-            monkeypatch.setattr(
-                module, name, Op(op.name, {**op.implementations, "triton": ran.append}, op.auto, op.takes)
-            )
-    monkeypatch.setattr(residual, "UPDATES", {k: Op(op.name, {**op.implementations, "triton": ran.append}, op.auto, op.takes) for k, op in residual.UPDATES.items()})  # fmt: skip  # one table
+    for name in ("NORMALIZE", "QK_NORMALIZE", "SWIGLU", "RELU2"):
+        op = getattr(layer_ops, name)
+        monkeypatch.setattr(
+            layer_ops, name, Op(op.name, {**op.implementations, "triton": ran.append}, op.auto, op.takes)
+        )
+    monkeypatch.setattr(layer_ops, "UPDATES", {k: Op(op.name, {**op.implementations, "triton": ran.append}, op.auto, op.takes) for k, op in layer_ops.UPDATES.items()})  # fmt: skip  # one table
     x = torch.randn(3, 8, dtype=torch.float64)
     with kernels_set_to("triton"):
-        assert torch.equal(kernels.normalize(x), norm.normalize_fused(x))
-        assert torch.equal(kernels.qk_normalize(x.float(), torch.ones(8)), norm.scaled_normalize_fused(x.float(), torch.ones(8)))  # fmt: skip  # one check
-        assert torch.equal(kernels.relu2(x), activation.relu2_fused(x))
-        assert torch.equal(kernels.swiglu(x.float(), x[:1].float()), activation.swiglu_fused(x.float(), x[:1].float()))
-        h = norm.normalize_fused(x.float())
-        assert torch.equal(
-            kernels.residual_update("lerp", h, h.flip(0), 0.5), residual.lerp_normalize(h, h.flip(0), 0.5)
-        )
+        assert torch.equal(kernels.normalize(x), fused.normalize_fused(x))
+        assert torch.equal(kernels.qk_normalize(x.float(), torch.ones(8)), fused.scaled_normalize_fused(x.float(), torch.ones(8)))  # fmt: skip  # one check
+        assert torch.equal(kernels.relu2(x), fused.relu2_fused(x))
+        assert torch.equal(kernels.swiglu(x.float(), x[:1].float()), fused.swiglu_fused(x.float(), x[:1].float()))
+        h = fused.normalize_fused(x.float())
+        assert torch.equal(kernels.residual_update("lerp", h, h.flip(0), 0.5), fused.lerp_normalize(h, h.flip(0), 0.5))
     assert ran == []
 
 

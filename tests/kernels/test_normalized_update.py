@@ -8,7 +8,7 @@ import torch
 from kernel_setting import kernels_set_to
 
 from spherenet import kernels, manifolds
-from spherenet.kernels.residual import normalized_update, residual_update
+from spherenet.kernels.layer_ops import normalized_update, residual_update
 
 
 def _inputs(dtype=torch.float32, scalar_alpha: bool = False):

@@ -11,7 +11,8 @@ import torch
 from model_references import unit
 
 from spherenet import kernels
-from spherenet.kernels import residual, residual_fused
+from spherenet.kernels import fused as fused_ops
+from spherenet.kernels import slerp_fused
 from spherenet.manifolds import normalize, slerp
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors
@@ -22,7 +23,7 @@ ALL_KINDS = ("regular", "equal", "near", "off_sphere", "near_antipodal", "antipo
 
 
 def fused(h, h_block, alpha):
-    return residual_fused._SlerpNormalize.apply(h, h_block, alpha, None)
+    return slerp_fused._SlerpNormalize.apply(h, h_block, alpha, None)
 
 
 def alpha_of(form: str, dtype=torch.float64, rows: int = len(ALL_KINDS)):
@@ -212,8 +213,8 @@ def test_keeps_what_lerp_keeps_and_is_the_default_with_gradients():
     the definition's under plain autograd; the resolver's "auto" takes it when gradients are on."""
     h, b = leaf(unit(4, 64, 64, dtype=torch.float32, seed=10)), leaf(unit(4, 64, 64, dtype=torch.float32, seed=11))
     a = leaf(torch.rand(64) * 0.3)
-    kept = saved_bytes(residual.slerp_normalize, h, b, a)
-    assert kept == saved_bytes(residual.lerp_normalize, h, b, a) == 3 * h.numel() * 4 + 4 * 64 + 4 * 4 * 64
+    kept = saved_bytes(slerp_fused.slerp_normalize, h, b, a)
+    assert kept == saved_bytes(fused_ops.lerp_normalize, h, b, a) == 3 * h.numel() * 4 + 4 * 64 + 4 * 4 * 64
     assert 3 * kept < saved_bytes(slerp, h, b, a)
     assert type(kernels.residual_update("slerp", h, b, a).grad_fn).__name__ == "_SlerpNormalizeBackward"
     with torch.no_grad():

@@ -9,8 +9,8 @@ from torch.func import functional_call, grad, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spherenet import kernels, manifolds
-from spherenet.kernels import residual
-from spherenet.kernels.norm import NORMALIZE
+from spherenet.kernels import layer_ops
+from spherenet.kernels.layer_ops import NORMALIZE
 from spherenet.models import GPT, NGPT, preset_config
 
 
@@ -84,7 +84,7 @@ def test_every_op_resolves_to_its_reference_inside_a_transform_only():
 
     def record(t):
         seen.append(kernels.resolve.resolve(NORMALIZE, None, "cpu", (t,)))
-        seen.append(kernels.resolve.resolve(residual.UPDATES["slerp"], None, "cpu", (t, t, t)))
+        seen.append(kernels.resolve.resolve(layer_ops.UPDATES["slerp"], None, "cpu", (t, t, t)))
         return t
 
     record(x)

@@ -1,10 +1,8 @@
-"""The ``"torch"`` implementations of the residual updates of :mod:`spherenet.kernels.residual`:
-one ``torch.autograd.Function`` per update (LERP, eq. 10, 11; the Riemannian update, eq. 24-26;
-SLERP, eq. 6; each followed by ``Norm``), keeping ``h``, ``h_block`` (both kept by their
-neighbours already), ``alpha``, the output and one norm per row, and recomputing the rest: the
-small differences (LERP, Riemannian), the angle, tangent and sines (SLERP, whose backward is
-written out, antipodal rows included). They follow :mod:`spherenet.kernels.norm`'s conventions
-(smallest norm, float32 at least, output dtypes); without gradients, the forward values alone.
+"""The ``"torch"`` implementation of the SLERP residual update (eq. 6, then ``Norm``;
+:mod:`spherenet.kernels.layer_ops` names it): one ``torch.autograd.Function`` keeping ``h``,
+``h_block``, ``alpha``, the output and one norm per row, and recomputing the angle, the tangent
+and the sines, with its backward pass written out (antipodal rows included). It follows
+:mod:`spherenet.kernels.fused`'s conventions (smallest norm, float32 at least, output dtypes).
 
 Equation numbers are those of Loshchilov et al., "nGPT: Normalized Transformer with
 Representation Learning on the Hypersphere" (2024).
@@ -18,107 +16,20 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import manifolds
-from ..manifolds.geodesic import ANTIPODAL_SIN, may_hold_any, work_dtype
-from .norm import as_dtype, norm_backward, norm_forward, per_dtype, reuse, smallest_norm, tiny
+from ..manifolds.geodesic import ANTIPODAL_SIN, may_hold_any
+from .fused import (
+    _alpha_grad,
+    _keep_for_backward,
+    as_dtype,
+    norm_backward,
+    per_dtype,
+    reuse,
+    smallest_norm,
+    tiny,
+    work_dtype,
+)
 
-__all__ = ["lerp_normalize", "slerp_normalize", "riemannian_normalize"]
-
-
-def _alpha_grad(grad: torch.Tensor, alpha) -> torch.Tensor | None:
-    return grad.sum_to_size(alpha.shape).to(alpha.dtype) if isinstance(alpha, torch.Tensor) else None
-
-
-def _lerp_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """``(Norm(h + alpha (h_block - h)) in h's dtype, the row norms, the smallest norm)``."""
-    work = work_dtype(h, h_block, alpha)
-    eps = tiny(work, eps)
-    alpha_w = as_dtype(alpha, work) if isinstance(alpha, torch.Tensor) else alpha
-    y, norm = norm_forward(torch.lerp(as_dtype(h, work), as_dtype(h_block, work), alpha_w), eps)
-    return as_dtype(y, h.dtype), norm, eps
-
-
-def _riemannian_values(h, h_block, alpha, eps) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """``(Norm(h - alpha (h (h . h_block) - h_block)) in h's dtype, the row norms, the smallest norm)``."""
-    work = work_dtype(h, h_block, alpha)
-    eps = tiny(work, eps)
-    hw, bw = as_dtype(h, work), as_dtype(h_block, work)
-    alpha_w = as_dtype(alpha, work) if isinstance(alpha, torch.Tensor) else alpha
-    g = hw * (hw * bw).sum(dim=-1, keepdim=True) - bw  # eq. 24
-    y, norm = norm_forward(hw - alpha_w * g, eps)
-    return as_dtype(y, h.dtype), norm, eps
-
-
-def _keep_for_backward(ctx, values, h, h_block, alpha, eps) -> torch.Tensor:
-    """The fused functions' forward: ``values(h, h_block, alpha, eps)``'s output, keeping ``h``,
-    ``h_block``, ``alpha`` (a tensor; a Python float on ``ctx``), the output and the row norms."""
-    y, norm, eps = values(h, h_block, alpha, eps)
-    ctx.save_for_backward(h, h_block, alpha if isinstance(alpha, torch.Tensor) else None, y, norm)
-    ctx.alpha, ctx.eps = alpha, eps
-    return y
-
-
-class _LerpNormalize(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, h_block, alpha, eps):
-        return _keep_for_backward(ctx, _lerp_values, h, h_block, alpha, eps)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        h, h_block, alpha_t, y, norm = ctx.saved_tensors
-        alpha = ctx.alpha if alpha_t is None else alpha_t.to(norm.dtype)
-        grad_sum = norm_backward(grad, y, norm, ctx.eps)  # of h + alpha (h_block - h)
-        need_h, need_block, need_alpha = ctx.needs_input_grad[:3]
-        grad_h = (grad_sum * (1 - alpha)).to(h.dtype) if need_h else None
-        grad_block = (grad_sum * alpha).to(h_block.dtype) if need_block else None
-        grad_alpha = None
-        if need_alpha:
-            step = h_block.to(norm.dtype) - h.to(norm.dtype)
-            grad_alpha = _alpha_grad(grad_sum * step, alpha_t)
-        return grad_h, grad_block, grad_alpha, None
-
-
-def lerp_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha, eps: float | None = None) -> torch.Tensor:
-    """nGPT's residual update ``Norm(h + alpha (h_block - h))`` (eq. 10, 11; LERP of eq. 7, 8
-    then retraction), the values of :func:`spherenet.manifolds.lerp`. Keeps ``h``, ``h_block``,
-    the output and one norm per row; ``h_block - h`` is recomputed for alpha's gradient. Without
-    gradients, the forward pass alone (no autograd function)."""
-    if not torch.is_grad_enabled():
-        return _lerp_values(h, h_block, alpha, eps)[0]
-    return _LerpNormalize.apply(h, h_block, alpha, eps)
-
-
-class _RiemannianNormalize(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, h_block, alpha, eps):
-        return _keep_for_backward(ctx, _riemannian_values, h, h_block, alpha, eps)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        h, h_block, alpha_t, y, norm = ctx.saved_tensors
-        work = norm.dtype
-        alpha = ctx.alpha if alpha_t is None else alpha_t.to(work)
-        hw, bw = h.to(work), h_block.to(work)
-        cos = (hw * bw).sum(dim=-1, keepdim=True)
-        gs = norm_backward(grad, y, norm, ctx.eps)  # of s = h - alpha (h (h . b) - b)
-        alpha_gs = gs * alpha
-        w = (alpha_gs * hw).sum(dim=-1, keepdim=True)  # sum_i gs_i alpha_i h_i
-        need_h, need_block, need_alpha = ctx.needs_input_grad[:3]
-        grad_h = (gs - alpha_gs * cos - bw * w).to(h.dtype) if need_h else None
-        grad_block = (alpha_gs - hw * w).to(h_block.dtype) if need_block else None
-        grad_alpha = _alpha_grad(gs * (bw - hw * cos), alpha_t) if need_alpha else None
-        return grad_h, grad_block, grad_alpha, None
-
-
-def riemannian_normalize(h: torch.Tensor, h_block: torch.Tensor, alpha, eps: float | None = None) -> torch.Tensor:
-    """The Riemannian residual update ``Norm(h - alpha (h (h · h_block) - h_block))`` (eq. 24-26),
-    the values of :func:`spherenet.manifolds.riemannian_update`; keeps what
-    :func:`lerp_normalize` keeps and recomputes ``h · h_block``. Without gradients, the forward
-    pass alone."""
-    if not torch.is_grad_enabled():
-        return _riemannian_values(h, h_block, alpha, eps)[0]
-    return _RiemannianNormalize.apply(h, h_block, alpha, eps)
+__all__ = ["slerp_normalize"]
 
 
 #: theta below which the backward pass takes R = sin(alpha theta) / sin(theta) as alpha (off by a
