@@ -313,7 +313,7 @@ class SphereNetLM(TemplateLM):
         self, prompts: torch.Tensor, until: list[str], max_new: int, temperature: float, top_k: int | None
     ) -> list[str]:
         """Decode ``prompts`` (``(B, T)``, same length) with a KV cache, as
-        :func:`spherenet.models.common.generate` does, stopping each row at a stop string or
+        :func:`spherenet.models.generation.generate` does, stopping each row at a stop string or
         the end-of-text id; rows that stopped keep being fed (their tokens are discarded)."""
         caches = [KVCache() for _ in self.model.blocks]
         logits = self.model(prompts, kv_caches=caches)[:, -1, :]

@@ -2,7 +2,7 @@
 (:mod:`spherenet.hf.modeling` mixes :class:`SpherenetModelSurface` in): gradient checkpointing
 is spherenet's activation checkpointing, ``resize_token_embeddings`` keeps nGPT's embeddings on
 the sphere, attention is SDPA only, ``generate`` slides past the context as spherenet's own
-:func:`spherenet.models.common.generate` does, ``num_parameters`` counts as transformers does, and
+:func:`spherenet.models.generation.generate` does, ``num_parameters`` counts as transformers does, and
 nGPT's sphere weights are renormalized after every optimizer step, with a training forward that
 warns (once) when they are off the sphere anyway.
 """
@@ -158,7 +158,7 @@ class SpherenetModelSurface:
 
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, cache=None, **kwargs):
         """transformers' inputs of one generation step, sliding past the context as spherenet's
-        :func:`~spherenet.models.common.generate` does: when the cached and new tokens would pass
+        :func:`~spherenet.models.generation.generate` does: when the cached and new tokens would pass
         ``max_seq_len``, the cache is emptied and the last ``max_seq_len`` tokens are run again at
         positions 0 .. max_seq_len - 1 (a prompt longer than the context keeps its last
         ``max_seq_len`` tokens)."""

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from .. import manifolds
 from ..manifolds.geodesic import peek_transform
+from . import triton_calls
 from .arguments import check_broadcast, check_linear, check_update
 from .fused import (
     _lerp_values,
@@ -102,49 +103,7 @@ def scaled_linear_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.
     return F.linear(x, weight) * scale
 
 
-# ---------------------------------------------------------------- Triton, imported on first use
-
-
-def _normalize_triton(x):
-    from . import norm_triton  # imports Triton: on first use only
-
-    return norm_triton.normalize(x)
-
-
-def _scaled_normalize_triton(x, scale):
-    from . import norm_triton
-
-    return norm_triton.scaled_normalize(x, scale)
-
-
-def _lerp_triton(h, h_block, alpha):
-    from . import residual_triton
-
-    return residual_triton.lerp_normalize(h, h_block, alpha)
-
-
-def _slerp_triton(h, h_block, alpha):
-    from . import residual_triton
-
-    return residual_triton.slerp_normalize(h, h_block, alpha)
-
-
-def _riemannian_triton(h, h_block, alpha):
-    from . import residual_triton
-
-    return residual_triton.riemannian_normalize(h, h_block, alpha)
-
-
-def _swiglu_triton(u, v):
-    from . import activation_triton
-
-    return activation_triton.swiglu(u, v)
-
-
-def _relu2_triton(x):
-    from . import activation_triton
-
-    return activation_triton.relu2(x)
+# ---------------------------------------------------------------- what the Triton kernels take
 
 
 def _residual_triton_takes(h: torch.Tensor, h_block: torch.Tensor, alpha) -> bool:
@@ -163,7 +122,7 @@ NORMALIZE = Op(
     implementations={
         "reference": manifolds.normalize,
         "torch": normalize_fused,
-        "triton": _normalize_triton,
+        "triton": triton_calls.normalize_triton,
     },
     auto={"*": "torch"},
     takes={"triton": lambda x: x.dtype != torch.float64},  # the kernels compute in float32
@@ -173,7 +132,7 @@ QK_NORMALIZE = Op(
     implementations={
         "reference": scaled_normalize_reference,
         "torch": scaled_normalize_fused,
-        "triton": _scaled_normalize_triton,
+        "triton": triton_calls.scaled_normalize_triton,
     },
     auto={"*": "torch"},
     takes={"triton": lambda x, scale: x.dtype != torch.float64 and x.ndim == 4},  # per-head scales of (B, H, T, d_k)
@@ -191,21 +150,21 @@ UPDATES: dict[str, Op] = {
         takes={"triton": _residual_triton_takes},
     )
     for name, reference, fused, triton in (
-        ("lerp", manifolds.lerp, lerp_normalize, _lerp_triton),
-        ("slerp", manifolds.slerp, slerp_normalize, _slerp_triton),
-        ("riemannian", manifolds.riemannian_update, riemannian_normalize, _riemannian_triton),
+        ("lerp", manifolds.lerp, lerp_normalize, triton_calls.lerp_triton),
+        ("slerp", manifolds.slerp, slerp_normalize, triton_calls.slerp_triton),
+        ("riemannian", manifolds.riemannian_update, riemannian_normalize, triton_calls.riemannian_triton),
     )
 }
 SWIGLU = Op(
     "swiglu",
-    implementations={"reference": swiglu_reference, "torch": swiglu_fused, "triton": _swiglu_triton},
+    implementations={"reference": swiglu_reference, "torch": swiglu_fused, "triton": triton_calls.swiglu_triton},
     auto={"*": "torch"},
     # the kernels compute in float32 over same-shaped u and v (no broadcasting)
     takes={"triton": lambda u, v: torch.float64 not in (u.dtype, v.dtype) and u.shape == v.shape},
 )
 RELU2 = Op(
     "relu2",
-    implementations={"reference": relu2_reference, "torch": relu2_fused, "triton": _relu2_triton},
+    implementations={"reference": relu2_reference, "torch": relu2_fused, "triton": triton_calls.relu2_triton},
     auto={"*": "torch"},
     takes={"triton": lambda x: x.dtype != torch.float64},  # the kernels compute in float32
 )

@@ -5,11 +5,12 @@ heads, SDPA), RMSNorm, a classifier head on the sphere, and the models'
 configs (:mod:`spherenet.layers.config`, with the paper's constants). The element-wise
 operations they share, and the choice of their implementation, are in :mod:`spherenet.kernels`."""
 
-from .attention import Attention, KVCache, RotaryEmbedding, apply_rotary
-from .config import RESIDUAL_UPDATES, GPTConfig, NGPTConfig
+from .attention import Attention, RotaryEmbedding, apply_rotary
+from .config import RESIDUAL_UPDATES, GPTConfig, NGPTConfig, ScaleSpec
 from .head import SphereClassifier
+from .kv_cache import KVCache
 from .norm import RMSNorm
-from .sphere import Scale, ScaleSpec, SphereEmbedding, SphereLinear
+from .sphere import Scale, SphereEmbedding, SphereLinear
 
 __all__ = [
     "NGPTConfig",

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from .. import kernels
-from .config import S_Z
-from .sphere import Scale, ScaleSpec, SphereLinear
+from .config import S_Z, ScaleSpec
+from .sphere import Scale, SphereLinear
 
 __all__ = ["SphereClassifier"]
 

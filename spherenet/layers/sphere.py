@@ -8,7 +8,7 @@ unit vector is never split across ranks). The owning module also declares it
 (:func:`spherenet.manifolds.declare_sphere`), so optimizers still find it after the parameter is
 re-wrapped by FSDP2 or ``load_state_dict(assign=True)``.
 
-**Scalings** (:class:`ScaleSpec`, :class:`Scale`). Section 2.5 of the nGPT paper: "for any
+**Scalings** (:class:`Scale`, described by a :class:`~spherenet.layers.config.ScaleSpec`). Section 2.5 of the nGPT paper: "for any
 trainable vector of scaling parameters such as s_a, we use two scalars s_a,init and s_a,scale".
 The vector is stored initialized at ``s_a,scale`` and multiplied by ``s_a,init / s_a,scale`` in
 the forward pass, so its effective learning rate is the global one times ``s_a,init /
@@ -19,12 +19,6 @@ s_v (eq. 20, 21) and s_z (eq. 3). Each is described by a :class:`ScaleSpec` and 
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,79 +26,11 @@ from torch import nn
 from .. import kernels
 from ..manifolds import UNIT_SPHERE, declare_sphere
 from ..manifolds.sphere import geoopt
+from .config import SCALE_MODES, ScaleSpec
 
-__all__ = ["ScaleSpec", "Scale", "SCALE_MODES", "SphereLinear", "SphereEmbedding", "scaled", "is_plain"]
+__all__ = ["Scale", "SphereLinear", "SphereEmbedding", "scaled", "is_plain"]
 
 # ---------------------------------------------------------------- scalings (Section 2.5)
-
-SCALE_MODES = ("vector", "scalar", "fixed")
-
-
-def _check_spec(values: Mapping[str, Any], where: str) -> None:
-    """Raise ``ValueError`` naming ``where.<field>`` for the first field of ``values`` that is bad."""
-    init, scale, mode, absolute = (values[k] for k in ("init", "scale", "mode", "absolute"))
-    if isinstance(init, bool) or not isinstance(init, (int, float)) or not math.isfinite(init):
-        raise ValueError(f"{where}.init must be a finite number, got {init!r}")
-    if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0)
-    ):
-        raise ValueError(f"{where}.scale must be a finite number > 0 or None (1/sqrt(d_model)), got {scale!r}")
-    if mode not in SCALE_MODES:
-        raise ValueError(f"{where}.mode must be one of {SCALE_MODES}, got {mode!r}")
-    if not isinstance(absolute, bool):
-        raise ValueError(f"{where}.absolute must be True or False, got {absolute!r}")
-
-
-@dataclass(frozen=True)
-class ScaleSpec:
-    """How one scaling is parametrized (Section 2.5): its ``s_init``, its ``s_scale``, its shape.
-
-    - ``init``: the value used in the forward pass at initialization (``s_init``).
-    - ``scale``: the value stored at initialization (``s_scale``); ``None`` means
-      ``1/sqrt(d_model)``, so the scaling moves like an element of a unit vector of size d_model.
-    - ``mode``: ``"vector"`` (one learnable value per element, the paper's), ``"scalar"`` (one
-      learnable value, broadcast) or ``"fixed"`` (no parameter: the constant ``init``) (Table 5).
-    - ``absolute``: use ``|s|`` in the forward pass (the paper's choice for alpha, Appendix A.2).
-
-    A value, not a module: compare, hash and store it in configs; :meth:`to_dict` and
-    :meth:`from_dict` convert it for JSON/TOML.
-    """
-
-    init: float
-    scale: float | None = None
-    mode: Literal["vector", "scalar", "fixed"] = "vector"
-    absolute: bool = False
-
-    def __post_init__(self):
-        _check_spec(dataclasses.asdict(self), "ScaleSpec")
-        object.__setattr__(self, "init", float(self.init))
-        if self.scale is not None:
-            object.__setattr__(self, "scale", float(self.scale))
-
-    def stored_scale(self, d_model: int) -> float:
-        """``s_scale``, with ``None`` resolved to ``1/sqrt(d_model)``."""
-        return 1 / math.sqrt(d_model) if self.scale is None else self.scale
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any], base: ScaleSpec | None = None, where: str = "ScaleSpec") -> ScaleSpec:
-        """The spec of ``values`` (``{"init": 0.05, ...}``); fields left out are those of
-        ``base`` (``init`` is required without one). ``where`` names the spec in errors, e.g.
-        ``"NGPTConfig.alpha_attn"`` gives ``NGPTConfig.alpha_attn.init must be ...``."""
-        if not isinstance(values, Mapping):
-            raise ValueError(f"{where} must be a ScaleSpec or a table of its fields, got {values!r}")
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = [key for key in values if key not in known]
-        if unknown:
-            raise ValueError(f"{where} has unknown field(s) {', '.join(map(repr, unknown))}; valid: {', '.join(known)}")
-        if base is None and "init" not in values:
-            raise ValueError(f"{where} needs an 'init' value")
-        defaults = base.to_dict() if base is not None else {f.name: f.default for f in dataclasses.fields(cls)}
-        merged = {**defaults, **values}
-        _check_spec(merged, where)
-        return cls(**merged)
 
 
 class Scale(nn.Module):

@@ -6,9 +6,10 @@ Each model class enters itself in :data:`MODEL_CLASSES` under its ``model_type``
 everything that needs "every model class" (loading, presets, analysis, recipes) reads it there.
 """
 
-from ..layers.sphere import ScaleSpec
-from .common import LanguageModel, generate, sample_next_token
+from ..layers.config import ScaleSpec
+from .common import LanguageModel
 from .encoder_decoder import GPTCrossAttention, GPTCrossBlock, NGPTCrossAttention, NGPTCrossBlock
+from .generation import GenerationMixin, generate, sample_next_token
 from .gpt import GPT, GPTMLP, GPTAttention, GPTBlock, GPTConfig, GPTReLU2MLP, gpt_mlp
 from .hub import MODEL_CLASSES, PretrainedFileError, load_pretrained, model_class, model_class_of
 from .inference import fold_for_inference, is_folded
@@ -37,6 +38,7 @@ __all__ = [
     "NGPTCrossBlock",
     "GPTCrossBlock",
     "LanguageModel",
+    "GenerationMixin",
     "MODEL_CLASSES",
     "model_class",
     "model_class_of",

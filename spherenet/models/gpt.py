@@ -27,6 +27,7 @@ from ..layers import GPTConfig, KVCache, RMSNorm, RotaryEmbedding
 from ..layers.attention import Attention
 from ..layers.config import gpt_softmax_scale
 from .common import LanguageModel
+from .generation import GenerationMixin
 
 __all__ = ["GPTConfig", "GPTAttention", "GPTMLP", "GPTReLU2MLP", "gpt_mlp", "gpt_attention", "GPTBlock", "GPT"]
 
@@ -160,7 +161,7 @@ class GPTBlock(nn.Module):
 # Model: embedding, blocks, final RMSNorm, logits (eq. 1)
 
 
-class GPT(LanguageModel):
+class GPT(LanguageModel, GenerationMixin):
     """The baseline Transformer decoder: ``h = E_in[ids]``, L pre-norm blocks, RMSNorm,
     logits ``z = E_out h`` (eq. 1)."""
 

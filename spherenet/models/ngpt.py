@@ -35,6 +35,7 @@ from ..layers.attention import Attention
 from ..layers.config import S_QK, S_U, S_UV, S_V, ngpt_softmax_scale
 from ..layers.sphere import scaled
 from .common import LanguageModel
+from .generation import GenerationMixin
 
 __all__ = [
     "NGPTConfig",
@@ -260,7 +261,7 @@ class NGPTBlock(nn.Module):
 # Model: embedding, blocks, logits (eq. 1, 3)
 
 
-class NGPT(LanguageModel):
+class NGPT(LanguageModel, GenerationMixin):
     """The normalized Transformer.
 
     ``h = E_in[ids]`` (unit rows), then L blocks ``h <- Norm(h + alpha (Norm(block(h)) - h))``

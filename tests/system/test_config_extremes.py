@@ -30,8 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import recipes.train
-from spherenet.layers.config import MAX_SEQ_LEN, MAX_SIZE
-from spherenet.layers.sphere import ScaleSpec
+from spherenet.layers.config import MAX_SEQ_LEN, MAX_SIZE, ScaleSpec
 from spherenet.train import config as run_config
 from spherenet.train.config import DOCUMENTED_VALUES, ConfigError, RunConfig, model_config, upper_bound
 
