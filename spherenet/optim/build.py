@@ -68,8 +68,8 @@ and ``eps`` are the Adam part's. ``matrix_lr`` (``None``: ``lr``) applies to ``"
 weights (they would leave the sphere: use one of the nGPT methods), ``"muon"`` likewise, and the
 Muon methods on a model without hidden matrices for Muon.
 
-Each method's optimizer is built by its builder in :mod:`spherenet.optim.recipes`
-(:data:`~spherenet.optim.recipes.BUILDERS`); :func:`build_optimizer` does the common checks,
+Each method's optimizer is built by its builder in :mod:`spherenet.optim.builders`
+(:data:`~spherenet.optim.builders.BUILDERS`); :func:`build_optimizer` does the common checks,
 looks the method up there and adds the schedule.
 """
 
@@ -83,8 +83,8 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from ..manifolds import declared_matrix_spheres
 from ._checks import check_betas, check_positive_float
+from .builders import BUILDERS, Settings
 from .groups import named_sphere_parameters
-from .recipes import BUILDERS, Settings
 from .riemannian_adam import SphereAdamOptions, sphere_adam_options
 
 __all__ = ["METHODS", "MUON_METHODS", "METHOD_DEFAULTS", "build_optimizer", "WarmupCosine"]
@@ -154,8 +154,9 @@ def build_optimizer(
     muon_momentum: float = 0.95,
     matrix_lr: float | None = None,
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
-    """Build the optimizer and the LR schedule of one of the paper's recipes (Table 3): the
-    module docstring says what each method and setting is and what is refused."""
+    """Build the optimizer and the LR schedule of one of the paper's recipes (Table 3), or of the
+    Muon and Hyperball ones: :mod:`spherenet.optim.build` says what each method and setting is,
+    and what is refused (``ValueError`` naming the value)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"build_optimizer expects an nn.Module, got {type(model).__name__}")
     if method not in METHODS:

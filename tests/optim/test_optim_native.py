@@ -272,14 +272,18 @@ def test_build_optimizer_passes_the_kernel_choice():
 
     opt, _ = build_optimizer(ngpt(torch.float32), "riemannian_adam", lr=1e-3, total_steps=10, sphere_kernel="torch")
     assert opt.options.implementation == "torch"
-    with pytest.raises(ValueError, match=r"sphere_kernel \(the sphere-Adam implementation\) must be one of .*got 'gpu'"):
+    with pytest.raises(
+        ValueError, match=r"sphere_kernel \(the sphere-Adam implementation\) must be one of .*got 'gpu'"
+    ):
         build_optimizer(ngpt(torch.float32), "riemannian_adam", lr=1e-3, total_steps=10, sphere_kernel="gpu")
 
 
 def test_sphere_kernel_option_is_checked():
     assert SPHERE_KERNELS == ("auto", "reference", "torch", "native", "triton")
     for bad in ("cuda", "foreach"):  # "foreach", once another name of "torch", is refused too
-        with pytest.raises(ValueError, match=rf"sphere_kernel \(the sphere-Adam implementation\) must be one of .*got '{bad}'"):
+        with pytest.raises(
+            ValueError, match=rf"sphere_kernel \(the sphere-Adam implementation\) must be one of .*got '{bad}'"
+        ):
             RiemannianAdam(ngpt(torch.float32), sphere_kernel=bad)
 
 
