@@ -106,20 +106,22 @@ class RiemannianAdam(Optimizer):
             tensors; a ``RuntimeError`` if it cannot be built), ``"triton"`` (CUDA, or CPU under
             ``TRITON_INTERPRET=1``), ``"torch"`` (``torch._foreach_*`` passes, any device),
             ``"reference"`` (the step written out, one parameter at a time: slow, for checking)
-            or ``"auto"`` (default: native on CPU, Triton on CUDA,
-            ``"torch"`` elsewhere and for tensors the others cannot take). Registered geometries
-            always take ``"torch"``.
+            or ``"auto"`` (default: native on CPU, Triton on CUDA, ``"torch"`` elsewhere and for
+            tensors the others cannot take). Registered geometries always take ``"torch"``.
         options: a :class:`spherenet.kernels.sphere_adam.SphereAdamOptions` instead of
             ``second_moment``, ``gradient`` and ``sphere_kernel``, which only build one (giving
             both is a ``ValueError``). It applies to every group and is handed to
             :func:`spherenet.kernels.sphere_adam_` as it is (:attr:`options`); a param group
-            carrying its own ``"second_moment"``, ``"gradient"`` or ``"options"`` is refused:
-            for two settings, two optimizers (:class:`spherenet.optim.CombinedOptimizer`).
+            carrying its own ``"second_moment"``, ``"gradient"``, ``"sphere_kernel"`` or
+            ``"options"`` is refused: for two settings, two optimizers
+            (:class:`spherenet.optim.CombinedOptimizer`).
 
-    Refusals (``ValueError`` unless said): a param group with option keys (above); a geoopt ``ManifoldParameter`` on a sphere in a
-    Euclidean group; a declared sphere parameter of ``model`` in no sphere group; weight decay
-    in a sphere group; a sphere tensor sharded along its last dimension; off-sphere rows at the
-    first step with ``off_sphere="error"``; replaced model parameters (``RuntimeError``).
+    Refusals (``ValueError`` unless said): a param group with options of its own (above); a
+    geoopt ``ManifoldParameter`` on a sphere in a Euclidean group; a declared sphere parameter of
+    ``model`` in no sphere group; weight decay in a sphere group; ``second_moment="row"`` with a
+    registered geometry's group; a sphere tensor sharded along its last dimension; off-sphere
+    rows at the first step with ``off_sphere="error"``; replaced model parameters
+    (``RuntimeError``).
 
     The step leaves ``p.grad`` as it is (geoopt overwrites it with the Riemannian gradient).
     ``torch.compile(optimizer.step)`` runs the step eagerly (it is excluded from tracing), so
@@ -195,7 +197,9 @@ class RiemannianAdam(Optimizer):
                 "setting use another RiemannianAdam (CombinedOptimizer steps several as one)"
             )
         if manifold not in (EUCLIDEAN, SPHERE) and self.options.row_second_moment:
-            raise ValueError(f"RiemannianAdam: second_moment='row' is for the row sphere; a {manifold} group uses 'element'")  # fmt: skip  # one message
+            raise ValueError(
+                f"RiemannianAdam: second_moment='row' is for the row sphere; a {manifold} group uses 'element'"
+            )
         for key in ("lr", "eps", "weight_decay"):
             if key in param_group:
                 check_positive_float(key, param_group[key], allow_zero=True)

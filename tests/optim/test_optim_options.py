@@ -16,6 +16,7 @@ from spherenet.kernels import sphere_rows
 from spherenet.layers import SphereLinear
 from spherenet.models import from_preset
 from spherenet.optim import RiemannianAdam, SphereAdamOptions, build_optimizer, param_groups
+from spherenet.optim.builders import declare_hidden_matrix_spheres
 from spherenet.train.config import ConfigError, OptimSection, load_config
 
 
@@ -143,3 +144,15 @@ def test_the_step_reaches_the_retraction_in_at_most_four_calls(monkeypatch, impl
     monkeypatch.setattr(owner, name, spy)
     optimizer.step()
     assert frames[-1] == "step" and len(frames) <= 4, frames
+
+
+def test_a_geometrys_group_refuses_a_row_second_moment_when_added_and_steps_with_torch(monkeypatch):
+    torch.manual_seed(0)
+    gpt = from_preset("gpt-tiny", vocab_size=32, d_model=16, n_heads=2, n_layers=1, max_seq_len=8)
+    declare_hidden_matrix_spheres(gpt)
+    with pytest.raises(ValueError, match="second_moment='row' is for the row sphere; a matrix_sphere group"):
+        RiemannianAdam(gpt, lr=1e-2, second_moment="row")
+    optimizer = RiemannianAdam(gpt, lr=1e-2, sphere_kernel="reference")
+    seen = seen_options(monkeypatch, optimizer)
+    assert seen == [SphereAdamOptions(implementation="torch")]  # the one implementation that steps it
+    assert seen_options(monkeypatch, optimizer)[0] is seen[0]  # made once, not at every step
