@@ -76,7 +76,7 @@ def make_optimizer(model: nn.Module, method: str, lr: float, steps: int):
     if method == "adam":  # no normalization at all: the control
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     if method == "riemannian_adam_foreach":
-        return build_optimizer(model, "riemannian_adam", lr=lr, total_steps=steps, sphere_kernel="foreach")[0]
+        return build_optimizer(model, "riemannian_adam", lr=lr, total_steps=steps, sphere_kernel="torch")[0]
     optimizer, _ = build_optimizer(model, method, lr=lr, total_steps=steps)  # constant lr: no scheduler step
     return optimizer
 

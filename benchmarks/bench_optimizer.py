@@ -120,8 +120,8 @@ def contenders(model, lr: float, kernels: list[str]) -> dict:
             for gradient in GRADIENTS
         },
         **{
-            f"spherenet RiemannianAdam, {moment}, {GRADIENTS[0]} gradient, foreach, wave_bytes unlimited": (
-                lambda moment=moment: RiemannianAdam(model, lr=lr, second_moment=moment, sphere_kernel="foreach"),
+            f"spherenet RiemannianAdam, {moment}, {GRADIENTS[0]} gradient, torch, wave_bytes unlimited": (
+                lambda moment=moment: RiemannianAdam(model, lr=lr, second_moment=moment, sphere_kernel="torch"),
                 one_wave_step,
             )
             for moment in ("element", "row")
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message=".*projecting sphere parameters onto the sphere")
 
     model = build_model(args, device)
-    kernels, notes = ["foreach"], []
+    kernels, notes = ["torch"], []
     if device.type == "cuda":  # the Triton kernel (on CPU it runs only in Triton's interpreter)
         available, reason = implementation_status("triton")
         if available:

@@ -62,41 +62,39 @@ SECOND_MOMENTS = ("element", "row")
 GRADIENTS = ("riemannian", "euclidean")
 #: The values of :attr:`SphereAdamOptions.implementation`: ``"auto"`` and :data:`SPHERE_ADAM`'s names.
 IMPLEMENTATIONS = ("auto", "reference", "torch", "native", "triton")
-#: Old spellings still accepted, with their meaning: ``"foreach"`` (the optimizer's name for the
-#: foreach passes before the resolver named them ``"torch"``).
-ALIASES = {"foreach": "torch"}
 
 
 @dataclass(frozen=True)
 class SphereAdamOptions:
     """How a sphere-Adam step is taken, checked once here: what the moments see (``gradient``),
     the shape of the second moment (``second_moment``) and which implementation of
-    :data:`SPHERE_ADAM` runs (``implementation``, one of :data:`IMPLEMENTATIONS`, or
-    ``"foreach"``, kept as ``"torch"``). The numbers (``lr``, betas, ``eps``) are not here: they
-    are a parameter group's, changed by schedules.
+    :data:`SPHERE_ADAM` runs (``implementation``, one of :data:`IMPLEMENTATIONS`). The numbers
+    (``lr``, betas, ``eps``) are not here: they are a parameter group's, changed by schedules.
+    The one form of these settings from a run config (``optim.second_moment``,
+    ``optim.gradient``, ``optim.sphere_kernel``) or the optimizer's keywords to the kernel.
 
     Raises ``ValueError`` naming a bad value and the allowed ones, ``RuntimeError`` when an
-    implementation named explicitly (``"native"``, ``"triton"``) cannot run on this machine."""
+    implementation named explicitly (``"native"``, ``"triton"``) cannot run on this machine. Each
+    message starts with the keyword that sets the field (``sphere_kernel`` for
+    ``implementation``), which is also the run config's ``optim`` key."""
 
     second_moment: str = "element"
     gradient: str = "euclidean"
     implementation: str = "auto"
 
     def __post_init__(self):
-        if self.second_moment not in SECOND_MOMENTS:
-            raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {self.second_moment!r}")
-        if self.gradient not in GRADIENTS:
-            raise ValueError(f"gradient must be one of {GRADIENTS}, got {self.gradient!r}")
-        implementation = ALIASES.get(self.implementation, self.implementation)
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(
-                f"the sphere-Adam implementation (sphere_kernel=) must be one of {', '.join(IMPLEMENTATIONS)} "
-                f"(or 'foreach', the same as 'torch'), got {self.implementation!r}"
-            )
-        object.__setattr__(self, "implementation", implementation)
-        available, reason = _choice.implementation_status(implementation)
+        for keyword, value, allowed in (
+            ("second_moment", self.second_moment, SECOND_MOMENTS),
+            ("gradient", self.gradient, GRADIENTS),
+            ("sphere_kernel", self.implementation, IMPLEMENTATIONS),
+        ):
+            if value not in allowed:
+                what = " (the sphere-Adam implementation)" if keyword == "sphere_kernel" else ""
+                raise ValueError(f"{keyword}{what} must be one of {allowed}, got {value!r}")
+        available, reason = _choice.implementation_status(self.implementation)
         if not available:
-            raise RuntimeError(f"sphere_kernel={implementation!r} (sphere-Adam implementation): unavailable: {reason}")
+            name = self.implementation
+            raise RuntimeError(f"sphere_kernel={name!r} (sphere-Adam implementation): unavailable: {reason}")
 
     @property
     def row_second_moment(self) -> bool:

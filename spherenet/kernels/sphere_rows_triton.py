@@ -220,7 +220,7 @@ def sphere_adam_rows_(
         named = [[("gradient", gs[i]), ("exp_avg", ms[i]), ("exp_avg_sq", vs[i]), ("parameter", xs[i])] for i in idx]
         _check(
             "sphere_adam_",
-            "; use the native or foreach implementation on CPU",
+            "; use the native or torch implementation on CPU",
             device,
             [pair for tensors in named for pair in tensors],
         )

@@ -41,28 +41,55 @@
 The Muon recipes return one :class:`CombinedOptimizer`. Their Muon learning rate
 (``muon_lr``) defaults to ``lr``: with the RMS-matching step size (Liu et al. 2025) the Muon
 update has AdamW's RMS, so the Adam recipes' learning rate transfers.
+
+**Settings.** ``weight_decay`` / ``warmup_steps`` of ``None`` take the recipe's value (nGPT: 0
+and 0; GPT: 0.1 on ``ndim >= 2`` tensors and 2000). Weight decay is decoupled (AdamW) and never
+applies to sphere weights. The schedule is :class:`WarmupCosine` in a ``LambdaLR``: call
+``scheduler.step()`` after each ``optimizer.step()``. The betas default to the official code's
+``(0.9, 0.95)`` (docs/paper.md).
+
+``second_moment`` applies to ``"riemannian_adam"`` only (``"element"``: learning rates transfer
+from ``"adam_normalize"``; ``"row"``: geoopt's semantics, ``lr`` is then an angle per step per
+row). ``gradient`` too: ``"euclidean"`` (Adam on the raw gradient; with ``"element"`` the paper's
+method) or ``"riemannian"`` (Adam on its tangent projection). ``sphere_kernel`` too (``"auto"``,
+``"native"``, ``"triton"``, ``"torch"``, ``"reference"``: see :class:`RiemannianAdam`). The three
+build one :class:`spherenet.kernels.sphere_adam.SphereAdamOptions`, which ``options`` gives
+instead (a run config's ``[optim]`` section does so); it reaches the optimizer unchanged.
+
+``muon_lr`` (``None``: ``lr``) and ``muon_momentum`` apply to the Muon methods only: the
+learning rate and momentum of the Muon part (the hidden matrices: every 2-D weight but the
+embeddings and output layers, see :func:`spherenet.optim.hidden_matrices`); ``lr``, ``betas``
+and ``eps`` are the Adam part's. ``matrix_lr`` (``None``: ``lr``) applies to ``"adamh"`` and
+``"muonh"``: the hidden matrices' rate (an angle per step); ``muon_momentum`` is MuonH's too.
+
+**Refusals.** ``ValueError`` naming the bad value (unknown method, ``lr <= 0``,
+``total_steps <= 0``, ``warmup_steps >= total_steps``, negative weight decay, betas outside
+[0, 1), unknown second moment or gradient), and for ``"adamw"`` on a model that declares sphere
+weights (they would leave the sphere: use one of the nGPT methods), ``"muon"`` likewise, and the
+Muon methods on a model without hidden matrices for Muon.
+
+Each method's optimizer is built by its builder in :mod:`spherenet.optim.builders`
+(:data:`~spherenet.optim.builders.BUILDERS`); :func:`build_optimizer` does the common checks,
+looks the method up there and adds the schedule.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from ..manifolds import declare_matrix_sphere, declared_matrix_spheres
-from ._checks import check_betas, check_positive_float, is_dtensor
-from .combined import CombinedOptimizer
-from .groups import EUCLIDEAN, MATRIX_SPHERE, SPHERE, named_sphere_parameters, param_groups, split_fused
-from .muon import SphericalMuon, hidden_matrices
-from .normalize import add_normalize_hook, normalize_
-from .riemannian_adam import RiemannianAdam, SphereAdamOptions, sphere_adam_options
+from ..manifolds import declared_matrix_spheres
+from ._checks import check_betas, check_positive_float
+from .builders import BUILDERS, Settings
+from .groups import named_sphere_parameters
+from .riemannian_adam import SphereAdamOptions, sphere_adam_options
 
 __all__ = ["METHODS", "MUON_METHODS", "METHOD_DEFAULTS", "build_optimizer", "WarmupCosine"]
 
-METHODS = ("riemannian_adam", "adam_normalize", "adamw", "spherical_muon", "muon", "adamh", "muonh")
+METHODS = tuple(BUILDERS)
 MUON_METHODS = ("spherical_muon", "muon", "muonh")
 #: The methods that hold GPT's hidden matrices on whole-matrix spheres (Hyperball).
 HYPERBALL_METHODS = ("adamh", "muonh")
@@ -127,39 +154,14 @@ def build_optimizer(
     muon_momentum: float = 0.95,
     matrix_lr: float | None = None,
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
-    """Build the optimizer and the LR schedule of one of the paper's recipes (Table 3).
-
-    ``weight_decay`` / ``warmup_steps`` of ``None`` take the recipe's value (nGPT: 0 and 0;
-    GPT: 0.1 on ``ndim >= 2`` tensors and 2000). Weight decay is decoupled (AdamW) and never
-    applies to sphere weights. The schedule is :class:`WarmupCosine` in a ``LambdaLR``: call
-    ``scheduler.step()`` after each ``optimizer.step()``. The betas default to the official
-    code's ``(0.9, 0.95)`` (docs/paper.md).
-
-    ``second_moment`` applies to ``"riemannian_adam"`` only (``"element"``: learning rates
-    transfer from ``"adam_normalize"``; ``"row"``: geoopt's semantics, ``lr`` is then an angle
-    per step per row). ``gradient`` too: ``"euclidean"`` (Adam on the raw gradient; with
-    ``"element"`` the paper's method) or ``"riemannian"`` (Adam on its tangent projection).
-    ``sphere_kernel`` too (``"auto"``, ``"native"``, ``"triton"``, ``"torch"`` or its old name
-    ``"foreach"``, ``"reference"``: see :class:`RiemannianAdam`). The three build one
-    :class:`spherenet.kernels.sphere_adam.SphereAdamOptions`, which ``options`` gives instead.
-
-    ``muon_lr`` (``None``: ``lr``) and ``muon_momentum`` apply to the Muon methods only: the
-    learning rate and momentum of the Muon part (the hidden matrices: every 2-D weight but the
-    embeddings and output layers, see :func:`spherenet.optim.hidden_matrices`); ``lr``, ``betas``
-    and ``eps`` are the Adam part's. ``matrix_lr`` (``None``: ``lr``) applies to ``"adamh"`` and
-    ``"muonh"``: the hidden matrices' rate (an angle per step); ``muon_momentum`` is MuonH's too.
-
-    Raises ``ValueError`` naming the bad value (unknown method, ``lr <= 0``,
-    ``total_steps <= 0``, ``warmup_steps >= total_steps``, negative weight decay, betas outside
-    [0, 1), unknown second moment or gradient), and for ``"adamw"`` on a model that declares sphere weights
-    (they would leave the sphere: use one of the nGPT methods), ``"muon"`` likewise, and the
-    Muon methods on a model without hidden matrices for Muon.
-    """
+    """Build the optimizer and the LR schedule of one of the paper's recipes (Table 3), or of the
+    Muon and Hyperball ones: :mod:`spherenet.optim.build` says what each method and setting is,
+    and what is refused (``ValueError`` naming the value)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"build_optimizer expects an nn.Module, got {type(model).__name__}")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    sphere = _refuse_what_method_cannot_hold(model, method)  # before the settings: none would make it fit
+    _refuse_what_method_cannot_hold(model, method)  # before the settings: none would make it fit
     check_positive_float("lr", lr)
     check_positive_float("eps", eps, allow_zero=True)
     check_betas(betas)
@@ -177,64 +179,16 @@ def build_optimizer(
         raise ValueError(f"warmup_steps ({warmup_steps}){hint} must be < total_steps ({total_steps})")
     options = sphere_adam_options(options, second_moment, gradient, sphere_kernel, "build_optimizer")
     betas = (float(betas[0]), float(betas[1]))
-    if method in HYPERBALL_METHODS:
-        matrix_lr = lr if matrix_lr is None else matrix_lr
-        check_positive_float("matrix_lr", matrix_lr)
-    if method in MUON_METHODS:
-        muon_lr = lr if muon_lr is None else muon_lr
-        check_positive_float("muon_lr", muon_lr)
-        if isinstance(muon_momentum, bool) or not isinstance(muon_momentum, (int, float)) or not 0 <= muon_momentum < 1:
-            raise ValueError(f"muon_momentum must be in [0, 1), got {muon_momentum!r}")
-    hidden = _hidden_matrices_for(model, method, sphere)  # Muon's and Hyperball's; declared first for Hyperball
-    # The one set of groups: sphere, geometry, decayed and plain. Every part takes its share of
-    # them, each group with its own weight decay (0 on every manifold).
-    groups = param_groups(model, weight_decay)
-    hidden_ids = {id(p) for _, p in hidden}
-    adam = dict(lr=lr, betas=betas, eps=eps)
-    sphere_adam = dict(adam, options=options, off_sphere=off_sphere, fused=fused)
-
-    if method == "riemannian_adam":
-        optimizer = RiemannianAdam(groups, **sphere_adam, model=model)
-    elif method == "adamh":  # the matrix_sphere group at matrix_lr, AdamW's groups at lr
-        for group in groups:
-            if group["manifold"] == MATRIX_SPHERE:
-                group["lr"] = matrix_lr
-        hyperball = SphereAdamOptions(gradient=options.gradient)  # the whole-matrix sphere: element v, "torch"
-        optimizer = RiemannianAdam(groups, **adam, options=hyperball, model=model, fused=fused)
-    elif method in ("adam_normalize", "adamw"):
-        optimizer = torch.optim.AdamW(_split_fused(groups, fused), **adam, fused=fused)
-        if method == "adam_normalize":
-            with torch.no_grad():
-                normalize_(model)  # start on the sphere, as the paper's init does (Section 2.6)
-            add_normalize_hook(optimizer, model)
-    else:  # the Muon methods: Muon on the hidden matrices, Adam on the groups' rest
-        rest = _without(groups, hidden_ids)
-        if method == "spherical_muon":
-            muon = SphericalMuon([{"params": hidden, "manifold": SPHERE}], lr=muon_lr, momentum=muon_momentum, off_sphere=off_sphere)  # fmt: skip  # one part a line
-            rest_options = replace(options, gradient="euclidean")  # the gradient option is riemannian_adam's only
-            parts = [muon] + ([RiemannianAdam(rest, **sphere_adam | {"options": rest_options})] if rest else [])
-        elif method == "muonh":
-            muon = SphericalMuon([{"params": hidden, "manifold": MATRIX_SPHERE}], lr=matrix_lr, momentum=muon_momentum)
-            parts = [muon] + ([torch.optim.AdamW(_split_fused(rest, fused), **adam, fused=fused)] if rest else [])
-        else:
-            muon = torch.optim.Muon(
-                [{"params": hidden, "manifold": EUCLIDEAN, "weight_decay": weight_decay}],
-                lr=muon_lr,
-                momentum=muon_momentum,
-                nesterov=True,
-                adjust_lr_fn="match_rms_adamw",
-            )
-            parts = [muon] + ([torch.optim.AdamW(_split_fused(rest, fused), **adam, fused=fused)] if rest else [])
-        optimizer = CombinedOptimizer(parts, model=None if method == "muon" else model)
+    settings = Settings(lr, betas, eps, weight_decay, options, off_sphere, fused, muon_lr, muon_momentum, matrix_lr)
+    optimizer = BUILDERS[method](model, settings)
     scheduler = LambdaLR(optimizer, WarmupCosine(total_steps, warmup_steps))
     return optimizer, scheduler
 
 
-def _refuse_what_method_cannot_hold(model: nn.Module, method: str) -> list[tuple[str, torch.Tensor]]:
+def _refuse_what_method_cannot_hold(model: nn.Module, method: str) -> None:
     """``ValueError`` when ``method`` cannot keep the model's declared weights where they are
     (a Euclidean method on sphere weights, a row-sphere method on whole-matrix ones) or has none
-    to keep (``"adam_normalize"`` without sphere weights). Returns the model's sphere parameters
-    (:func:`named_sphere_parameters`), listed here after the whole-matrix check, for the caller's reuse."""
+    to keep (``"adam_normalize"`` without sphere weights)."""
     matrix_declared = declared_matrix_spheres(model)
     if matrix_declared and method not in HYPERBALL_METHODS + ("riemannian_adam",):
         raise ValueError(
@@ -255,76 +209,3 @@ def _refuse_what_method_cannot_hold(model: nn.Module, method: str) -> list[tuple
             f"method {method!r} on a model with row-sphere parameters ({sphere[0][0]!r}, ...): Hyperball holds "
             "GPT's matrices on whole-matrix spheres; for nGPT use 'riemannian_adam' or 'spherical_muon'"
         )
-    return sphere
-
-
-def _hidden_matrices_for(
-    model: nn.Module, method: str, sphere: list[tuple[str, torch.Tensor]]
-) -> list[tuple[str, torch.Tensor]]:
-    """The matrices ``method`` steps apart from Adam (none for the Adam methods): the hidden sphere
-    matrices (those of ``hidden_matrices`` in ``sphere``, the model's sphere parameters) for
-    ``"spherical_muon"``, every hidden matrix for ``"muon"``, and for Hyperball every hidden matrix,
-    declared on the sphere of its Frobenius norm here."""
-    if method not in MUON_METHODS + HYPERBALL_METHODS:
-        return []
-    if method in HYPERBALL_METHODS:
-        hidden = declare_hidden_matrix_spheres(model)
-    elif method == "spherical_muon":
-        sphere_ids = {id(p) for _, p in sphere}
-        hidden = [(name, p) for name, p in hidden_matrices(model) if id(p) in sphere_ids]
-    else:
-        hidden = hidden_matrices(model)
-    if not hidden:
-        kind, owner, instead = {
-            "spherical_muon": ("hidden 2-D sphere weights for Muon", "Adam's", "'riemannian_adam'"),
-            "muon": ("hidden 2-D weights for Muon", "AdamW's", "'adamw'"),
-        }.get(method, ("hidden 2-D weights", "AdamW's", "'adamw'"))
-        raise ValueError(
-            f"method {method!r}: the model has no {kind} (embeddings and output layers are {owner}; see "
-            f"spherenet.optim.hidden_matrices); use {instead}"
-        )
-    return hidden
-
-
-def declare_hidden_matrix_spheres(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Declare every hidden matrix of ``model`` (:func:`spherenet.optim.muon.hidden_matrices`: the 2-D
-    weights but embeddings and output layers) on the sphere of its Frobenius norm, unless it is
-    declared already; returns them. A matrix declared on the row sphere is refused."""
-    owners = {}
-    for mod_name, module in model.named_modules():
-        for attr, p in module._parameters.items():
-            if p is not None:
-                owners.setdefault(id(p), (module, attr))
-    declared = {id(p) for _, p, _ in declared_matrix_spheres(model)}
-    hidden = hidden_matrices(model)
-    for _, p in hidden:
-        if id(p) not in declared:
-            declare_matrix_sphere(*owners[id(p)])
-    return hidden
-
-
-def _without(groups: list[dict], ids: set[int]) -> list[dict]:
-    """``groups`` without the parameters in ``ids``; groups left empty are dropped."""
-    out = []
-    for g in groups:
-        kept = [(name, p) for name, p in g["params"] if id(p) not in ids]
-        if kept:
-            out.append({**g, "params": kept})
-    return out
-
-
-def _split_fused(groups: list[dict], fused: bool | None) -> list[dict]:
-    """``groups`` for torch's AdamW. ``fused=None`` on plain tensors: each group is split into a
-    fused-kernel part (the tensors torch has a fused kernel for) and a part for torch's other
-    kernels, by :func:`spherenet.optim.groups.split_fused` (torch alone would take a per-tensor loop
-    on CPU). torch's AdamW ignores the extra ``"manifold"`` key; it is kept for readers."""
-    if fused is not None or any(is_dtensor(p) for g in groups for _, p in g["params"]):
-        return groups
-    out = []
-    for g in groups:
-        choice = split_fused(None, [p for _, p in g["params"]])
-        for flag in (True, False):
-            part = [np for np, c in zip(g["params"], choice) if c == flag]
-            if part:
-                out.append({**g, "params": part, "fused": flag})
-    return out

@@ -47,7 +47,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
-from ..kernels.sphere_adam import ALIASES, GRADIENTS, IMPLEMENTATIONS, SECOND_MOMENTS, SphereAdamOptions, sphere_adam_
+from ..kernels.sphere_adam import GRADIENTS, IMPLEMENTATIONS, SECOND_MOMENTS, SphereAdamOptions, sphere_adam_
 from ..manifolds import GeometryLists, geometry_for
 from ._checks import (
     ModelWatch,
@@ -62,8 +62,10 @@ from .groups import EUCLIDEAN, SPHERE, _names_of, check_groups, describe, known_
 
 __all__ = ["RiemannianAdam", "SphereAdamOptions", "SECOND_MOMENTS", "GRADIENTS", "SPHERE_KERNELS"]
 
-#: The values of ``sphere_kernel``: :attr:`SphereAdamOptions.implementation`'s, and its old spellings.
-SPHERE_KERNELS = (*IMPLEMENTATIONS, *ALIASES)
+#: The values of ``sphere_kernel``: :attr:`SphereAdamOptions.implementation`'s.
+SPHERE_KERNELS = IMPLEMENTATIONS
+#: The keys a param group may not carry: the options are the optimizer's, one for all its groups.
+_OPTION_KEYS = ("second_moment", "gradient", "sphere_kernel", "options")
 
 
 class RiemannianAdam(Optimizer):
@@ -81,8 +83,9 @@ class RiemannianAdam(Optimizer):
             decay is meaningless (``Norm`` undoes it; an L2 term is normal to the sphere), so a
             sphere group gets ``weight_decay=0`` and a sphere group that sets anything else is
             rejected with ``ValueError``.
-        second_moment: ``"element"`` (default) or ``"row"`` (geoopt's semantics); per group too.
-        gradient: what the moments of a sphere parameter see; per group too. ``"euclidean"``
+        second_moment: ``"element"`` (default) or ``"row"`` (geoopt's semantics; the row sphere
+            only: a group of a registered geometry is refused with it).
+        gradient: what the moments of a sphere parameter see. ``"euclidean"``
             (default): the raw gradient ``g``; ``"riemannian"``: the tangent projection
             ``g - <x, g> x``. With ``second_moment="element"`` ``"euclidean"`` is exactly the paper's
             optimizer, ``torch.optim.Adam`` then ``Norm`` (equal to ``method="adam_normalize"``
@@ -101,19 +104,24 @@ class RiemannianAdam(Optimizer):
         sphere_kernel: the implementation of :func:`spherenet.kernels.sphere_adam_` for the row
             sphere (all compute the same step, to float rounding): ``"native"`` (fused C++, CPU
             tensors; a ``RuntimeError`` if it cannot be built), ``"triton"`` (CUDA, or CPU under
-            ``TRITON_INTERPRET=1``), ``"torch"`` (foreach passes, any device; ``"foreach"``, its
-            old name, is the same), ``"reference"`` (the step written out, one parameter at a
-            time: slow, for checking) or ``"auto"`` (default: native on CPU, Triton on CUDA,
-            ``"torch"`` elsewhere and for tensors the others cannot take). Registered geometries
-            always take ``"torch"``.
+            ``TRITON_INTERPRET=1``), ``"torch"`` (``torch._foreach_*`` passes, any device),
+            ``"reference"`` (the step written out, one parameter at a time: slow, for checking)
+            or ``"auto"`` (default: native on CPU, Triton on CUDA, ``"torch"`` elsewhere and for
+            tensors the others cannot take). Registered geometries always take ``"torch"``.
         options: a :class:`spherenet.kernels.sphere_adam.SphereAdamOptions` instead of
-            ``second_moment``, ``gradient`` and ``sphere_kernel`` (which build one); a group's
-            own ``"second_moment"`` / ``"gradient"`` override it for that group.
+            ``second_moment``, ``gradient`` and ``sphere_kernel``, which only build one (giving
+            both is a ``ValueError``). It applies to every group and is handed to
+            :func:`spherenet.kernels.sphere_adam_` as it is (:attr:`options`); a param group
+            carrying its own ``"second_moment"``, ``"gradient"``, ``"sphere_kernel"`` or
+            ``"options"`` is refused: for two settings, two optimizers
+            (:class:`spherenet.optim.CombinedOptimizer`).
 
-    Refusals (``ValueError`` unless said): a geoopt ``ManifoldParameter`` on a sphere in a
-    Euclidean group; a declared sphere parameter of ``model`` in no sphere group; weight decay
-    in a sphere group; a sphere tensor sharded along its last dimension; off-sphere rows at the
-    first step with ``off_sphere="error"``; replaced model parameters (``RuntimeError``).
+    Refusals (``ValueError`` unless said): a param group with options of its own (above); a
+    geoopt ``ManifoldParameter`` on a sphere in a Euclidean group; a declared sphere parameter of
+    ``model`` in no sphere group; weight decay in a sphere group; ``second_moment="row"`` with a
+    registered geometry's group; a sphere tensor sharded along its last dimension; off-sphere
+    rows at the first step with ``off_sphere="error"``; replaced model parameters
+    (``RuntimeError``).
 
     The step leaves ``p.grad`` as it is (geoopt overwrites it with the Riemannian gradient).
     ``torch.compile(optimizer.step)`` runs the step eagerly (it is excluded from tracing), so
@@ -141,7 +149,10 @@ class RiemannianAdam(Optimizer):
         check_positive_float("eps", eps, allow_zero=True)
         check_positive_float("weight_decay", weight_decay, allow_zero=True)
         check_betas(betas)
+        #: The one options object of every sphere-Adam step; a registered geometry's steps take
+        #: its copy with the ``"torch"`` implementation, the one that steps another manifold.
         self.options = sphere_adam_options(options, second_moment, gradient, sphere_kernel, type(self).__name__)
+        self._geometry_options = replace(self.options, implementation="torch")
         check_off_sphere(off_sphere)
         if fused not in (None, True, False):
             raise ValueError(f"fused must be None, True or False, got {fused!r}")
@@ -157,8 +168,6 @@ class RiemannianAdam(Optimizer):
             betas=tuple(betas),
             eps=eps,
             weight_decay=weight_decay,
-            second_moment=self.options.second_moment,
-            gradient=self.options.gradient,
             manifold=EUCLIDEAN,
             fused=fused,
         )
@@ -180,7 +189,17 @@ class RiemannianAdam(Optimizer):
                     f"RiemannianAdam: weight_decay={wd!r} in a {manifold} param group. Weight decay has no meaning "
                     "on a sphere (Norm undoes it; an L2 term is normal to the sphere): use 0 there."
                 )
-        self._options_of(param_group)  # a group's own second_moment / gradient, checked
+        own = [key for key in _OPTION_KEYS if key in param_group]
+        if own:
+            raise ValueError(
+                f"RiemannianAdam: a param group with {', '.join(map(repr, own))}: the options (options=, or "
+                "second_moment=, gradient=, sphere_kernel=) are the optimizer's, for all its groups; for another "
+                "setting use another RiemannianAdam (CombinedOptimizer steps several as one)"
+            )
+        if manifold not in (EUCLIDEAN, SPHERE) and self.options.row_second_moment:
+            raise ValueError(
+                f"RiemannianAdam: second_moment='row' is for the row sphere; a {manifold} group uses 'element'"
+            )
         for key in ("lr", "eps", "weight_decay"):
             if key in param_group:
                 check_positive_float(key, param_group[key], allow_zero=True)
@@ -194,16 +213,27 @@ class RiemannianAdam(Optimizer):
                 check_sphere_layout(p, names.get(id(p), f"of shape {tuple(p.shape)}"))
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """``Optimizer.load_state_dict``, refusing a state whose groups lack an option this
-        optimizer reads (written by an older spherenet) instead of stepping without it."""
+        """``Optimizer.load_state_dict``, refusing a state whose groups lack the ``"manifold"`` this
+        optimizer reads (written by an older spherenet) instead of stepping without it, and a
+        state whose groups record options (as spherenet wrote them before the options were the
+        optimizer's alone) other than :attr:`options`; those records are not loaded."""
+        groups = []
         for i, group in enumerate(state_dict.get("param_groups", [])):
-            missing = [key for key in ("manifold", "second_moment", "gradient") if key not in group]
-            if missing:
+            if "manifold" not in group:
                 raise ValueError(
-                    f"RiemannianAdam: param group {i} of the saved state has no {', '.join(map(repr, missing))} "
-                    "(written by an older spherenet?); start the optimizer afresh"
+                    f"RiemannianAdam: param group {i} of the saved state has no 'manifold' (written by an older "
+                    "spherenet?); start the optimizer afresh"
                 )
-        super().load_state_dict(state_dict)
+            recorded = {key: group[key] for key in ("second_moment", "gradient") if key in group}
+            other = {key: value for key, value in recorded.items() if value != getattr(self.options, key)}
+            if other:
+                given = ", ".join(f"{key}={value!r}" for key, value in other.items())
+                raise ValueError(
+                    f"RiemannianAdam: param group {i} of the saved state was stepped with {given}, this optimizer "
+                    f"has {self.options}; build it with the state's options"
+                )
+            groups.append({key: value for key, value in group.items() if key not in recorded})
+        super().load_state_dict({**state_dict, "param_groups": groups})
 
     # -- step -------------------------------------------------------------------------------
 
@@ -223,23 +253,11 @@ class RiemannianAdam(Optimizer):
                 lists, manifold = self._manifold_lists(group)
                 if lists[0]:
                     b1, b2 = group["betas"]
+                    options = self.options if manifold is None else self._geometry_options
                     sphere_adam_(
-                        *lists, lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"],
-                        options=self._options_of(group), manifold=manifold,
+                        *lists, lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"], options=options, manifold=manifold
                     )  # fmt: skip  # sphere_adam_'s arguments in its order
         return loss
-
-    def _options_of(self, group: dict) -> SphereAdamOptions:
-        """The step's options for ``group``: the optimizer's, with the group's own second moment
-        and gradient (checked by :class:`SphereAdamOptions`); a registered geometry takes the
-        foreach passes (``"torch"``), the one implementation that steps it."""
-        options = self.options
-        own = {key: group.get(key, getattr(options, key)) for key in ("second_moment", "gradient")}
-        if group.get("manifold", EUCLIDEAN) not in (EUCLIDEAN, SPHERE):
-            own["implementation"] = "torch"
-        if any(getattr(options, key) != value for key, value in own.items()):
-            options = replace(options, **own)
-        return options
 
     def _gather(self, group: dict, row_v: bool):
         """The parameters of ``group`` with a gradient, their local tensors and state (created
@@ -266,7 +284,7 @@ class RiemannianAdam(Optimizer):
                 names = names if names is not None else _names_of(self.param_groups)
                 raise ValueError(
                     f"RiemannianAdam: parameter {describe(p, names)} has exp_avg_sq of shape "
-                    f"{tuple(state['exp_avg_sq'].shape)}, but second_moment={group['second_moment']!r} needs "
+                    f"{tuple(state['exp_avg_sq'].shape)}, but second_moment={self.options.second_moment!r} needs "
                     f"{tuple(v_shape)} (a state saved with the other second moment?)"
                 )
             step = state["step"]
@@ -309,11 +327,7 @@ class RiemannianAdam(Optimizer):
         ``W <- R Normalize(W - lr R Normalize(d))`` with Adam's direction ``d`` and ``R`` kept in
         the state), after the first step's checks; and the manifold (``None``: the row sphere)."""
         on_sphere = group["manifold"] == SPHERE
-        if not on_sphere and group["second_moment"] == "row":
-            raise ValueError(
-                f"RiemannianAdam: second_moment='row' is for the row sphere; a {group['manifold']} group uses 'element'"
-            )
-        params, xs, gs, ms, vs, steps, new = self._gather(group, row_v=group["second_moment"] == "row")
+        params, xs, gs, ms, vs, steps, new = self._gather(group, row_v=self.options.row_second_moment)
         manifold = None
         if on_sphere and new:
             names = _names_of(self.param_groups)

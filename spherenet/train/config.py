@@ -30,7 +30,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from ..layers.config import GPTConfig, NGPTConfig
 from ..models.presets import preset_config
-from ..optim import METHOD_DEFAULTS, build_optimizer
+from ..optim import METHOD_DEFAULTS, SphereAdamOptions, build_optimizer
 from . import config_rules
 from .config_rules import DOCUMENTED_VALUES, LOGGERS, MAX_COUNT, PATH_KEYS, ConfigError, check_values
 from .config_toml import parse_override, read_toml, set_key, to_toml
@@ -114,7 +114,7 @@ class OptimSection:
     eps: float = 1e-8
     second_moment: str = "element"  # riemannian_adam: element | row
     gradient: str = "euclidean"  # riemannian_adam: euclidean (the paper's: Adam, then Norm) | riemannian (tangent-projected moments)
-    sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | triton | foreach
+    sphere_kernel: str = "auto"  # riemannian_adam: auto | native (CPU C++ kernel) | triton | torch | reference
     grad_clip: float = 0.0  # 0 = off
     reproject_every: int = 0  # also renormalize every sphere weight every N steps (0 = never); bounds norm drift
     muon_lr: float | None = None  # spherical_muon | muon: lr of the Muon part; unset: optim.lr
@@ -123,11 +123,23 @@ class OptimSection:
     # schedule's peak; unset: optim.lr. optim.lr stays the AdamW part's (embeddings, head, gains).
     matrix_lr: float | None = None
 
+    def sphere_adam_options(self) -> SphereAdamOptions:
+        """``optim.second_moment``, ``optim.gradient`` and ``optim.sphere_kernel`` as the one
+        object that reaches the sphere-Adam kernel, checked by it alone: a bad value is a
+        ``ConfigError`` naming the key and the allowed values (``RunConfig.validate`` builds one
+        to check them before any work starts)."""
+        try:
+            return SphereAdamOptions(self.second_moment, self.gradient, self.sphere_kernel)
+        except (ValueError, RuntimeError) as exc:  # each message starts with the key's name
+            raise ConfigError(f"optim.{exc}") from None
+
     def build(self, model: nn.Module, total_steps: int) -> tuple[torch.optim.Optimizer, LambdaLR]:
         """The optimizer and learning-rate schedule of ``optim.method`` for ``model``'s
-        parameters over ``total_steps`` (:func:`spherenet.optim.build_optimizer`); a combination
-        the method refuses is a ``ConfigError`` naming the method and ``train.steps``. Unset keys
-        take the method's defaults (a resolved config has them spelled out)."""
+        parameters over ``total_steps`` (:func:`spherenet.optim.build_optimizer`, handed
+        :meth:`sphere_adam_options`); a combination the method refuses is a ``ConfigError``
+        naming the method and ``train.steps``. Unset keys take the method's defaults (a resolved
+        config has them spelled out)."""
+        options = self.sphere_adam_options()
         try:
             return build_optimizer(
                 model,
@@ -138,9 +150,7 @@ class OptimSection:
                 warmup_steps=self.warmup_steps,
                 betas=(self.beta1, self.beta2),
                 eps=self.eps,
-                second_moment=self.second_moment,
-                gradient=self.gradient,
-                sphere_kernel=self.sphere_kernel,
+                options=options,
                 muon_lr=self.muon_lr,
                 matrix_lr=self.matrix_lr,
                 muon_momentum=self.muon_momentum,

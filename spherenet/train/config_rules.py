@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..optim import GRADIENTS, METHODS, SECOND_MOMENTS, SPHERE_KERNELS
+from ..optim import METHODS
 
 __all__ = [
     "ConfigError",
@@ -29,14 +29,13 @@ class ConfigError(ValueError):
 
 #: The run trackers ``train.loggers`` may name (spherenet.train.tracking opens them).
 LOGGERS = ("jsonl", "tensorboard", "wandb")
-# The [optim] choices are the optimizers' own (spherenet.optim), listed once there.
+# The [optim] choices are the optimizers' own (spherenet.optim), listed once there; those of
+# optim.second_moment, optim.gradient and optim.sphere_kernel are checked by the options object
+# they build (OptimSection.sphere_adam_options), and by nothing else.
 CHOICES = {
     ("data", "format"): ("auto", "text", "json", "parquet"),
     ("data", "text_unit"): ("paragraph", "line", "document"),
     ("optim", "method"): METHODS,
-    ("optim", "second_moment"): SECOND_MOMENTS,
-    ("optim", "gradient"): GRADIENTS,
-    ("optim", "sphere_kernel"): SPHERE_KERNELS,
     ("train", "parallel"): ("none", "ddp", "fsdp"),
     ("train", "autocast"): ("auto", "bf16", "off"),
     ("train", "nonfinite"): ("skip", "stop"),
@@ -122,6 +121,7 @@ def check_values(cfg) -> None:
         value = getattr(getattr(cfg, section), key)
         if value not in choices:
             raise ConfigError(f"{section}.{key} = {value!r} is not one of {', '.join(choices)}")
+    cfg.optim.sphere_adam_options()  # optim.second_moment, gradient, sphere_kernel: the options' own check
     for (section, key), choices in _LIST_CHOICES.items():
         unknown = [v for v in getattr(getattr(cfg, section), key) if v not in choices]
         if unknown:

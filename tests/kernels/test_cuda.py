@@ -126,7 +126,7 @@ def test_cuda_triton_sphere_kernel_matches_foreach(second_moment, gradient):
     models[1].load_state_dict(models[0].state_dict())
     opts = [
         RiemannianAdam(m, lr=1e-2, second_moment=second_moment, gradient=gradient, sphere_kernel=kernel)
-        for m, kernel in zip(models, ("triton", "foreach"))
+        for m, kernel in zip(models, ("triton", "torch"))
     ]
     for step in range(10):
         x, y = _batch(models[0].config.vocab_size, "cuda", seed=step)

@@ -387,7 +387,7 @@ def test_cache_blocking_does_not_change_results(make_opt, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-10)])
-@pytest.mark.parametrize("kernel", ["native", "foreach"])
+@pytest.mark.parametrize("kernel", ["native", "torch"])
 def test_wrapped_torch_adam_equals_riemannian_adam_element(dtype, tol, kernel):
     """Riemannian(torch.optim.Adam) and RiemannianAdam(element) take the same step: neither
     transports exp_avg by projection, since with a per-element second moment that would break
@@ -466,8 +466,6 @@ def test_state_dict_of_other_second_moment_is_refused():
     train(model, opt, batches(2))
     opt2 = RiemannianAdam(model, lr=1e-2, second_moment="element")
     opt2.load_state_dict(opt.state_dict())
-    assert opt2.param_groups[0]["second_moment"] == "row"  # torch restores group settings
-    opt2.param_groups[0]["second_moment"] = "element"
     with pytest.raises(ValueError, match="second_moment='element' needs"):
         train(model, opt2, batches(1))
 

@@ -207,7 +207,7 @@ def test_native_and_foreach_take_the_same_steps_float64(mode, gradient):
     native, foreach = ngpt(torch.float64), ngpt(torch.float64)
     opts = [
         RiemannianAdam(m, lr=1e-2, second_moment=mode, gradient=gradient, sphere_kernel=k)
-        for m, k in ((native, "native"), (foreach, "foreach"))
+        for m, k in ((native, "native"), (foreach, "torch"))
     ]
     for step in range(20):
         set_grads([native, foreach], step, torch.float64)
@@ -227,8 +227,8 @@ def test_native_and_foreach_take_the_same_steps_float64(mode, gradient):
 def test_native_float32_tracks_float64_as_closely_as_foreach(mode, gradient):
     """Over 50 steps both float32 paths stay within 1e-6 of the float64 run, with unit rows."""
     ref = ngpt(torch.float64)
-    runs = {k: copy.deepcopy(ref).float() for k in ("native", "foreach")}
-    opt_ref = RiemannianAdam(ref, lr=1e-3, second_moment=mode, gradient=gradient, sphere_kernel="foreach")
+    runs = {k: copy.deepcopy(ref).float() for k in ("native", "torch")}
+    opt_ref = RiemannianAdam(ref, lr=1e-3, second_moment=mode, gradient=gradient, sphere_kernel="torch")
     opts = {
         k: RiemannianAdam(m, lr=1e-3, second_moment=mode, gradient=gradient, sphere_kernel=k) for k, m in runs.items()
     }
@@ -258,7 +258,7 @@ def test_non_contiguous_sphere_tensor_takes_the_foreach_path():
     assert not model.b.weight.is_contiguous()
     twin = copy.deepcopy(model)
     opt = RiemannianAdam(model, lr=0.05, sphere_kernel="native")
-    ref = RiemannianAdam(twin, lr=0.05, sphere_kernel="foreach")
+    ref = RiemannianAdam(twin, lr=0.05, sphere_kernel="torch")
     for step in range(5):
         set_grads([model, twin], step, torch.float64)
         opt.step()
@@ -270,16 +270,21 @@ def test_non_contiguous_sphere_tensor_takes_the_foreach_path():
 def test_build_optimizer_passes_the_kernel_choice():
     from spherenet.optim import build_optimizer
 
-    opt, _ = build_optimizer(ngpt(torch.float32), "riemannian_adam", lr=1e-3, total_steps=10, sphere_kernel="foreach")
-    assert opt.options.implementation == "torch"  # "foreach", the old name, means the foreach passes
-    with pytest.raises(ValueError, match=r"implementation \(sphere_kernel=\) must be one of .*got 'gpu'"):
+    opt, _ = build_optimizer(ngpt(torch.float32), "riemannian_adam", lr=1e-3, total_steps=10, sphere_kernel="torch")
+    assert opt.options.implementation == "torch"
+    with pytest.raises(
+        ValueError, match=r"sphere_kernel \(the sphere-Adam implementation\) must be one of .*got 'gpu'"
+    ):
         build_optimizer(ngpt(torch.float32), "riemannian_adam", lr=1e-3, total_steps=10, sphere_kernel="gpu")
 
 
 def test_sphere_kernel_option_is_checked():
-    assert SPHERE_KERNELS == ("auto", "reference", "torch", "native", "triton", "foreach")
-    with pytest.raises(ValueError, match=r"implementation \(sphere_kernel=\) must be one of .*got 'cuda'"):
-        RiemannianAdam(ngpt(torch.float32), sphere_kernel="cuda")
+    assert SPHERE_KERNELS == ("auto", "reference", "torch", "native", "triton")
+    for bad in ("cuda", "foreach"):  # "foreach", once another name of "torch", is refused too
+        with pytest.raises(
+            ValueError, match=rf"sphere_kernel \(the sphere-Adam implementation\) must be one of .*got '{bad}'"
+        ):
+            RiemannianAdam(ngpt(torch.float32), sphere_kernel=bad)
 
 
 def test_unavailable_kernel_native_refuses_auto_warns_once(monkeypatch):
@@ -291,7 +296,7 @@ def test_unavailable_kernel_native_refuses_auto_warns_once(monkeypatch):
         RiemannianAdam(model, sphere_kernel="native")
     opt = RiemannianAdam(model, lr=1e-3)
     twin = copy.deepcopy(model)
-    ref = RiemannianAdam(twin, lr=1e-3, sphere_kernel="foreach")
+    ref = RiemannianAdam(twin, lr=1e-3, sphere_kernel="torch")
     with pytest.warns(RuntimeWarning, match=r"native implementation is unavailable \(no compiler \(test\)\)"):
         set_grads([model, twin], 0, torch.float32)
         opt.step()

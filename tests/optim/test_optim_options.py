@@ -1,7 +1,8 @@
-"""The sphere-Adam options object on its way through the optimizer: the keywords of
-``build_optimizer`` and ``RiemannianAdam`` build one ``SphereAdamOptions``, which reaches
-``sphere_adam_`` unchanged; a group's own values override it; the step reaches the retraction in
-few calls."""
+"""The sphere-Adam options object on its way from the run config to the kernel: the ``[optim]``
+section and the keywords of ``build_optimizer`` and ``RiemannianAdam`` build one
+``SphereAdamOptions``, which reaches ``sphere_adam_`` unchanged; a bad value is reported once,
+naming its config key; param groups carry no options of their own; the step reaches the
+retraction in few calls."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from spherenet.kernels import sphere_rows
 from spherenet.layers import SphereLinear
 from spherenet.models import from_preset
 from spherenet.optim import RiemannianAdam, SphereAdamOptions, build_optimizer, param_groups
+from spherenet.optim.builders import declare_hidden_matrix_spheres
+from spherenet.train.config import ConfigError, OptimSection, load_config
 
 
 def small():
@@ -40,10 +43,56 @@ def seen_options(monkeypatch, optimizer) -> list[SphereAdamOptions]:
 
 def test_the_keywords_build_one_options_object_that_reaches_the_step(monkeypatch):
     optimizer, _ = build_optimizer(
-        small(), lr=1e-2, total_steps=5, second_moment="row", gradient="riemannian", sphere_kernel="foreach"
+        small(), lr=1e-2, total_steps=5, second_moment="row", gradient="riemannian", sphere_kernel="torch"
     )
-    assert optimizer.options == SphereAdamOptions("row", "riemannian", "torch")  # "foreach" kept as "torch"
-    assert seen_options(monkeypatch, optimizer) == [optimizer.options]
+    assert optimizer.options == SphereAdamOptions("row", "riemannian", "torch")
+    (seen,) = seen_options(monkeypatch, optimizer)
+    assert seen is optimizer.options
+
+
+def test_the_configs_options_object_is_the_one_the_kernel_receives(monkeypatch):
+    cfg = load_config(None, ["optim.second_moment=row", "optim.gradient=riemannian", "optim.sphere_kernel=torch"])
+    built = []
+    original = OptimSection.sphere_adam_options
+
+    def record(section):
+        built.append(original(section))
+        return built[-1]
+
+    monkeypatch.setattr(OptimSection, "sphere_adam_options", record)
+    optimizer, _ = cfg.optim.build(small(), total_steps=5)
+    (options,) = built  # built once, by the section's build
+    assert options == SphereAdamOptions("row", "riemannian", "torch") and optimizer.options is options
+    for _ in range(3):  # the same object at every step: nothing is rebuilt
+        (seen,) = seen_options(monkeypatch, optimizer)
+        assert seen is options
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.second_moment=column", "optim.second_moment must be one of ('element', 'row'), got 'column'"),
+        ("optim.gradient=tangent", "optim.gradient must be one of ('riemannian', 'euclidean'), got 'tangent'"),
+        (
+            "optim.sphere_kernel=foreach",
+            "optim.sphere_kernel (the sphere-Adam implementation) must be one of "
+            "('auto', 'reference', 'torch', 'native', 'triton'), got 'foreach'",
+        ),
+    ],
+)
+def test_a_bad_config_value_is_reported_once_naming_its_key(monkeypatch, override, message):
+    checks = []
+    original = SphereAdamOptions.__post_init__
+
+    def counted(options):
+        checks.append(options)
+        return original(options)
+
+    monkeypatch.setattr(SphereAdamOptions, "__post_init__", counted)
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert str(info.value) == message  # the key once, the allowed values, the bad one
+    assert len(checks) == 1  # one check: the options object's own
 
 
 def test_an_options_object_is_handed_through_as_it_is(monkeypatch):
@@ -57,16 +106,15 @@ def test_an_options_object_is_handed_through_as_it_is(monkeypatch):
         RiemannianAdam(small(), options={"second_moment": "row"})
 
 
-def test_a_groups_own_values_override_the_options_and_are_checked(monkeypatch):
+@pytest.mark.parametrize("key", ["gradient", "second_moment", "options"])
+def test_a_group_carries_no_options_of_its_own(key):
     model = small()
     groups = param_groups(model)
     sphere = next(g for g in groups if g["manifold"] == "sphere")
-    sphere["gradient"] = "riemannian"
-    optimizer = RiemannianAdam(groups, lr=1e-2, model=model, sphere_kernel="torch")
-    assert seen_options(monkeypatch, optimizer) == [SphereAdamOptions(gradient="riemannian", implementation="torch")]
-    sphere["second_moment"] = "column"
-    with pytest.raises(ValueError, match=r"second_moment must be one of \('element', 'row'\), got 'column'"):
-        RiemannianAdam(groups, model=model)
+    sphere[key] = {"gradient": "riemannian", "second_moment": "row", "options": SphereAdamOptions()}[key]
+    with pytest.raises(ValueError, match=rf"a param group with '{key}': the options .* are the optimizer's"):
+        RiemannianAdam(groups, lr=1e-2, model=model)
+    assert not any(set(g) & {"second_moment", "gradient", "options"} for g in RiemannianAdam(model).param_groups)
 
 
 def test_the_adam_part_of_spherical_muon_keeps_the_euclidean_gradient():
@@ -96,3 +144,15 @@ def test_the_step_reaches_the_retraction_in_at_most_four_calls(monkeypatch, impl
     monkeypatch.setattr(owner, name, spy)
     optimizer.step()
     assert frames[-1] == "step" and len(frames) <= 4, frames
+
+
+def test_a_geometrys_group_refuses_a_row_second_moment_when_added_and_steps_with_torch(monkeypatch):
+    torch.manual_seed(0)
+    gpt = from_preset("gpt-tiny", vocab_size=32, d_model=16, n_heads=2, n_layers=1, max_seq_len=8)
+    declare_hidden_matrix_spheres(gpt)
+    with pytest.raises(ValueError, match="second_moment='row' is for the row sphere; a matrix_sphere group"):
+        RiemannianAdam(gpt, lr=1e-2, second_moment="row")
+    optimizer = RiemannianAdam(gpt, lr=1e-2, sphere_kernel="reference")
+    seen = seen_options(monkeypatch, optimizer)
+    assert seen == [SphereAdamOptions(implementation="torch")]  # the one implementation that steps it
+    assert seen_options(monkeypatch, optimizer)[0] is seen[0]  # made once, not at every step

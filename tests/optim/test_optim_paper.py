@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 NATIVE = pytest.param(
     "native", marks=pytest.mark.skipif(_native.sphere_adam_op() is None, reason="native kernel unavailable")
 )
-KERNELS = [NATIVE, "foreach"]
+KERNELS = [NATIVE, "torch"]
 SEQ = 16
 
 # Training text for the language-model loss, as bytes (ngpt-tiny has a 256-token vocabulary).
@@ -162,36 +162,42 @@ def test_gradient_option_is_checked_everywhere():
     with pytest.raises(ValueError, match=r"gradient must be one of \('riemannian', 'euclidean'\), got 'paper'"):
         RiemannianAdam(model, gradient="paper")
     groups = param_groups(model)
-    groups[0]["gradient"] = "tangent"
-    with pytest.raises(ValueError, match="gradient must be one of .* got 'tangent'"):
+    groups[0]["gradient"] = "riemannian"
+    with pytest.raises(ValueError, match=r"a param group with 'gradient': the options .* are the optimizer's"):
         RiemannianAdam(groups, model=model)
     with pytest.raises(ValueError, match="gradient must be one of .* got 'Euclidean'"):
         build_optimizer(model, "riemannian_adam", lr=1e-3, total_steps=10, gradient="Euclidean")
 
 
-def test_gradient_per_group_and_through_state_dict():
-    """A group's "gradient" key decides for its parameters, and state_dict keeps it; a state
-    whose sphere groups lack the key (written by an older spherenet) is refused by name."""
+def test_gradient_through_state_dict():
+    """A state restored into an optimizer of the same options continues it exactly; a state
+    whose groups record other options (as spherenet wrote them before the options were the
+    optimizer's alone) or lack the manifold (an older spherenet) is refused by name."""
     a, b = ngpt(torch.float64), ngpt(torch.float64)
-    groups = param_groups(a)
-    for group in groups:
-        if group["manifold"] == "sphere":
-            group["gradient"] = "riemannian"
-    opt_a = RiemannianAdam(groups, lr=1e-2, model=a)
+    opt_a = RiemannianAdam(a, lr=1e-2, gradient="riemannian")
     opt_b = RiemannianAdam(b, lr=1e-2, gradient="riemannian")
     for step in range(3):
         lm_step(a, opt_a, *text_batch(step))
         lm_step(b, opt_b, *text_batch(step))
     assert max_diff(a, b) == 0.0
     saved = opt_a.state_dict()
-    assert {g["gradient"] for g in saved["param_groups"] if g["manifold"] == "sphere"} == {"riemannian"}
-    restored = RiemannianAdam(copy.deepcopy(a), lr=1e-2)
+    assert not any({"second_moment", "gradient"} & set(g) for g in saved["param_groups"])
+    restored = RiemannianAdam(copy.deepcopy(a), lr=1e-2, gradient="riemannian")
     restored.load_state_dict(saved)
-    assert {g["gradient"] for g in restored.param_groups if g["manifold"] == "sphere"} == {"riemannian"}
+    assert restored.options.gradient == "riemannian"
+    recorded = copy.deepcopy(saved)
+    for group in recorded["param_groups"]:
+        group.update(second_moment="element", gradient="riemannian")
+    same = RiemannianAdam(copy.deepcopy(a), lr=1e-2, gradient="riemannian")
+    same.load_state_dict(recorded)  # the same options: loaded, the records dropped
+    assert not any({"second_moment", "gradient"} & set(g) for g in same.param_groups)
+    other = RiemannianAdam(copy.deepcopy(a), lr=1e-2)
+    with pytest.raises(ValueError, match=r"param group 0 of the saved state was stepped with gradient='riemannian'"):
+        other.load_state_dict(recorded)
     for group in saved["param_groups"]:
-        del group["gradient"]
+        del group["manifold"]
     older = RiemannianAdam(copy.deepcopy(a), lr=1e-2)
-    with pytest.raises(ValueError, match="param group 0 of the saved state has no 'gradient'"):
+    with pytest.raises(ValueError, match="param group 0 of the saved state has no 'manifold'"):
         older.load_state_dict(saved)
 
 
@@ -199,7 +205,7 @@ def test_row_second_moment_with_the_euclidean_gradient_is_supported():
     """One second moment per row of the raw gradient, ||g||^2, no transport: rotation-invariant
     per row like geoopt's; the radial part of g counts in v (so it shortens the step)."""
     model = ngpt(torch.float64)
-    optimizer = RiemannianAdam(model, lr=1e-2, second_moment="row", gradient="euclidean", sphere_kernel="foreach")
+    optimizer = RiemannianAdam(model, lr=1e-2, second_moment="row", gradient="euclidean", sphere_kernel="torch")
     lm_step(model, optimizer, *text_batch(0))
     w = model.embed_out.weight
     g = w.grad
@@ -215,7 +221,9 @@ def test_row_second_moment_with_the_euclidean_gradient_is_supported():
 def test_config_key_optim_gradient():
     assert load_config(None, []).optim.gradient == "euclidean"  # the paper's optimizer
     assert load_config(None, ["optim.gradient=euclidean"]).optim.gradient == "euclidean"
-    with pytest.raises(ConfigError, match=r"optim\.gradient = 'paper' is not one of riemannian, euclidean"):
+    with pytest.raises(
+        ConfigError, match=r"^optim\.gradient must be one of \('riemannian', 'euclidean'\), got 'paper'$"
+    ):
         load_config(None, ["optim.gradient=paper"])
 
 

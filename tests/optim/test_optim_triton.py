@@ -192,7 +192,7 @@ def _trained(kernel: str, second_moment: str, gradient: str, steps: int = 8):
 @pytest.mark.parametrize("second_moment, gradient", [("element", "euclidean"), ("element", "riemannian"), ("row", "riemannian")])  # fmt: skip  # one case per mode
 def test_riemannian_adam_with_the_triton_kernel_matches_foreach(second_moment, gradient):
     triton_model, triton_opt = _trained("triton", second_moment, gradient)
-    foreach_model, foreach_opt = _trained("foreach", second_moment, gradient)
+    foreach_model, foreach_opt = _trained("torch", second_moment, gradient)
     for (name, a), b in zip(triton_model.named_parameters(), foreach_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5, msg=name)
     steps = {float(s["step"]) for s in triton_opt.state.values()}
@@ -388,13 +388,13 @@ def test_auto_leaves_float64_parameters_to_the_float64_foreach_step(monkeypatch)
         layer.weight.copy_(layer.weight / layer.weight.norm(dim=-1, keepdim=True))
     start_weight = layer.weight.detach().clone()
     results = {}
-    for kernel in ("auto", "triton", "foreach"):
+    for kernel in ("auto", "triton", "torch"):
         with torch.no_grad():
             layer.weight.copy_(start_weight)
         opt = RiemannianAdam(layer, lr=1e-2, sphere_kernel=kernel)
         layer.weight.grad = torch.linspace(-1, 1, 16 * 12, dtype=torch.float64).reshape(12, 16)
         opt.step()
         results[kernel] = layer.weight.detach().clone()
-    assert torch.equal(results["auto"], results["foreach"])
-    assert not torch.equal(results["triton"], results["foreach"])  # stepped in float32
-    torch.testing.assert_close(results["triton"], results["foreach"], rtol=0, atol=1e-6)
+    assert torch.equal(results["auto"], results["torch"])
+    assert not torch.equal(results["triton"], results["torch"])  # stepped in float32
+    torch.testing.assert_close(results["triton"], results["torch"], rtol=0, atol=1e-6)

@@ -158,7 +158,8 @@ CONFIG_CASES = {
     "unknown_method": ("optim.method=sgd", "optim.method = 'sgd' is not one of riemannian_adam"),
     "unknown_sphere_kernel": (
         "optim.sphere_kernel=cuda",
-        "optim.sphere_kernel = 'cuda' is not one of auto, reference, torch, native, triton, foreach",
+        "optim.sphere_kernel (the sphere-Adam implementation) must be one of ('auto', 'reference', 'torch', 'native', "
+        "'triton'), got 'cuda'",
     ),
     "empty_out_dir": ("train.out_dir=", "train.out_dir is empty (''): name the run's directory"),
     "blank_init_from": ('train.init_from=" "', "train.init_from is blank (' '): name a path"),
