@@ -3,6 +3,10 @@
 
 The files (their layout, their checks, the upload) are :mod:`spherenet.io`'s, which knows a model
 only as its config's fields, its state dict and its sphere weights; this module builds the model.
+The options of the three methods are documented there (:mod:`spherenet.io.pretrained`).
+huggingface_hub's ``PyTorchModelHubMixin`` is not the base: a base class cannot be optional, and
+it decodes a dataclass ``config`` from its annotation, a string under ``from __future__ import
+annotations``. The file layout is the same.
 """
 
 from __future__ import annotations
@@ -56,11 +60,9 @@ def exported_classes() -> dict[str, type]:
 
 
 class HubMixin:
-    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` (:mod:`spherenet.io.pretrained`
-    has their options) for a model built from one config dataclass (``Model(config)``, kept as
-    ``model.config``). A subclass that sets ``model_type`` in its class body is entered in
-    :data:`MODEL_CLASSES`. (Not huggingface_hub's ``PyTorchModelHubMixin``: a base class cannot be
-    optional, and it decodes a dataclass ``config`` from a string annotation.)"""
+    """The models' base: ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for ``Model(config)``
+    of one config dataclass (kept as ``model.config``); a subclass that sets ``model_type`` in its
+    class body enters :data:`MODEL_CLASSES`."""
 
     config_class: ClassVar[type]
     model_type: ClassVar[str]  # config.json's "model_type"
