@@ -6,7 +6,7 @@
   (:mod:`~spherenet.io.hf_weights`); config.json's metadata, the portable model code's files and
   the manifest ``sha256sums.json`` (:mod:`~spherenet.io.hf_layout`).
 - NVIDIA's published Normalized-Nemotron layout: its config.json both ways
-  (:mod:`~spherenet.io.nemotron_config`), its tensor table (:mod:`~spherenet.io.nemotron_layout`),
+  (:mod:`~spherenet.io.nemotron_config_map`), its tensor table (:mod:`~spherenet.io.nemotron_layout`),
   reading into a built model (:mod:`~spherenet.io.nemotron_read`) and writing
   (:mod:`~spherenet.io.nemotron_write`).
 - Reading safetensors files tensor by tensor into existing tensors
@@ -52,7 +52,7 @@ from .hf_weights import (
     read_weights,
     write_weights,
 )
-from .nemotron_config import (
+from .nemotron_config_map import (
     LAYOUT_ARCHITECTURE,
     LAYOUT_MODEL_TYPE,
     is_published_config,

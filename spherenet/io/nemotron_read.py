@@ -25,7 +25,7 @@ peaks at one copy of the model. Config fields, tensors and values it cannot map 
 a :class:`PretrainedFileError` naming them, never ignored. When the directory has the
 sha256sums.json that :func:`~spherenet.io.nemotron_write.to_normalized_nemotron` writes, its
 files are checked against it (NVIDIA's directories have none). The config map is
-:mod:`spherenet.io.nemotron_config`'s, the tensor table :mod:`spherenet.io.nemotron_layout`'s.
+:mod:`spherenet.io.nemotron_config_map`'s, the tensor table :mod:`spherenet.io.nemotron_layout`'s.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from ..layers import NGPTConfig
 from ..manifolds import named_sphere_parameters
 from .hf_layout import CONFIG_NAME, MANIFEST_NAME
 from .hf_weights import WEIGHTS_NAME, PretrainedFileError
-from .nemotron_config import nemotron_config
+from .nemotron_config_map import nemotron_config
 from .nemotron_layout import INDEX_NAME, TOKENIZER_FILES, layout_tensors, layout_view
 from .safetensors_stream import StoredTensor, TensorFileError, read_header, read_into
 

@@ -16,7 +16,7 @@ from torch import nn
 from ..checkpoint import CheckpointError
 from .hf_layout import CONFIG_NAME, MANIFEST_NAME, write_manifest
 from .hf_weights import WEIGHTS_NAME, require
-from .nemotron_config import layout_config, layout_refusals
+from .nemotron_config_map import layout_config, layout_refusals
 from .nemotron_layout import (
     INDEX_NAME,
     SPECIAL_TOKENS_MAP,
