@@ -42,7 +42,7 @@ def status(field):
             return int(line.split()[1]) * 1024
 import torch, spherenet
 from spherenet.models import NGPT, NGPTConfig
-from spherenet.models.nemotron import from_normalized_nemotron
+from spherenet.models import from_normalized_nemotron
 imports = status("VmRSS")
 with torch.device("meta"):  # the first model built imports more of torch (torch._dynamo): not the loader's
     NGPT(NGPTConfig(vocab_size=8, n_layers=1, d_model=8, n_heads=2, n_kv_heads=1, mlp="relu2"))
@@ -69,8 +69,8 @@ def layout_config(params: float) -> dict:
 
 def write_checkpoint(directory: Path, fields: dict, dtype: torch.dtype) -> int:
     """A random NGPT of the layout, written by to_normalized_nemotron; returns its file bytes."""
+    from spherenet.io import to_normalized_nemotron
     from spherenet.models import NGPT, NGPTConfig, ScaleSpec
-    from spherenet.models.nemotron import to_normalized_nemotron
 
     config = NGPTConfig(
         **fields,

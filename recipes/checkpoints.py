@@ -35,9 +35,15 @@ from spherenet.checkpoint import (
 )
 from spherenet.data import DataError, Tokenizer, build_tokenizer
 from spherenet.data.tokenizer import SPEC_FILE, TOKENIZER_JSON, load_tokenizer
-from spherenet.models import MODEL_CLASSES
-from spherenet.models.hub import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError
-from spherenet.models.published import is_published_directory, load_saved
+from spherenet.io import (
+    CONFIG_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    WEIGHTS_NAME,
+    PretrainedFileError,
+    is_published_directory,
+)
+from spherenet.models import MODEL_CLASSES, load_saved
 
 MODEL_FILE = "model.json"
 TOKENIZER_DIR = "tokenizer"

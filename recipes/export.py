@@ -47,13 +47,14 @@ from spherenet.checkpoint import (
 )
 from spherenet.data import DataError, process_alive
 from spherenet.data.tokenizer import TOKENIZER_JSON
-from spherenet.models import PretrainedFileError
-from spherenet.models.hub import MANIFEST_NAME, write_manifest
-from spherenet.models.nemotron import (  # noqa: F401 - TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP: recipes.export's names
+from spherenet.io import (  # noqa: F401 - TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP: recipes.export's names
+    MANIFEST_NAME,
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
+    write_manifest,
     write_transformers_tokenizer_config,
 )
+from spherenet.models import PretrainedFileError
 
 CARD = "README.md"
 

@@ -5,7 +5,7 @@ every field that differs and the override that sets it. The weights are read bef
 prepared (:func:`read_starting_weights`) and checked against the tokenizer and model config as
 soon as the tokenizer is loaded, before the data is tokenized (:meth:`StartingWeights.check_fits`).
 
-A local directory in the published Normalized-Nemotron layout (:mod:`spherenet.models.published`)
+A local directory in the published Normalized-Nemotron layout (:func:`spherenet.io.is_published_directory`)
 gives the run its model and its tokenizer (:func:`adopt_published_model`): ``[model]`` becomes
 the directory's config, and ``data.tokenizer`` its ``tokenizer.json``; a ``model.*`` override or
 a ``data.tokenizer`` that says otherwise is refused by name."""
@@ -25,9 +25,8 @@ from recipes.run_data import trained_bpe
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError, build_tokenizer
 from spherenet.data.tokenizer import TOKENIZER_JSON
+from spherenet.io import is_published_directory, nemotron_config, read_normalized_nemotron_into
 from spherenet.models import NGPT, PRESETS, model_class_of
-from spherenet.models.nemotron import read_normalized_nemotron_into
-from spherenet.models.published import is_published_directory
 from spherenet.train.config import ConfigError, RunConfig, parse_override
 
 if sys.version_info >= (3, 11):
@@ -158,8 +157,6 @@ def adopt_published_model(cfg: RunConfig, config_file: Path | None, overrides: l
     source = cfg.train.init_from
     if not source or not is_published_directory(source):
         return cfg
-    from spherenet.models.nemotron import nemotron_config
-
     directory = Path(source).expanduser().resolve()
     layout_file = directory / "config.json"
     try:

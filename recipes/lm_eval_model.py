@@ -40,9 +40,9 @@ from recipes.checkpoints import load_weights
 from spherenet import install_hint
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError, Tokenizer
+from spherenet.io import CONFIG_NAME, WEIGHTS_NAME
 from spherenet.layers import KVCache
 from spherenet.models import sample_next_token
-from spherenet.models.hub import CONFIG_NAME, WEIGHTS_NAME
 
 INSTALL_HINT = install_hint("eval")
 

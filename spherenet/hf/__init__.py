@@ -13,8 +13,8 @@ spherenet's optimizers (``optimizers=spherenet.optim.build_optimizer(model, ...)
 from the last checkpoint it finished writing; see :mod:`spherenet.hf.trainer`.
 
 :func:`from_normalized_nemotron` and :func:`to_normalized_nemotron` read and write NGPT in the
-published Normalized-Nemotron layout (:mod:`spherenet.models.nemotron`, which needs no
-transformers).
+published Normalized-Nemotron layout (:func:`spherenet.models.from_normalized_nemotron` and
+:mod:`spherenet.io`, which need no transformers).
 """
 
 from importlib import metadata
@@ -53,7 +53,8 @@ check_versions()
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402 - after the version check
 
-from ..models.nemotron import from_normalized_nemotron, to_normalized_nemotron  # noqa: E402
+from ..io import to_normalized_nemotron  # noqa: E402
+from ..models import from_normalized_nemotron  # noqa: E402
 from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig  # noqa: E402
 from .modeling import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
 from .trainer import SphereCallback  # noqa: E402

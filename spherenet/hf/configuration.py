@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
 
+from ..io import CONFIG_NAME, exported_model_type, is_published_directory, nemotron_config_of
 from ..layers import GPTConfig, NGPTConfig, ScaleSpec
 from ..models import MODEL_CLASSES, PretrainedFileError
-from ..models.hub import CONFIG_NAME, exported_model_type
 
 __all__ = ["SpherenetNGPTConfig", "SpherenetGPTConfig", "SpherenetConfigBase", "check_is_export"]
 
@@ -70,17 +70,13 @@ class SpherenetConfigBase(PretrainedConfig):
         that is not a spherenet export of this model raises :class:`PretrainedFileError` saying
         what it holds (transformers would only log it and build a config of the other's fields).
         A directory in NVIDIA's Normalized-Nemotron layout gives nGPT's config of it, as
-        :func:`spherenet.hf.nemotron_config_of` reads it (GPT's config refuses it)."""
-        from ..models.published import is_published_directory
-
+        :func:`spherenet.io.nemotron_config_of` reads it (GPT's config refuses it)."""
         if is_published_directory(pretrained_model_name_or_path):
             if cls.spherenet_config_class is not NGPTConfig:
                 raise PretrainedFileError(
                     f"{pretrained_model_name_or_path} holds an nGPT in the Normalized-Nemotron layout, not a "
                     f"GPT: read its config with {SpherenetNGPTConfig.__name__}.from_pretrained"
                 )
-            from ..models.nemotron import nemotron_config_of
-
             for name in _HUB_ARGS:
                 kwargs.pop(name, None)
             values = cls.from_spherenet_config(nemotron_config_of(pretrained_model_name_or_path)).to_dict()

@@ -21,9 +21,9 @@ from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..models import GPT, NGPT, PretrainedFileError
+from ..io import exported_model_type, is_published_directory
+from ..models import GPT, NGPT, PretrainedFileError, load_saved
 from ..models.common import check_input_ids, check_inputs_embeds
-from ..models.hub import exported_model_type
 from .configuration import SpherenetGPTConfig, SpherenetNGPTConfig, check_is_export
 from .portable.guards_spherenet import keep_on_sphere
 from .surface import SpherenetModelSurface, check_attn_implementation
@@ -184,8 +184,6 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
                 f"{pretrained_model_name_or_path} holds a PEFT adapter: load its base export, then "
                 "peft.PeftModel.from_pretrained(model, adapter)"
             )
-        from ..models.published import is_published_directory, load_saved
-
         loader_args = {k: v for k, v in kwargs.items() if k in _LOADER_ARGS}
         if isinstance(loader_args.get("device_map"), dict) and set(loader_args["device_map"]) == {""}:
             loader_args["device_map"] = loader_args["device_map"][""]  # the whole model on one device
@@ -221,7 +219,7 @@ class _SpherenetForCausalLM(SpherenetModelSurface, PreTrainedModel, GenerationMi
         shards, the modeling file, the manifest): what ``from_pretrained`` and spherenet's own
         loader read. Takes what transformers passes (``state_dict``, ``max_shard_size``,
         ``is_main_process``, ``push_to_hub`` and the Hub's arguments, ...), as
-        :meth:`spherenet.models.hub.HubMixin.save_pretrained`; sphere weights off the sphere are
+        :func:`spherenet.io.save_pretrained`; sphere weights off the sphere are
         refused in one error saying how to put them back."""
         return self.spherenet_model.save_pretrained(save_directory, **kwargs)
 

@@ -16,9 +16,9 @@ import warnings
 import torch
 from torch import nn
 
+from ..io import off_sphere
 from ..layers import Scale, SphereEmbedding, SphereLinear
 from ..manifolds import named_sphere_parameters
-from ..models.hub import off_sphere
 from ..optim import normalize_
 
 __all__ = ["SpherenetModelSurface", "SUPPORTED_ATTENTION", "check_attn_implementation"]

@@ -120,8 +120,8 @@ def test_old_flat_config_dict_is_refused_naming_its_fields():
 
 def test_config_json_with_flat_keys_is_refused(tmp_path):
     pytest.importorskip("safetensors.torch")
+    from spherenet.io import PretrainedFileWarning
     from spherenet.models import PretrainedFileError
-    from spherenet.models.hub import PretrainedFileWarning
 
     model = from_preset("ngpt-tiny", **NEW).eval()
     model.save_pretrained(tmp_path)

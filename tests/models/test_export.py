@@ -1,4 +1,4 @@
-"""Model exchange in the Hugging Face layout (spherenet.models.hub, recipes.export) and the
+"""Model exchange in the Hugging Face layout (spherenet.io.pretrained, recipes.export) and the
 console scripts."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from recipes.checkpoints import load_trained
 from recipes.train import cli as train_cli
 from spherenet.checkpoint import MANIFEST, CheckpointManager
 from spherenet.data.tokenizer import load_tokenizer
+from spherenet.io import MANIFEST_NAME, PretrainedFileWarning, write_manifest
 from spherenet.models import GPT, NGPT, PretrainedFileError, from_preset, load_pretrained
-from spherenet.models.hub import MANIFEST_NAME, PretrainedFileWarning, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 

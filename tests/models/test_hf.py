@@ -23,8 +23,8 @@ from spherenet.hf import (  # noqa: E402
     SpherenetNGPTConfig,
     SpherenetNGPTForCausalLM,
 )
+from spherenet.io import PORTABLE_MODELING  # noqa: E402
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, PretrainedFileError  # noqa: E402
-from spherenet.models.hub import PORTABLE_MODELING  # noqa: E402
 
 VOCAB = 256  # the byte tokenizer's
 
@@ -505,7 +505,7 @@ def test_spherenets_loader_passes_over_every_key_transformers_writes_and_no_fiel
     in ``TRANSFORMERS_KEYS``, which names none of spherenet's fields."""
     import dataclasses
 
-    from spherenet.models.hub_layout import METADATA_KEYS, TRANSFORMERS_KEYS
+    from spherenet.io import METADATA_KEYS, TRANSFORMERS_KEYS
 
     config = hf_class.from_spherenet_config(tiny(NGPT if config_class is NGPTConfig else GPT).config)
     config.pad_token_id = config.eos_token_id = config.bos_token_id = 0  # what Trainer copies from a tokenizer

@@ -20,9 +20,9 @@ import huggingface_hub  # noqa: E402
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments  # noqa: E402
 
 from spherenet.hf import SphereCallback, SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # noqa: E402
+from spherenet.io import INDEX_NAME, MANIFEST_NAME  # noqa: E402
 from spherenet.manifolds import Sphere  # noqa: E402
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, PretrainedFileError  # noqa: E402
-from spherenet.models.hub import INDEX_NAME, MANIFEST_NAME  # noqa: E402
 from spherenet.optim import build_optimizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""The Normalized-Nemotron layout (spherenet.models.nemotron): tiny synthetic checkpoints written
+"""The Normalized-Nemotron layout (spherenet.io.nemotron_*, spherenet.models.from_normalized_nemotron): tiny synthetic checkpoints written
 here in that layout, loaded as NGPT and compared with a float64 forward of the layout's
 equations, written back, and refused when they are bad."""
 
@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from spherenet.io import INDEX_NAME, nemotron_config_of, read_header, read_into, to_normalized_nemotron
 from spherenet.layers import KVCache
-from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, PretrainedFileError, ScaleSpec
-from spherenet.models.nemotron import INDEX_NAME, from_normalized_nemotron, nemotron_config_of, to_normalized_nemotron
-from spherenet.models.tensorfile import read_header, read_into
+from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, PretrainedFileError, ScaleSpec, from_normalized_nemotron
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 F64 = torch.float64
@@ -568,7 +567,7 @@ def flip_byte(file: Path, offset: int = -3) -> None:
 
 @pytest.mark.parametrize("shards", [1, 3])
 def test_the_written_layout_carries_a_manifest_and_a_flipped_byte_is_refused_naming_the_file(tmp_path, shards):
-    from spherenet.models.nemotron import read_normalized_nemotron_into
+    from spherenet.io import read_normalized_nemotron_into
 
     model = layout_ngpt().eval()
     to_normalized_nemotron(model, tmp_path, max_shard_size=3000 if shards > 1 else "5GB")

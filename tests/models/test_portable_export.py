@@ -20,8 +20,8 @@ from spherenet.hf import SpherenetGPTForCausalLM, SpherenetNGPTForCausalLM  # no
 from spherenet.hf.portable import PORTABLE_MODELING_FILE, write_portable_modeling  # noqa: E402
 from spherenet.hf.portable import configuration_spherenet as portable_config  # noqa: E402
 from spherenet.hf.portable import modeling_spherenet as portable  # noqa: E402
+from spherenet.io import write_manifest  # noqa: E402
 from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig  # noqa: E402
-from spherenet.models.hub import write_manifest  # noqa: E402
 
 VOCAB = 64
 

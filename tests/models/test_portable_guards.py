@@ -18,8 +18,8 @@ from fresh_python import run_script  # noqa: E402
 
 from spherenet.hf import SpherenetNGPTForCausalLM  # noqa: E402
 from spherenet.hf.portable import modeling_spherenet as portable  # noqa: E402
+from spherenet.io import INDEX_NAME, MANIFEST_NAME, PretrainedFileWarning  # noqa: E402
 from spherenet.models import NGPT, NGPTConfig, PretrainedFileError, load_pretrained  # noqa: E402
-from spherenet.models.hub import INDEX_NAME, MANIFEST_NAME, PretrainedFileWarning  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

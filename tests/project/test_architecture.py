@@ -22,13 +22,16 @@ MAY_IMPORT: dict[str, set[str]] = {
     "kernels": {"manifolds"},
     "layers": {"manifolds", "kernels"},
     "optim": {"manifolds", "kernels"},
-    "models": {"manifolds", "kernels", "layers", "optim", "checkpoint"},  # hub.py: the file manifest of a saved model
+    # saved models' files (Hugging Face and Normalized-Nemotron layouts): no model class, only configs,
+    # state dicts and the sphere registry; checkpoint for the file manifest
+    "io": {"manifolds", "layers", "checkpoint"},
+    "models": {"manifolds", "kernels", "layers", "optim", "io"},
     "analysis": {"manifolds", "kernels", "layers", "optim", "models"},
     "data": set(),
     "checkpoint": set(),
-    "train": {"manifolds", "kernels", "layers", "optim", "models", "data", "checkpoint"},
-    "hf": {"manifolds", "kernels", "layers", "optim", "models"},
-    "__main__": {"manifolds", "kernels", "layers", "optim", "models", "analysis", "data", "checkpoint", "train"},
+    "train": {"manifolds", "kernels", "layers", "optim", "io", "models", "data", "checkpoint"},
+    "hf": {"manifolds", "kernels", "layers", "optim", "io", "models"},
+    "__main__": {"manifolds", "kernels", "layers", "optim", "io", "models", "analysis", "data", "checkpoint", "train"},
 }
 APPLICATIONS = ("recipes", "benchmarks", "tests")  # they import the library, never the reverse
 
@@ -144,7 +147,8 @@ def module_import_cycles() -> list[list[str]]:
 
 def test_no_module_imports_one_that_imports_it_back():
     """No import circle between modules (function-level imports included): e.g. the model
-    classes register themselves with spherenet.models.hub, which imports no model class."""
+    classes register themselves with spherenet.models.hub, which imports no model class, and
+    spherenet.io, below the models, imports none either."""
     cycles = module_import_cycles()
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
@@ -231,6 +235,14 @@ def test_each_model_module_imports_alone_and_the_registry_is_full(module):
     code = f"import {module}; from spherenet.models import MODEL_CLASSES; print(sorted(MODEL_CLASSES))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["['gpt',", "'ngpt']"]
+
+
+def test_io_imports_no_model_module():
+    """spherenet.io lies below the models: importing it in a fresh interpreter loads no module of
+    spherenet.models (the models' base class calls into it, never the reverse)."""
+    code = "import sys, spherenet.io; print(sorted(m for m in sys.modules if m.startswith('spherenet.models')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
 
 
 def test_library_files_stay_short():

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["manifolds", "layers", "models", "optim", "kernels", "data", "checkpoint", "train", "hf", "analysis"]
+PACKAGES = ["manifolds", "layers", "models", "io", "optim", "kernels", "data", "checkpoint", "train", "hf", "analysis"]
 
 
 def _hook():

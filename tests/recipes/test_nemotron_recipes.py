@@ -25,8 +25,8 @@ from recipes import analyze, sample, train  # noqa: E402
 from recipes.checkpoints import load_trained, load_weights  # noqa: E402
 from spherenet.analysis import sphere_norm_error  # noqa: E402
 from spherenet.data import build_tokenizer  # noqa: E402
+from spherenet.io import nemotron_config  # noqa: E402
 from spherenet.models import NGPT, load_pretrained  # noqa: E402
-from spherenet.models.nemotron import nemotron_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -277,7 +277,8 @@ def test_init_from_streams_the_directory_into_the_runs_model(published, monkeypa
     """The run's model is filled tensor by tensor from the files: no whole second model is
     loaded (the general loader is never called), and the weights are the directory's."""
     from recipes import init_from
-    from spherenet.models.nemotron import from_normalized_nemotron, nemotron_config_of
+    from spherenet.io import nemotron_config_of
+    from spherenet.models import from_normalized_nemotron
     from spherenet.train.config import load_config
 
     def whole_model_loader(*args, **kwargs):
@@ -300,7 +301,7 @@ def written_with_byte_tokenizer(tmp_path_factory) -> Path:
     tokenizer: tokenizer.json, whose end-of-text token <0xFF> is no special token, and
     tokenizer_config.json naming it."""
     from spherenet.data.tokenizer import ByteTokenizer
-    from spherenet.models.nemotron import to_normalized_nemotron
+    from spherenet.io import to_normalized_nemotron
 
     torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("written") / "model"

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from ...models.hub_layout import (
+from ...io.hf_layout import (
     CONFIG_NAME,
     MANIFEST_NAME,
     PORTABLE_MODELING,

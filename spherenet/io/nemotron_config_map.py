@@ -1,18 +1,37 @@
 """config.json of the published Normalized-Nemotron layout (model_type "ngpt") and
 :class:`~spherenet.layers.NGPTConfig`, both ways: :func:`nemotron_config` reads one, refusing by
 name every field it cannot map; :func:`layout_config` writes one; :func:`layout_refusals` says
-what of an NGPT the layout cannot express. The tensors are :mod:`spherenet.models.nemotron`'s.
+what of an NGPT the layout cannot express; :func:`is_published_directory` tells a directory in
+the layout from spherenet's own exports. The tensors are :mod:`spherenet.io.nemotron_read`'s.
+
+The layout is that of transformers' ``ngpt`` model: config.json says ``model_type`` "ngpt" and
+``architectures`` names "NGPTForCausalLM". spherenet's own exports say "spherenet-ngpt", so the
+two are never confused.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
 
 from ..layers import NGPTConfig, ScaleSpec
-from .hub import CONFIG_NAME, PretrainedFileError
-from .ngpt import NGPT
+from .hf_layout import CONFIG_NAME
+from .hf_weights import PretrainedFileError
 
-__all__ = ["LAYOUT_MODEL_TYPE", "LAYOUT_ARCHITECTURE", "nemotron_config", "layout_config", "layout_refusals"]
+__all__ = [
+    "LAYOUT_MODEL_TYPE",
+    "LAYOUT_ARCHITECTURE",
+    "nemotron_config",
+    "layout_config",
+    "layout_refusals",
+    "is_published_config",
+    "is_published_directory",
+]
 
 LAYOUT_MODEL_TYPE = "ngpt"
 LAYOUT_ARCHITECTURE = "NGPTForCausalLM"
@@ -186,9 +205,9 @@ def nemotron_config(values: dict, where: str = CONFIG_NAME) -> NGPTConfig:
     )
 
 
-def layout_refusals(model) -> list[str]:
+def layout_refusals(model: nn.Module) -> list[str]:
     """What of ``model`` the layout cannot express, by field."""
-    if not isinstance(model, NGPT):
+    if not isinstance(getattr(model, "config", None), NGPTConfig):  # an NGPT
         return [f"the layout holds an NGPT, not a {type(model).__name__}"]
     c = model.config
     problems = [f"mlp={c.mlp!r} (the layout's MLP is 'relu2')"] if c.mlp != "relu2" else []
@@ -208,7 +227,8 @@ def layout_refusals(model) -> list[str]:
     return problems
 
 
-def layout_config(model: NGPT) -> dict:
+def layout_config(model: nn.Module) -> dict:
+    """config.json of an NGPT in the layout (one :func:`layout_refusals` accepts)."""
     c = model.config
     return {
         "architectures": [LAYOUT_ARCHITECTURE],
@@ -238,3 +258,21 @@ def layout_config(model: NGPT) -> dict:
         "sz_init_value": c.s_z.init,
         "torch_dtype": str(model.embed_in.weight.dtype).removeprefix("torch."),
     }
+
+
+def is_published_config(values: Any) -> bool:
+    """Whether a config.json's contents describe a model in the published layout."""
+    if not isinstance(values, dict) or values.get("model_type") != LAYOUT_MODEL_TYPE:
+        return False
+    architectures = values.get("architectures")
+    return isinstance(architectures, list) and LAYOUT_ARCHITECTURE in architectures
+
+
+def is_published_directory(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a local directory whose config.json describes the published layout
+    (an unreadable config.json is not; loading it says why)."""
+    config_file = Path(path).expanduser() / CONFIG_NAME
+    try:
+        return config_file.is_file() and is_published_config(json.loads(config_file.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return False

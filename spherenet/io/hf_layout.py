@@ -1,4 +1,4 @@
-"""The files of a saved model besides its weights (:mod:`spherenet.models.hub`): ``config.json``'s
+"""The files of a saved model besides its weights (:mod:`spherenet.io.pretrained`): ``config.json``'s
 metadata (``model_type``, ``auto_map``), the portable model code that transformers runs under
 ``trust_remote_code=True``, and ``sha256sums.json``, the manifest that every file is checked
 against on load.
@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .hub_files import WEIGHTS_NAME, PretrainedFileError, resolve
+from .hf_weights import WEIGHTS_NAME, PretrainedFileError, resolve
 
 __all__ = [
     "CONFIG_NAME",
@@ -63,7 +63,7 @@ TRANSFORMERS_KEYS = (
 )
 
 # The portable model code (torch and transformers only), written into every export under the names it has
-# here (the modeling file imports the other two by those names). Read by path: models may not
+# here (the modeling file imports the other two by those names). Read by path: io may not
 # import hf, and importing spherenet.hf would need transformers.
 PORTABLE_CODE = Path(__file__).resolve().parents[1] / "hf" / "portable"
 PORTABLE_MODELING = PORTABLE_CODE / MODELING_NAME
@@ -122,5 +122,5 @@ def verify_manifest(path_or_repo, config_file: Path, download: dict[str, Any], n
             f"{directory} has no {MANIFEST_NAME}: its files cannot be checked for damage (saved by hand or by an "
             "older spherenet); loading them with the tensor checks only",
             PretrainedFileWarning,
-            stacklevel=3,
+            stacklevel=4,  # the caller of a model's from_pretrained
         )

@@ -1,4 +1,4 @@
-"""NGPT in the published Normalized-Nemotron layout (model_type "ngpt", ``NGPTForCausalLM``).
+"""Reading NGPT from the published Normalized-Nemotron layout (model_type "ngpt", ``NGPTForCausalLM``).
 
 That layout, of NVIDIA's released normalized models, is a directory holding ``config.json`` and
 ``model.safetensors`` (or shards listed by ``model.safetensors.index.json``). Its model is an
@@ -6,7 +6,7 @@ nGPT with grouped-query attention (``num_key_value_heads``), a free ``head_dim``
 MLP without a gate, s_qk applied squared to the queries only, and its learnable scalings stored
 as spherenet stores them (Section 2.5: the stored vector times ``init / scale``), so every tensor
 maps verbatim onto an :class:`~spherenet.models.NGPT` of ``n_kv_heads``, ``head_dim``,
-``mlp="relu2"`` (see :func:`layout_tensors` for the names):
+``mlp="relu2"`` (see :func:`~spherenet.io.nemotron_layout.layout_tensors` for the names):
 
 ============================  ==========================================
 layout scaling                ScaleSpec of NGPTConfig
@@ -17,16 +17,15 @@ layout scaling                ScaleSpec of NGPTConfig
 ``sz.weight``                 ``s_z``: ``init=sz_init_value, scale=initializer_range``
 ============================  ==========================================
 
-:func:`to_normalized_nemotron` also writes the model's tokenizer when given one (tokenizer.json and
-tokenizer_config.json naming its end-of-text token) and sha256sums.json, the manifest of
-spherenet's exports, which loading checks when it is there (NVIDIA's directories have none).
-
-:func:`from_normalized_nemotron` builds the model on the meta device and reads each tensor from
-the files straight into its parameter (:mod:`spherenet.models.tensorfile`): peak memory is one
-copy of the model. Config fields, tensors and values it cannot map are refused with a
-:class:`PretrainedFileError` naming them, never ignored. The tensor table and file names are
-:mod:`spherenet.models.nemotron_layout`'s, the writing :mod:`spherenet.models.nemotron_write`'s;
-their public names are importable from here.
+:func:`open_normalized_nemotron` reads a directory's config and the headers of its tensors and
+checks them; its :meth:`~NemotronDirectory.read_into` then reads each tensor from the files
+straight into the parameter of a built model (:mod:`spherenet.io.safetensors_stream`), so that
+:func:`spherenet.models.from_normalized_nemotron`, which builds the model on the meta device,
+peaks at one copy of the model. Config fields, tensors and values it cannot map are refused with
+a :class:`PretrainedFileError` naming them, never ignored. When the directory has the
+sha256sums.json that :func:`~spherenet.io.nemotron_write.to_normalized_nemotron` writes, its
+files are checked against it (NVIDIA's directories have none). The config map is
+:mod:`spherenet.io.nemotron_config_map`'s, the tensor table :mod:`spherenet.io.nemotron_layout`'s.
 """
 
 from __future__ import annotations
@@ -38,37 +37,23 @@ import os
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from ..checkpoint import CheckpointCorruptError, verify_files_manifest
 from ..layers import NGPTConfig
-from .hub import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, PretrainedFileError, _pick_dtype
-from .nemotron_config import LAYOUT_ARCHITECTURE, LAYOUT_MODEL_TYPE, nemotron_config
-from .nemotron_layout import (  # noqa: F401 - TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP: this module's names too
-    INDEX_NAME,
-    SPECIAL_TOKENS_MAP,
-    TOKENIZER_CONFIG,
-    TOKENIZER_FILES,
-    TOKENIZER_JSON,
-    layout_tensors,
-    layout_view,
-)
-from .nemotron_write import to_normalized_nemotron, write_transformers_tokenizer_config
-from .ngpt import NGPT
-from .tensorfile import TensorFileError, read_header, read_into
+from ..manifolds import named_sphere_parameters
+from .hf_layout import CONFIG_NAME, MANIFEST_NAME
+from .hf_weights import WEIGHTS_NAME, PretrainedFileError
+from .nemotron_config_map import nemotron_config
+from .nemotron_layout import INDEX_NAME, TOKENIZER_FILES, layout_tensors, layout_view
+from .safetensors_stream import StoredTensor, TensorFileError, read_header, read_into
 
 __all__ = [
-    "LAYOUT_MODEL_TYPE",
-    "LAYOUT_ARCHITECTURE",
-    "INDEX_NAME",
-    "from_normalized_nemotron",
+    "NemotronDirectory",
+    "open_normalized_nemotron",
     "read_normalized_nemotron_into",
     "nemotron_config_of",
-    "to_normalized_nemotron",
-    "nemotron_config",
-    "layout_tensors",
     "UNIT_TOLERANCE",
-    "TOKENIZER_FILES",
-    "write_transformers_tokenizer_config",
 ]
 
 #: the largest |norm - 1| of a sphere weight's unit vectors that loads (bfloat16 rounding fits)
@@ -196,11 +181,11 @@ def _verify_manifest(directory: Path) -> None:
         raise PretrainedFileError(str(exc)) from None
 
 
-def _read_tensors(model: NGPT, table, stored: dict) -> None:
+def _read_tensors(model: nn.Module, table, stored: dict) -> None:
     """Read every tensor of ``table`` from the files straight into ``model``'s parameters
     (converting dtype and device on the way), checking values as they pass."""
     parameters = dict(model.named_parameters())
-    spheres = dict(model.sphere_weights())
+    spheres = dict(named_sphere_parameters(model))
     for name, target, how, _ in table:
         parameter = parameters[target]
         try:
@@ -212,11 +197,49 @@ def _read_tensors(model: NGPT, table, stored: dict) -> None:
             _check_unit(name, parameter.data, how)
 
 
-def read_normalized_nemotron_into(model: NGPT, path: str | os.PathLike) -> None:
-    """Fill an already built ``model`` (its own dtype and device) with the weights saved at
-    ``path`` in the Normalized-Nemotron layout, one tensor at a time, so that no second copy of
-    the model is made (a fine-tuning run builds its model first). The model's config must be the
-    directory's (:func:`nemotron_config_of`); the same checks as :func:`from_normalized_nemotron`."""
+@dataclasses.dataclass(frozen=True)
+class NemotronDirectory:
+    """A directory in the Normalized-Nemotron layout, checked (:func:`open_normalized_nemotron`):
+    its config, the tensors its files hold (their headers) and the layout's table of them."""
+
+    directory: Path
+    config: NGPTConfig
+    stored: dict[str, StoredTensor]
+    table: list[tuple[str, str, str, tuple[int, ...]]]
+
+    def stored_dtype(self) -> torch.dtype:
+        """The dtype the tensors are stored in (the widest of them when they differ)."""
+        dtype = self.stored[self.table[0][0]].torch_dtype
+        for t in self.stored.values():
+            dtype = torch.promote_types(dtype, t.torch_dtype)
+        return dtype
+
+    def read_into(self, model: nn.Module) -> None:
+        """Read every tensor from the files straight into the parameters of ``model`` (an NGPT of
+        :attr:`config`, in its own dtype and on its own device), checking values as they pass."""
+        _read_tensors(model, self.table, self.stored)
+
+
+def open_normalized_nemotron(path: str | os.PathLike) -> NemotronDirectory:
+    """The directory ``path`` in the Normalized-Nemotron layout, checked: its files against
+    their manifest when it has one, its config.json mapped to an :class:`NGPTConfig`, and the
+    names, shapes and dtypes of its tensors against the layout's. Raises
+    :class:`PretrainedFileError` naming the path, the field or the tensor."""
+    directory = Path(path).expanduser()
+    _verify_manifest(directory)
+    config = _read_config(directory)
+    stored = _stored_tensors(directory)
+    table = layout_tensors(config)
+    _check_names_and_shapes(table, stored, directory)
+    return NemotronDirectory(directory, config, stored, table)
+
+
+def read_normalized_nemotron_into(model: nn.Module, path: str | os.PathLike) -> None:
+    """Fill an already built ``model`` (an NGPT, in its own dtype and on its own device) with the
+    weights saved at ``path`` in the Normalized-Nemotron layout, one tensor at a time, so that no
+    second copy of the model is made (a fine-tuning run builds its model first). The model's
+    config must be the directory's (:func:`nemotron_config_of`); the same checks as
+    :func:`spherenet.models.from_normalized_nemotron`."""
     directory = Path(path).expanduser()
     _verify_manifest(directory)
     config = _read_config(directory)
@@ -230,39 +253,5 @@ def read_normalized_nemotron_into(model: NGPT, path: str | os.PathLike) -> None:
 
 def nemotron_config_of(path: str | os.PathLike) -> NGPTConfig:
     """The :class:`NGPTConfig` of a directory in the Normalized-Nemotron layout (refusals as in
-    :func:`from_normalized_nemotron`)."""
+    :func:`open_normalized_nemotron`)."""
     return _read_config(Path(path).expanduser())
-
-
-def from_normalized_nemotron(
-    path: str | os.PathLike, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None
-) -> NGPT:
-    """The :class:`NGPT` saved at ``path`` in the Normalized-Nemotron layout, in eval mode.
-
-    ``dtype``: of every parameter, a ``torch.dtype`` or its name (default or ``"auto"``: the
-    stored one, or the widest of them when the tensors differ); ``device`` (default CPU): where
-    the parameters are built and read into. Each tensor is read from the files straight into its parameter, so memory peaks at one copy
-    of the model. Raises :class:`PretrainedFileError` in one line naming the path, the field or
-    the tensor: no config.json, a config field it cannot map, a missing, unexpected, misshapen
-    or non-float tensor, a non-finite value, or a sphere weight whose unit vectors (rows of
-    embed_tokens, q/k/v_proj, up_proj, lm_head; columns of o_proj, down_proj) are not unit
-    within :data:`UNIT_TOLERANCE`; and, when the directory has the sha256sums.json that
-    :func:`to_normalized_nemotron` writes, a file whose size or sha256 differs from it.
-    """
-    directory = Path(path).expanduser()
-    _verify_manifest(directory)
-    config = _read_config(directory)
-    stored = _stored_tensors(directory)
-    table = layout_tensors(config)
-    _check_names_and_shapes(table, stored, directory)
-    dtype = _pick_dtype(dtype=dtype, torch_dtype=None)
-    if dtype is None:
-        dtype = stored[table[0][0]].torch_dtype
-        for t in stored.values():
-            dtype = torch.promote_types(dtype, t.torch_dtype)
-    device = torch.device("cpu" if device is None else device)
-    with torch.device("meta"):
-        model = NGPT(config)
-    model = model.to(dtype).to_empty(device=device)
-    _read_tensors(model, table, stored)
-    return model.eval()

@@ -1,7 +1,7 @@
 """The tensors of the published Normalized-Nemotron layout and the files of its directory: which
 parameter of an :class:`~spherenet.models.NGPT` each tensor is, in which shape
 (:func:`layout_tensors`), and the view that turns one into the other (:func:`layout_view`).
-Reading is :mod:`spherenet.models.nemotron`'s, writing :mod:`spherenet.models.nemotron_write`'s.
+Reading is :mod:`spherenet.io.nemotron_read`'s, writing :mod:`spherenet.io.nemotron_write`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 INDEX_NAME = "model.safetensors.index.json"
-TOKENIZER_JSON = "tokenizer.json"  # spherenet.data's name of it (models/ may not import data/)
+TOKENIZER_JSON = "tokenizer.json"  # spherenet.data's name of it (io/ may not import data/)
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 #: the tokenizer's files a directory of the layout holds for transformers' AutoTokenizer

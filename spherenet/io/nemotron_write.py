@@ -1,5 +1,5 @@
 """Writing an :class:`~spherenet.models.NGPT` in the published Normalized-Nemotron layout
-(:func:`to_normalized_nemotron`; the layout is described in :mod:`spherenet.models.nemotron`), with
+(:func:`to_normalized_nemotron`; the layout is described in :mod:`spherenet.io.nemotron_read`), with
 the tokenizer files transformers' ``AutoTokenizer`` reads beside it
 (:func:`write_transformers_tokenizer_config`).
 """
@@ -11,9 +11,12 @@ import os
 import re
 from pathlib import Path
 
+from torch import nn
+
 from ..checkpoint import CheckpointError
-from .hub import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, _require, write_manifest
-from .nemotron_config import layout_config, layout_refusals
+from .hf_layout import CONFIG_NAME, MANIFEST_NAME, write_manifest
+from .hf_weights import WEIGHTS_NAME, require
+from .nemotron_config_map import layout_config, layout_refusals
 from .nemotron_layout import (
     INDEX_NAME,
     SPECIAL_TOKENS_MAP,
@@ -23,7 +26,6 @@ from .nemotron_layout import (
     layout_tensors,
     layout_view,
 )
-from .ngpt import NGPT
 
 __all__ = ["to_normalized_nemotron", "write_transformers_tokenizer_config"]
 
@@ -70,16 +72,16 @@ def write_transformers_tokenizer_config(directory: Path, eos_id: int, max_length
 
 
 def to_normalized_nemotron(
-    model: NGPT, path: str | os.PathLike, max_shard_size: int | str = "5GB", tokenizer=None
+    model: nn.Module, path: str | os.PathLike, max_shard_size: int | str = "5GB", tokenizer=None
 ) -> None:
-    """Write ``model`` into the directory ``path`` in the Normalized-Nemotron layout:
-    config.json and model.safetensors, or shards of at most ``max_shard_size`` with
+    """Write ``model`` (an :class:`~spherenet.models.NGPT`) into the directory ``path`` in the
+    Normalized-Nemotron layout: config.json and model.safetensors, or shards of at most ``max_shard_size`` with
     model.safetensors.index.json when it is larger; with ``tokenizer`` (a spherenet
     :class:`~spherenet.data.tokenizer.Tokenizer`, e.g. the byte tokenizer), its tokenizer.json,
     and tokenizer_config.json / special_tokens_map.json naming its end-of-text token as
     ``eos_token`` (what transformers' AutoTokenizer and spherenet's recipes read); and
     sha256sums.json, the size and sha256 of each file written, checked when the directory is
-    loaded. Tensors keep their dtype and values (the scalings verbatim, see the module's table);
+    loaded. Tensors keep their dtype and values (the scalings verbatim: nemotron_read's table);
     earlier weight files of the layout in ``path`` (and its tokenizer files, when ``tokenizer``
     is given) are removed, nothing else is written. Raises ``ValueError`` naming every config
     field the layout cannot express (a SwiGLU MLP, another residual update, qk_norm off, scalar
@@ -89,7 +91,7 @@ def to_normalized_nemotron(
         problems.append(f"the tokenizer has {tokenizer.vocab_size} ids, more than vocab_size={model.config.vocab_size}")
     if problems:
         raise ValueError(f"the Normalized-Nemotron layout cannot express this model: {'; '.join(problems)}")
-    safetensors_torch = _require("safetensors.torch")
+    safetensors_torch = require("safetensors.torch")
     limit = _shard_bytes(max_shard_size)
     parameters = dict(model.named_parameters())
     table = layout_tensors(model.config)

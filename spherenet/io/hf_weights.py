@@ -1,4 +1,4 @@
-"""The weight files of a saved model (:mod:`spherenet.models.hub`): one ``model.safetensors``,
+"""The weight files of a saved model (:mod:`spherenet.io.pretrained`): one ``model.safetensors``,
 or shards of at most ``max_shard_size`` bytes listed in ``model.safetensors.index.json``
 (transformers' layout and shard names), the checks of the tensors read from them (names, shapes,
 finite values, and unit rows of the sphere weights: Section 2.6 of the paper), and the upload of a
