@@ -103,18 +103,6 @@ def scaled_linear_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.
     return F.linear(x, weight) * scale
 
 
-# ---------------------------------------------------------------- what the Triton kernels take
-
-
-def _residual_triton_takes(h: torch.Tensor, h_block: torch.Tensor, alpha) -> bool:
-    """The Triton updates compute in float32, with ``alpha`` a tensor."""
-    return (
-        torch.float64 not in (h.dtype, h_block.dtype)
-        and isinstance(alpha, torch.Tensor)
-        and alpha.dtype != torch.float64
-    )
-
-
 # ---------------------------------------------------------------- the ops
 
 NORMALIZE = Op(
@@ -147,7 +135,7 @@ UPDATES: dict[str, Op] = {
             "triton": triton,
         },
         auto={"*": "torch"},
-        takes={"triton": _residual_triton_takes},
+        takes={"triton": triton_calls.update_takes},
     )
     for name, reference, fused, triton in (
         ("lerp", manifolds.lerp, lerp_normalize, triton_calls.lerp_triton),

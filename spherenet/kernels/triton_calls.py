@@ -4,7 +4,10 @@ needs Triton."""
 
 from __future__ import annotations
 
+import torch
+
 __all__ = [
+    "update_takes",
     "normalize_triton",
     "scaled_normalize_triton",
     "lerp_triton",
@@ -55,3 +58,12 @@ def relu2_triton(x):
     from . import activation_triton
 
     return activation_triton.relu2(x)
+
+
+def update_takes(h: torch.Tensor, h_block: torch.Tensor, alpha) -> bool:
+    """Whether the Triton updates take a call: they compute in float32, with ``alpha`` a tensor."""
+    return (
+        torch.float64 not in (h.dtype, h_block.dtype)
+        and isinstance(alpha, torch.Tensor)
+        and alpha.dtype != torch.float64
+    )

@@ -20,7 +20,6 @@ __all__ = [
     "check_inputs_embeds",
     "check_positions",
     "assert_ids_in_vocab",
-    "check_token_ids",
 ]
 
 
@@ -133,7 +132,8 @@ def check_input_ids(input_ids: torch.Tensor, max_seq_len: int, offset: int = 0) 
     ``offset + T <= max_seq_len`` (``offset``: tokens already cached).
 
     Metadata only, so no device synchronization: the ids' values are checked by
-    :func:`assert_ids_in_vocab` (every forward) or :func:`check_token_ids` (where ids enter).
+    :func:`assert_ids_in_vocab` (every forward) or, where ids enter,
+    :func:`spherenet.models.generation.check_token_ids`.
     """
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
@@ -172,29 +172,11 @@ def assert_ids_in_vocab(input_ids: torch.Tensor, vocab_size: int) -> None:
 
     A device-side assertion (:func:`torch._assert_async`; compiled code keeps it): on CPU a bad
     id raises ``RuntimeError`` at once; on CUDA it is a device-side assert, reported at the next
-    synchronization. Where ids enter (the data loader, :func:`generate`'s prompt) they are
-    checked on the host with an error naming the id (:func:`check_token_ids`).
+    synchronization. Where ids enter (the data loader, a prompt to ``generate``) they are checked
+    on the host with an error naming the id (``spherenet.models.generation.check_token_ids``).
     """
-    if (
-        peek_transform() is not None
-    ):  # a torch.func transform: vmap has no batching rule for the assertion, compiled or not;
-        return  # the embedding lookup still refuses an id outside the table
+    if peek_transform() is not None:  # a torch.func transform: vmap has no batching rule for the
+        return  # assertion, compiled or not; the embedding lookup still refuses an id outside the table
     ids = input_ids.long()  # a narrower integer dtype would wrap the comparison with vocab_size
     in_vocab = ((ids >= 0) & (ids < vocab_size)).all()
     torch._assert_async(in_vocab, f"token id out of vocabulary: every id must be in [0, vocab_size={vocab_size})")
-
-
-def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    """Raise ``IndexError`` naming the first id of ``input_ids`` outside ``[0, vocab_size)``.
-
-    Reads the ids on the host (a device synchronization on a GPU): for where ids enter, such
-    as a prompt, not for every forward.
-    """
-    bad = (input_ids < 0) | (input_ids.long() >= vocab_size)
-    if bad.any():
-        where = tuple(int(i) for i in bad.nonzero()[0])
-        low, high = int(input_ids.min()), int(input_ids.max())
-        raise IndexError(
-            f"token id out of vocabulary: id {int(input_ids[where])} at position {where} is not in "
-            f"[0, vocab_size={vocab_size}) (ids span [{low}, {high}])"
-        )

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from ..layers import KVCache
-from .common import check_input_ids, check_token_ids
+from .common import check_input_ids
 
-__all__ = ["GenerationMixin", "generate", "sample_next_token"]
+__all__ = ["GenerationMixin", "generate", "sample_next_token", "check_token_ids"]
 
 
 class GenerationMixin:
@@ -113,3 +113,19 @@ def generate(
         if len(caches[0]) < window:
             logits = model(next_ids, kv_caches=caches)[:, -1, :]
     return ids
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Raise ``IndexError`` naming the first id of ``input_ids`` outside ``[0, vocab_size)``.
+
+    Reads the ids on the host (a device synchronization on a GPU): for where ids enter, such
+    as a prompt, not for every forward.
+    """
+    bad = (input_ids < 0) | (input_ids.long() >= vocab_size)
+    if bad.any():
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        low, high = int(input_ids.min()), int(input_ids.max())
+        raise IndexError(
+            f"token id out of vocabulary: id {int(input_ids[where])} at position {where} is not in "
+            f"[0, vocab_size={vocab_size}) (ids span [{low}, {high}])"
+        )
