@@ -77,15 +77,15 @@ inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t d) {
 // The last pass also takes <x, g> of the next row (`next_x`, `next_g`; null for none) and
 // returns it: that pass then streams the next row in while it finishes this one, instead of
 // a pass that only computes and a pass that only loads.
-template <typename T, bool kRowV>
+template <typename T, bool kRowV, bool kProject>
 inline T sphere_adam_row(
     T* __restrict__ x, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v, int64_t d, const Hyper& h,
     T xg, const T* __restrict__ next_x, const T* __restrict__ next_g) {
   using Vec = Vectorized<T>;
   constexpr int64_t K = Vec::size();
   const Vec zero(T(0)), b1(T(h.beta1)), b2(T(h.beta2)), one_b1(T(1) - T(h.beta1)), one_b2(T(1) - T(h.beta2));
-  const Vec x_dot_g(xg);  // u = g - <x, g> x, the tangent projection (eq. 24)
-  const bool transport = kRowV && h.project;
+  const Vec x_dot_g(xg);  // u = g - <x, g> x, the tangent projection (eq. 24); u = g without it
+  constexpr bool transport = kRowV && kProject;
 
   // <y, m> is gathered with ||y||^2: the transport below needs <x_new, m> = <y, m> / ||y||.
   Vec yy = zero, ym = zero;
@@ -93,7 +93,8 @@ inline T sphere_adam_row(
     const Vec step_size(T(h.step_size)), inv_bias2_sqrt(T(h.inv_bias2_sqrt)), eps(T(h.eps));
     for_chunks<T>(d, [&](int64_t j, int64_t lanes) {
       const Vec xj = Vec::loadu(x + j, lanes);
-      const Vec u = at::vec::fnmadd(x_dot_g, xj, Vec::loadu(g + j, lanes));
+      const Vec gj = Vec::loadu(g + j, lanes);
+      const Vec u = kProject ? at::vec::fnmadd(x_dot_g, xj, gj) : gj;
       const Vec mj = at::vec::fmadd(b1, Vec::loadu(m + j, lanes), one_b1 * u);
       const Vec vj = at::vec::fmadd(b2, Vec::loadu(v + j, lanes), one_b2 * (u * u));
       // (step_size m) / denom, rounded as torch.optim.Adam rounds it
@@ -107,7 +108,8 @@ inline T sphere_adam_row(
   } else {
     Vec uu = zero;
     for_chunks<T>(d, [&](int64_t j, int64_t lanes) {  // missing lanes are 0 throughout
-      const Vec u = at::vec::fnmadd(x_dot_g, Vec::loadu(x + j, lanes), Vec::loadu(g + j, lanes));
+      const Vec gj = Vec::loadu(g + j, lanes);
+      const Vec u = kProject ? at::vec::fnmadd(x_dot_g, Vec::loadu(x + j, lanes), gj) : gj;
       at::vec::fmadd(b1, Vec::loadu(m + j, lanes), one_b1 * u).store(m + j, lanes);
       uu = at::vec::fmadd(u, u, uu);
     });
@@ -129,9 +131,9 @@ inline T sphere_adam_row(
   for_chunks<T>(d, [&](int64_t j, int64_t lanes) {
     const Vec xj = Vec::loadu(x + j, lanes) * inv_norm;
     xj.store(x + j, lanes);
-    if (transport)  // loop-invariant, as the test below: the compiler unswitches both
+    if constexpr (transport)
       at::vec::fnmadd(xm, xj, Vec::loadu(m + j, lanes)).store(m + j, lanes);
-    if (next_x != nullptr)
+    if (next_x != nullptr)  // loop-invariant: the compiler unswitches it
       next_xg = at::vec::fmadd(Vec::loadu(next_x + j, lanes), Vec::loadu(next_g + j, lanes), next_xg);
   });
   return sum_lanes<T>(next_xg);
@@ -147,7 +149,7 @@ struct Operand {
 };
 
 // Rows [begin, end) of one operand. Half-precision rows go through `scratch` (3 d + 1 or 4 d floats).
-template <typename scalar_t, bool kRowV>
+template <typename scalar_t, bool kRowV, bool kProject>
 void step_rows(const Operand& op, int64_t begin, int64_t end, std::vector<float>& scratch) {
   scalar_t* x = static_cast<scalar_t*>(op.x);
   const scalar_t* g = static_cast<const scalar_t*>(op.g);
@@ -155,16 +157,15 @@ void step_rows(const Operand& op, int64_t begin, int64_t end, std::vector<float>
   scalar_t* v = static_cast<scalar_t*>(op.v);
   const int64_t d = op.d, vd = kRowV ? 1 : d;
   if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
-    // The euclidean gradient needs no <x, g> (xg stays 0), but its last pass still streams the
-    // next row's x and g in: the first pass of that row then finds them in cache, as the
-    // riemannian gradient's does. The sum it returns is dropped.
-    const bool project = op.hyper.project;
-    scalar_t xg = project ? dot(x + begin * d, g + begin * d, d) : scalar_t(0);
+    // The euclidean gradient needs no <x, g> (u is g itself: kProject false), but its last pass
+    // still streams the next row's x and g in: the first pass of that row then finds them in
+    // cache, as the riemannian gradient's does. The sum it returns is dropped.
+    scalar_t xg = kProject ? dot(x + begin * d, g + begin * d, d) : scalar_t(0);
     for (int64_t r = begin; r < end; ++r) {
       const bool more = r + 1 < end;
-      const scalar_t next_xg = sphere_adam_row<scalar_t, kRowV>(x + r * d, g + r * d, m + r * d, v + r * vd, d,
-          op.hyper, xg, more ? x + (r + 1) * d : nullptr, more ? g + (r + 1) * d : nullptr);
-      xg = project ? next_xg : scalar_t(0);
+      const scalar_t next_xg = sphere_adam_row<scalar_t, kRowV, kProject>(x + r * d, g + r * d, m + r * d,
+          v + r * vd, d, op.hyper, xg, more ? x + (r + 1) * d : nullptr, more ? g + (r + 1) * d : nullptr);
+      xg = kProject ? next_xg : scalar_t(0);
     }
   } else {  // bf16 / fp16: step a float copy of the row, round once on store
     scratch.resize(3 * d + vd);
@@ -174,8 +175,8 @@ void step_rows(const Operand& op, int64_t begin, int64_t end, std::vector<float>
       at::vec::convert(g + r * d, gf, d);
       at::vec::convert(m + r * d, mf, d);
       at::vec::convert(v + r * vd, vf, vd);
-      const float xg = op.hyper.project ? dot(xf, gf, d) : 0.0f;
-      sphere_adam_row<float, kRowV>(xf, gf, mf, vf, d, op.hyper, xg, nullptr, nullptr);
+      const float xg = kProject ? dot(xf, gf, d) : 0.0f;
+      sphere_adam_row<float, kRowV, kProject>(xf, gf, mf, vf, d, op.hyper, xg, nullptr, nullptr);
       at::vec::convert(xf, x + r * d, d);
       at::vec::convert(mf, m + r * d, d);
       at::vec::convert(vf, v + r * vd, vd);
@@ -250,8 +251,13 @@ void sphere_adam_(
     for (int64_t b = first; b < last; ++b) {
       const Operand& op = operands[blocks[b].operand];
       AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, op.dtype, "sphere_adam_", [&] {
-        row_v ? step_rows<scalar_t, true>(op, blocks[b].begin, blocks[b].end, scratch)
-              : step_rows<scalar_t, false>(op, blocks[b].begin, blocks[b].end, scratch);
+        const int64_t begin = blocks[b].begin, end = blocks[b].end;
+        if (row_v)
+          project ? step_rows<scalar_t, true, true>(op, begin, end, scratch)
+                  : step_rows<scalar_t, true, false>(op, begin, end, scratch);
+        else
+          project ? step_rows<scalar_t, false, true>(op, begin, end, scratch)
+                  : step_rows<scalar_t, false, false>(op, begin, end, scratch);
       });
     }
   });
