@@ -6,7 +6,7 @@ implementations under the same signature (fused torch, native C++, Triton: a Tri
 ``torch.library.custom_op``, fake and wrapper together in the op family's ``*_triton`` module,
 imported on first use). Which one runs is decided in one place, :mod:`spherenet.kernels.resolve`
 (the op's argument, a ``with use(name):`` block, the environment variable ``SPHERENET_KERNELS``).
-The Triton kernels share the helpers of :mod:`spherenet.kernels._triton`.
+The Triton kernels share the helpers of :mod:`spherenet.kernels.triton_helpers`.
 
 The layer ops (equation numbers of Loshchilov et al., "nGPT", 2024):
 
@@ -24,6 +24,7 @@ The optimizer ops (Section 2.6; the Triton kernels of both in :mod:`~spherenet.k
 """
 
 from . import resolve  # the module (its function resolve.resolve is not re-exported: one name, one thing)
+from ._choice import implementation_status
 from .activation import relu2, swiglu
 from .linear import scaled_linear
 from .norm import normalize, qk_normalize
@@ -39,6 +40,7 @@ __all__ = [
     "use",
     "active",
     "checkpoint",
+    "implementation_status",
     "normalize",
     "qk_normalize",
     "residual_update",

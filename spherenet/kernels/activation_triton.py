@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import ELEMENTS_PER_PROGRAM, check_device, contiguous_like, on_device_of, warps
+from .triton_helpers import ELEMENTS_PER_PROGRAM, check_device, contiguous_like, on_device_of, warps
 
 __all__ = ["swiglu", "relu2"]
 

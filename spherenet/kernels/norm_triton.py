@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
+from .triton_helpers import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
 
 __all__ = ["normalize", "scaled_normalize"]
 

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _triton
-from ._triton import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
+from . import triton_helpers as _triton
+from .triton_helpers import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
 
 __all__ = ["lerp_normalize", "riemannian_normalize", "slerp_normalize"]
 

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _triton
+from . import triton_helpers as _triton
 
 __all__ = ["sphere_adam_rows_", "sphere_muon_tail_triton_", "normalize_rows_triton_", "launch_groups"]
 
