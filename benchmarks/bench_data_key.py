@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from spherenet.data._files import check_text_file, file_sha256  # noqa: E402
+from spherenet.data import check_text_file, file_sha256  # noqa: E402
 from spherenet.data.sources import resolve_source  # noqa: E402
 
 

@@ -46,8 +46,7 @@ from _machine import (  # benchmarks/ is on sys.path when a script runs
     threads,
 )
 
-from spherenet.kernels import native, sphere_rows
-from spherenet.kernels._choice import implementation_status
+from spherenet.kernels import implementation_status, native, sphere_rows
 from spherenet.manifolds.sphere import geoopt
 from spherenet.models import from_preset
 from spherenet.optim import Riemannian, RiemannianAdam, normalize_, param_groups, sphere_parameters

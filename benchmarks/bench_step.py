@@ -94,7 +94,7 @@ def check_triton_variant(variants, device: torch.device) -> str | None:
     """Why the "triton" variant cannot run here (None: it can)."""
     if "triton" not in variants:
         return None
-    from spherenet.kernels._choice import implementation_status
+    from spherenet.kernels import implementation_status
 
     available, reason = implementation_status("triton")
     if not available:

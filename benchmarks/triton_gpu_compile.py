@@ -6,7 +6,7 @@ Triton's interpreter (how the tests run the kernels on CPU) executes a kernel's 
 accepts code that the GPU compiler refuses and says nothing of registers or vector widths. This
 script runs Triton's real compiler to PTX for an H100 (sm_90) and the ``ptxas`` that Triton ships
 and uses for that GPU to machine code, with the launch configurations the library's launchers choose
-(``spherenet.kernels._triton.blocks`` and ``warps``). It must run without ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``
+(``spherenet.kernels.triton_helpers.blocks`` and ``warps``). It must run without ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``
 functions), so the tests start it as a subprocess (tests/kernels/test_triton_compile.py).
 
 Usage: python benchmarks/triton_gpu_compile.py FAMILY...   (layers, slerp, optimizer; one JSON object a
@@ -80,7 +80,8 @@ def compile_one(kernel, signature: dict, constexprs: dict, num_warps: int, label
 
 
 def layers() -> list[dict]:
-    from spherenet.kernels import _triton, activation_triton, norm_triton, residual_triton
+    from spherenet.kernels import activation_triton, norm_triton, residual_triton
+    from spherenet.kernels import triton_helpers as _triton
 
     records = []
     for dtype, widths in (("bf16", WIDTHS), ("fp32", (1024,))):
@@ -111,7 +112,8 @@ def layers() -> list[dict]:
 
 
 def slerp() -> list[dict]:
-    from spherenet.kernels import _triton, residual_triton
+    from spherenet.kernels import residual_triton
+    from spherenet.kernels import triton_helpers as _triton
 
     records = []
     for dtype, widths in (("bf16", WIDTHS), ("fp32", (1024,))):

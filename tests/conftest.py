@@ -1,4 +1,10 @@
-"""Test-suite settings shared by every test module."""
+"""Test-suite settings shared by every test module.
+
+Helpers the tests import from this directory (it is on ``sys.path``): ``tiny_models`` (tiny nGPT
+and GPT configs and models: ``tiny_config``, ``tiny_model``, ``tiny_ngpt``, ``tiny_gpt``,
+``layer_config``), ``model_references`` (unit rows, RoPE as a matrix, scalings moved off their
+init), ``corpora`` (text files to train on), ``signals``, ``gloo``, ``fresh_python``.
+"""
 
 import os
 

@@ -13,6 +13,7 @@ Typical use::
 does not pay for it.
 """
 
+from ._files import check_text_file, file_sha256
 from ._hub import hub_offline, hub_unreachable
 from ._staging import process_alive
 from .errors import DataError, DataFileNotFoundError, TokenizerError
@@ -36,7 +37,9 @@ __all__ = [
     "Tokenizer",
     "TokenizerError",
     "build_tokenizer",
+    "check_text_file",
     "default_corpus",
+    "file_sha256",
     "hub_offline",
     "hub_unreachable",
     "load_documents",

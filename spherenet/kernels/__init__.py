@@ -7,7 +7,7 @@ implementations under the same signature (fused torch, native C++, Triton: a Tri
 first use). Which one runs is decided in one place, :mod:`spherenet.kernels.resolve`
 (the op's argument, else the setting: the environment variable ``SPHERENET_KERNELS``, or
 :func:`~spherenet.kernels.resolve.configure`), once per device type and dtype, and kept.
-The Triton kernels share the helpers of :mod:`spherenet.kernels._triton`.
+The Triton kernels share the helpers of :mod:`spherenet.kernels.triton_helpers`.
 
 The layer ops (equation numbers of Loshchilov et al., "nGPT", 2024), in
 :mod:`~spherenet.kernels.layer_ops` with their references and tables, their fused torch
@@ -25,6 +25,7 @@ The optimizer ops (Section 2.6; the Triton kernels of both in :mod:`~spherenet.k
 """
 
 from . import resolve  # the module (its function resolve.resolve is not re-exported: one name, one thing)
+from ._choice import implementation_status
 from .layer_ops import normalize, qk_normalize, relu2, residual_update, scaled_linear, swiglu
 from .resolve import VALUES, Op, checkpoint, configure, setting
 from .sphere_adam import SphereAdamOptions, sphere_adam_
@@ -37,6 +38,7 @@ __all__ = [
     "configure",
     "setting",
     "checkpoint",
+    "implementation_status",
     "normalize",
     "qk_normalize",
     "residual_update",

@@ -1,7 +1,7 @@
 """SwiGLU, ``u * SiLU(v)`` (eq. 19), and the squared ReLU, ``relu(x)**2``, as Triton kernels: the
 ``"triton"`` implementations of :mod:`spherenet.kernels.layer_ops`, each op's kernels,
 ``torch.library.custom_op``, fake and wrapper together. Element-wise: a program takes
-:data:`~spherenet.kernels._triton.ELEMENTS_PER_PROGRAM` elements and computes in float32. Float64
+:data:`~spherenet.kernels.triton_helpers.ELEMENTS_PER_PROGRAM` elements and computes in float32. Float64
 tensors, and SwiGLU's ``u`` and ``v`` of different shapes (broadcasting), are not sent here (the
 ops' ``takes`` in :mod:`spherenet.kernels.layer_ops`).
 
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import ELEMENTS_PER_PROGRAM, check_device, contiguous_like, on_device_of, warps
+from .triton_helpers import ELEMENTS_PER_PROGRAM, check_device, contiguous_like, on_device_of, warps
 
 __all__ = ["swiglu", "relu2"]
 

@@ -2,7 +2,7 @@
 :mod:`spherenet.kernels.layer_ops`, each op's kernels, ``torch.library.custom_op``, fake and wrapper
 together.
 
-A program takes a tile of whole rows (:func:`spherenet.kernels._triton.blocks`), loads them once,
+A program takes a tile of whole rows (:func:`spherenet.kernels.triton_helpers.blocks`), loads them once,
 computes in float32 and stores in the output's dtype; the backward kernel reads what the forward
 saved (the normalized output and one float32 norm per row, as the fused functions do) and writes
 the input gradient in one pass. ``torch.compile(fullgraph=True)`` traces each op as one opaque
@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
+from .triton_helpers import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
 
 __all__ = ["normalize", "scaled_normalize"]
 

@@ -3,11 +3,11 @@
 :mod:`spherenet.kernels.layer_ops`, each update's kernels, ``torch.library.custom_op``, fake and
 wrapper together.
 
-A program takes a tile of whole rows (:func:`spherenet.kernels._triton.blocks`) and computes in
+A program takes a tile of whole rows (:func:`spherenet.kernels.triton_helpers.blocks`) and computes in
 float32. The forward keeps what the fused functions keep (the inputs, the normalized output, one
 norm per row); the backward kernel writes the gradients of ``h`` and ``h_block`` in one pass and
 sums alpha's per-column gradient from per-program partial sums (at most
-:data:`spherenet.kernels._triton.MAX_PROGRAMS` programs, each taking every ``n``-th block of
+:data:`spherenet.kernels.triton_helpers.MAX_PROGRAMS` programs, each taking every ``n``-th block of
 rows). SLERP's backward recomputes the angle, sines, tangent and fallback direction. The
 references, antipodal rows and per-dimension ``alpha`` included, are :func:`spherenet.manifolds.lerp`,
 :func:`~spherenet.manifolds.slerp` and :func:`~spherenet.manifolds.riemannian_update`. Float64
@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _triton
-from ._triton import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
+from . import triton_helpers as _triton
+from .triton_helpers import TINY, blocks, check_device, contiguous_like, norm_grad, on_device_of, tile, warps
 
 __all__ = ["lerp_normalize", "riemannian_normalize", "slerp_normalize"]
 

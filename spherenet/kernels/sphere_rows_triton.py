@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _triton
+from . import triton_helpers as _triton
 
 __all__ = ["sphere_adam_rows_", "sphere_muon_tail_triton_", "normalize_rows_triton_", "launch_groups"]
 
@@ -151,7 +151,7 @@ def _normalize_rows(
 
 def _blocks(d: int) -> tuple[int, int, int]:
     """The padded row length, the rows per program and the warps per program for rows of length
-    ``d`` (:func:`spherenet.kernels._triton.blocks` and ``warps``: these kernels hold four tensors
+    ``d`` (:func:`spherenet.kernels.triton_helpers.blocks` and ``warps``: these kernels hold four tensors
     per element, so 8 to 32 warps)."""
     block_d, rows = _triton.blocks(d)
     return block_d, rows, _triton.warps(block_d * rows, fewest=8, most=32)

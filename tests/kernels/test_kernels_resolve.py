@@ -151,7 +151,7 @@ def test_the_optimizer_keeps_its_defaults_through_the_resolver():
 
 def test_the_one_tiny_is_the_references():
     pytest.importorskip("triton")
-    from spherenet.kernels import _triton
+    from spherenet.kernels import triton_helpers as _triton
     from spherenet.manifolds.geodesic import TINY
 
     assert _triton.TINY == TINY[torch.float32] == 1e-30
@@ -159,7 +159,7 @@ def test_the_one_tiny_is_the_references():
 
 def test_tiles_and_warps_keep_both_callers_launch_shapes():
     pytest.importorskip("triton")
-    from spherenet.kernels._triton import blocks, warps
+    from spherenet.kernels.triton_helpers import blocks, warps
 
     assert blocks(64) == (64, 64) and blocks(100) == (128, 32) and blocks(5000) == (8192, 1)
     assert blocks(3) == (4, 64)
@@ -189,7 +189,7 @@ def test_every_triton_launch_names_its_warps():
 
 def test_alignment_needs_every_address_and_row_on_16_bytes():
     pytest.importorskip("triton")
-    from spherenet.kernels._triton import aligned
+    from spherenet.kernels.triton_helpers import aligned
 
     assert aligned(1024, 4, [0, 4096, 16])
     assert not aligned(1024, 4, [0, 8])  # an address off 16 bytes
@@ -199,7 +199,7 @@ def test_alignment_needs_every_address_and_row_on_16_bytes():
 
 def test_cpu_tensors_outside_the_interpreter_are_refused_with_the_op_named(monkeypatch):
     pytest.importorskip("triton")
-    from spherenet.kernels._triton import check_device
+    from spherenet.kernels.triton_helpers import check_device
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match=r"swiglu \(Triton\): CPU tensors need TRITON_INTERPRET=1.*; use X"):

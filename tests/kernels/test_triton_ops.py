@@ -15,7 +15,8 @@ pytest.importorskip("triton")
 from kernel_setting import kernels_set_to
 
 from spherenet import kernels  # noqa: E402
-from spherenet.kernels import _triton, activation_triton, norm_triton, residual_triton  # noqa: E402
+from spherenet.kernels import activation_triton, norm_triton, residual_triton  # noqa: E402
+from spherenet.kernels import triton_helpers as _triton  # noqa: E402
 from spherenet.manifolds import lerp, normalize, riemannian_update, slerp  # noqa: E402
 from spherenet.models import preset_config  # noqa: E402
 from spherenet.models.ngpt import NGPT  # noqa: E402

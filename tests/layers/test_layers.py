@@ -12,9 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_references import rotation_matrix, unit
+from tiny_models import layer_config
 
 from spherenet import kernels
-from spherenet.layers import NGPTConfig, RMSNorm, RotaryEmbedding, Scale, ScaleSpec
+from spherenet.layers import RMSNorm, RotaryEmbedding, Scale, ScaleSpec
 from spherenet.manifolds import angle, normalize
 from spherenet.models import NGPTBlock
 
@@ -90,10 +91,6 @@ def test_rope_rejects_odd_head_dim():
 # ----------------------------------------------------------------------------- residual update
 
 
-def ngpt_config(d_model=16, n_heads=2, d_mlp=32, **fields) -> NGPTConfig:
-    return NGPTConfig(vocab_size=8, n_layers=1, d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, **fields)
-
-
 def _update(update, spec, dim):
     """The hidden-state update of the blocks, ``h <- update(h, h_block; alpha)``, with alpha a
     :class:`Scale` of ``spec``."""
@@ -107,7 +104,7 @@ def _residual(update, alpha, dim, alpha_abs=True):
 
 
 def test_residual_alpha_parametrization():
-    block = NGPTBlock(ngpt_config(d_model=64, n_heads=4))
+    block = NGPTBlock(layer_config(d_model=64, n_heads=4))
     for alpha in (block.residual_attn.alpha, block.residual_mlp.alpha):
         assert alpha.param.shape == (64,)
         torch.testing.assert_close(alpha.param.detach(), torch.full((64,), 1 / 8.0))  # stored at 1/sqrt(d)
@@ -174,7 +171,7 @@ def test_residual_alpha_abs_option():
 
 def test_residual_rejects_unknown_update():
     with pytest.raises(ValueError, match="NGPTConfig.update must be one of .* got 'geodesic'"):
-        ngpt_config(update="geodesic")
+        layer_config(update="geodesic")
 
 
 # ------------------------------------------------------------------------------ norm

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 from kernel_setting import kernels_set_to
+from tiny_models import tiny_config
 
-from spherenet.layers import GPTConfig, NGPTConfig, ScaleSpec
+from spherenet.layers import NGPTConfig, ScaleSpec
 from spherenet.manifolds import normalize
 from spherenet.models import GPTBlock, GPTReLU2MLP, NGPTBlock, NGPTReLU2MLP, gpt_mlp, ngpt_mlp
 
@@ -68,16 +69,15 @@ def test_gpt_relu2_mlp_is_ungated_squared_relu():
 
 
 def test_configs_pick_the_mlp():
-    shape = dict(vocab_size=8, n_layers=1, d_model=16, n_heads=2, d_mlp=24)
-    assert type(ngpt_mlp(NGPTConfig(**shape))).__name__ == "NGPTMLP"
-    relu2 = ngpt_mlp(NGPTConfig(**shape, mlp="relu2", s_uv={"init": 2.0}))
+    assert type(ngpt_mlp(tiny_config("ngpt"))).__name__ == "NGPTMLP"
+    relu2 = ngpt_mlp(tiny_config("ngpt", mlp="relu2", s_uv={"init": 2.0}))
     assert isinstance(relu2, NGPTReLU2MLP) and relu2.s_uv.init == 2.0 and relu2.s_uv.scale == 1.0
-    assert type(gpt_mlp(GPTConfig(**shape))).__name__ == "GPTMLP"
-    assert isinstance(gpt_mlp(GPTConfig(**shape, mlp="relu2")), GPTReLU2MLP)
-    assert isinstance(NGPTBlock(NGPTConfig(**shape, mlp="relu2")).mlp, NGPTReLU2MLP)
-    assert isinstance(GPTBlock(GPTConfig(**shape, mlp="relu2")).mlp, GPTReLU2MLP)
+    assert type(gpt_mlp(tiny_config("gpt"))).__name__ == "GPTMLP"
+    assert isinstance(gpt_mlp(tiny_config("gpt", mlp="relu2")), GPTReLU2MLP)
+    assert isinstance(NGPTBlock(tiny_config("ngpt", mlp="relu2")).mlp, NGPTReLU2MLP)
+    assert isinstance(GPTBlock(tiny_config("gpt", mlp="relu2")).mlp, GPTReLU2MLP)
     with pytest.raises(ValueError, match=r"NGPTConfig\.s_uv\.scale"):
-        NGPTConfig(**shape, s_uv={"scale": 0.0})
+        tiny_config("ngpt", s_uv={"scale": 0.0})
 
 
 def test_ngpt_block_with_relu2_follows_eq_11():

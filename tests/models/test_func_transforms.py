@@ -5,19 +5,13 @@ autograd functions declare no rules for the transforms), with the values of the 
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import tiny_model
 from torch.func import functional_call, grad, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spherenet import kernels, manifolds
 from spherenet.kernels import layer_ops
 from spherenet.kernels.layer_ops import NORMALIZE
-from spherenet.models import GPT, NGPT, preset_config
-
-
-def tiny_model(kind: str, **overrides):
-    torch.manual_seed(0)
-    cls = NGPT if kind == "ngpt" else GPT
-    return cls(preset_config(f"{kind}-tiny", vocab_size=32, n_layers=1, max_seq_len=16, **overrides))
 
 
 # torch's own notice that SDPA has no batching rule under vmap (it loops over the batch)

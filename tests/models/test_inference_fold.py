@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_setting import kernels_set_to
+from tiny_models import tiny_ngpt
 
-from spherenet.layers import KVCache, NGPTConfig
+from spherenet.layers import KVCache
 from spherenet.models import NGPT, fold_for_inference, is_folded
 from spherenet.models.inference import FoldedNGPTAttention, FoldedReLU2, FoldedSwiGLU, FrozenScale
 
@@ -28,10 +29,8 @@ VARIANTS = {
 
 def _model(update: str = "lerp", dtype=torch.float32, seed: int = 0, **overrides) -> NGPT:
     """A tiny nGPT whose scalings are moved off their initial values (so that folding them matters)."""
-    torch.manual_seed(seed)
-    shape = dict(vocab_size=64, n_layers=2, d_model=32, n_heads=4, d_mlp=48, max_seq_len=32)
-    config = NGPTConfig(**shape, update=update, **overrides)
-    model = NGPT(config).to(dtype)
+    shape = dict(vocab_size=64, d_model=32, n_heads=4, d_mlp=48, max_seq_len=32)
+    model = tiny_ngpt(seed, **shape, update=update, **overrides).to(dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "weight" not in name:  # every Scale: random values around the stored ones

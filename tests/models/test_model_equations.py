@@ -10,24 +10,22 @@ from __future__ import annotations
 import torch
 from kernel_setting import kernels_set_to
 from model_references import randomize_scales, unit
+from tiny_models import tiny_gpt, tiny_ngpt
 
 from spherenet import kernels
-from spherenet.layers import GPTConfig, NGPTConfig
 from spherenet.manifolds import riemannian_update
-from spherenet.models import GPT, NGPT
 from spherenet.train.loop import lm_loss
 
-SIZES = dict(vocab_size=13, n_layers=2, d_model=16, n_heads=2, d_mlp=24, max_seq_len=16)
+VOCAB = 13  # the tiny models with a vocabulary of no power of two
 
 
 def ids(seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, SIZES["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(seed))
 
 
 def test_ngpt_logits_are_eq_1_and_3_over_unit_embeddings_and_the_blocks():
-    torch.manual_seed(0)
-    config = NGPTConfig(**SIZES)
-    model = NGPT(config).double()
+    model = tiny_ngpt(0, vocab_size=VOCAB).double()
+    config = model.config
     randomize_scales(model)  # s_z (and the other scalings) away from their constant init
     tokens = ids()
     with torch.no_grad():
@@ -46,9 +44,7 @@ def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def test_gpt_blocks_are_eq_4_5_and_logits_eq_1_after_the_final_rmsnorm():
-    torch.manual_seed(1)
-    config = GPTConfig(**SIZES, norm_eps=1e-6)
-    model = GPT(config).double()
+    model = tiny_gpt(1, vocab_size=VOCAB, norm_eps=1e-6).double()
     randomize_scales(model)  # the RMSNorm gains away from 1
     tokens = ids(1)
     with torch.no_grad():

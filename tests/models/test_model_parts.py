@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 from model_references import randomize_scales, rotation_matrix, unit
+from tiny_models import layer_config
 
-from spherenet.layers import GPTConfig, KVCache, NGPTConfig, ScaleSpec
+from spherenet.layers import GPTConfig, KVCache, ScaleSpec
 from spherenet.manifolds import normalize
 from spherenet.models import (
     GPTMLP,
@@ -23,11 +24,6 @@ from spherenet.models import (
     NGPTBlock,
     NGPTCrossAttention,
 )
-
-
-def ngpt_config(d_model=16, n_heads=2, d_mlp=32, **fields) -> NGPTConfig:
-    return NGPTConfig(vocab_size=8, n_layers=1, d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, **fields)
-
 
 # ------------------------------------------------------------------------------- attention
 
@@ -209,7 +205,7 @@ def test_gpt_mlp_is_swiglu():
 def test_ngpt_block_keeps_hidden_state_unit():
     torch.manual_seed(7)
     for update in ("lerp", "slerp", "riemannian"):
-        block = NGPTBlock(ngpt_config(update=update, alpha_attn=ScaleSpec(0.5), alpha_mlp=ScaleSpec(0.5)))
+        block = NGPTBlock(layer_config(update=update, alpha_attn=ScaleSpec(0.5), alpha_mlp=ScaleSpec(0.5)))
         h = unit(2, 6, 16, dtype=torch.float32, seed=15)
         out = block(h)
         torch.testing.assert_close(out.norm(dim=-1), torch.ones(2, 6), rtol=0, atol=1e-5)
@@ -219,7 +215,7 @@ def test_ngpt_block_keeps_hidden_state_unit():
 def test_ngpt_block_equations():
     """eq. 10, 11 spelled out with the block's own attention and MLP."""
     torch.manual_seed(8)
-    block = NGPTBlock(ngpt_config()).double()
+    block = NGPTBlock(layer_config()).double()
     randomize_scales(block)
     h = unit(1, 5, 16, seed=16)
     with torch.no_grad():

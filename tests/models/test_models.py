@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_models import TINY_SHAPE, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from spherenet.layers import KVCache
@@ -33,14 +34,6 @@ from spherenet.models import (
 from spherenet.models.common import assert_ids_in_vocab
 
 SETTINGS = settings(max_examples=10, deadline=None)
-
-TINY = dict(vocab_size=32, n_layers=2, d_model=16, n_heads=2, d_mlp=24, max_seq_len=16)
-
-
-def tiny(kind: str, seed: int = 0, **overrides):
-    torch.manual_seed(seed)
-    fields = {**TINY, **overrides}
-    return NGPT(NGPTConfig(**fields)) if kind == "ngpt" else GPT(GPTConfig(**fields))
 
 
 def alphas(init: float) -> dict:
@@ -80,7 +73,7 @@ SPHERE_KINDS = {
 
 
 def test_every_ngpt_sphere_weight_is_a_declared_unit_manifold_parameter():
-    model = tiny("ngpt", n_layers=3)
+    model = tiny_model("ngpt", n_layers=3)
     d = model.config.d_model
     entries = list(named_manifold_parameters(model))
     kinds = set()
@@ -108,7 +101,7 @@ def test_every_ngpt_sphere_weight_is_a_declared_unit_manifold_parameter():
 
 
 def test_hidden_state_is_unit_after_every_ngpt_block():
-    model = tiny("ngpt", n_layers=3, **alphas(0.4))
+    model = tiny_model("ngpt", n_layers=3, **alphas(0.4))
     norms = []
     hooks = [b.register_forward_hook(lambda m, inp, out: norms.append(out.detach().norm(dim=-1))) for b in model.blocks]
     model(ids(2, 10))
@@ -122,8 +115,8 @@ def test_hidden_state_is_unit_after_every_ngpt_block():
 @pytest.mark.parametrize("update", ["lerp", "slerp", "riemannian"])
 def test_ngpt_update_modes_run_and_differ(update):
     # (Not alpha = 0.5: Norm(a + b) is exactly the geodesic midpoint, so lerp == slerp there.)
-    base = tiny("ngpt", seed=3, **alphas(0.3))(ids(1, 8))
-    other = tiny("ngpt", seed=3, **alphas(0.3), update=update)(ids(1, 8))
+    base = tiny_model("ngpt", seed=3, **alphas(0.3))(ids(1, 8))
+    other = tiny_model("ngpt", seed=3, **alphas(0.3), update=update)(ids(1, 8))
     assert torch.isfinite(other).all()
     if update == "lerp":
         torch.testing.assert_close(other, base)
@@ -137,7 +130,7 @@ def test_ngpt_update_modes_run_and_differ(update):
 @SETTINGS
 @given(kind=st.sampled_from(["ngpt", "gpt"]), t=st.integers(0, 10), new_token=st.integers(0, 31))
 def test_changing_a_future_token_never_changes_past_logits(kind, t, new_token):
-    model = tiny(kind)
+    model = tiny_model(kind)
     x = ids(2, 12, seed=t)
     y = x.clone()
     y[:, t + 1] = new_token
@@ -150,7 +143,7 @@ def test_changing_a_future_token_never_changes_past_logits(kind, t, new_token):
 
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_noncausal_model_sees_the_future(kind):
-    model = tiny(kind, causal=False)
+    model = tiny_model(kind, causal=False)
     x = ids(1, 8)
     y = x.clone()
     y[:, -1] = (x[:, -1] + 1) % 32
@@ -167,7 +160,7 @@ def test_noncausal_model_sees_the_future(kind):
 
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_every_parameter_gets_a_gradient(kind):
-    model = tiny(kind)
+    model = tiny_model(kind)
     x = torch.arange(32).reshape(2, 16)  # every token id used, so every embedding row is reached
     logits = model(x)
     torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 32), x[:, 1:].reshape(-1)).backward()
@@ -226,7 +219,7 @@ def test_gpt_init_stds():
 
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_kv_cache_forward_in_chunks_matches_full_forward(kind):
-    model = tiny(kind)
+    model = tiny_model(kind)
     x = ids(2, 11)
     with torch.no_grad():
         full = model(x)
@@ -238,7 +231,7 @@ def test_kv_cache_forward_in_chunks_matches_full_forward(kind):
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_greedy_generation_with_cache_equals_recompute(kind):
     # Large steps (nGPT) / weights (GPT), so that the context changes the greedy choices.
-    model = tiny(kind, seed=4, **(alphas(0.5) if kind == "ngpt" else dict(init_std=0.5)))
+    model = tiny_model(kind, seed=4, **(alphas(0.5) if kind == "ngpt" else dict(init_std=0.5)))
     if kind == "ngpt":  # sharpen the logits so that greedy choices are not near-ties
         with torch.no_grad():
             model.s_z.param.mul_(20)
@@ -251,7 +244,7 @@ def test_greedy_generation_with_cache_equals_recompute(kind):
 
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_sampled_generation_with_cache_equals_recompute(kind):
-    model = tiny(kind, seed=5)
+    model = tiny_model(kind, seed=5)
     prompt = ids(3, 2, seed=2)
     cached = model.generate(prompt, 12, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(7))
     again = recompute_generate(model, prompt, 12, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(7))
@@ -265,7 +258,7 @@ def test_sampled_generation_with_cache_equals_recompute(kind):
 def test_generation_slides_past_the_context_as_cropping_does(kind, prompt_length):
     """Past max_seq_len (16) each token is predicted from the last 16 alone, as when the
     sequence is cropped and run again; a prompt longer than the context keeps its last 16."""
-    model = tiny(kind, seed=6)
+    model = tiny_model(kind, seed=6)
     prompt = ids(2, prompt_length, seed=3)
     cached = model.generate(prompt, 25, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(1))
     again = recompute_generate(model, prompt, 25, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(1))
@@ -274,7 +267,7 @@ def test_generation_slides_past_the_context_as_cropping_does(kind, prompt_length
 
 
 def test_generation_stops_at_end_of_text_and_at_a_stop_condition():
-    model = tiny("ngpt", seed=7)
+    model = tiny_model("ngpt", seed=7)
     prompt = ids(2, 3, seed=4)
     free = model.generate(prompt, 12, top_k=1)
     eos = int(free[0, 5])  # row 0 produces it at its third new token
@@ -290,7 +283,7 @@ def test_generation_stops_at_end_of_text_and_at_a_stop_condition():
 
 
 def test_generation_limits():
-    model = tiny("ngpt")
+    model = tiny_model("ngpt")
     assert model.generate(ids(1, 10), 6, top_k=1).shape == (1, 16)
     assert torch.equal(model.generate(ids(1, 4), 0), ids(1, 4))
     with pytest.raises(ValueError, match="eos_token_id must be in \\[0, vocab_size=32\\), got 32"):
@@ -306,7 +299,7 @@ def test_generation_limits():
 
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_forward_input_errors(kind):
-    model = tiny(kind)
+    model = tiny_model(kind)
     with pytest.raises(TypeError, match="float32"):
         model(torch.zeros(1, 4))
     with pytest.raises(ValueError, match="1 dims"):
@@ -333,7 +326,7 @@ def test_vocab_assertion_on_narrow_integer_ids():
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_generate_names_the_bad_prompt_id(kind):
     """The prompt is where ids enter generation: checked on the host, naming the id."""
-    model = tiny(kind)
+    model = tiny_model(kind)
     with pytest.raises(
         IndexError, match=r"id 40 at position \(1, 2\) is not in \[0, vocab_size=32\) \(ids span \[0, 40\]\)"
     ):
@@ -361,7 +354,7 @@ class HostReads(TorchDispatchMode):
 def test_forward_and_backward_read_nothing_on_the_host(kind, monkeypatch):
     """No host sync in a training forward/backward: no value is read back (dispatcher ops), and
     no ``tolist``/``numpy`` (which bypass the dispatcher)."""
-    model = tiny(kind)
+    model = tiny_model(kind)
     bypass = []
 
     def counted(name):
@@ -384,7 +377,7 @@ def test_forward_and_backward_read_nothing_on_the_host(kind, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_cuda_forward_does_not_synchronize(kind):
-    model = tiny(kind).cuda()
+    model = tiny_model(kind).cuda()
     x, targets = ids(2, 8).cuda(), ids(2, 8, seed=1).cuda()  # copies from pageable host memory synchronize
     model(x)  # the first call builds the RoPE tables
     torch.cuda.synchronize()
@@ -427,7 +420,7 @@ def test_cuda_forward_does_not_synchronize(kind):
 )
 def test_config_errors_name_field_and_value(cls, overrides, expected):
     with pytest.raises(ValueError, match=expected):
-        cls(**{**TINY, **overrides})
+        cls(**{**TINY_SHAPE, **overrides})
 
 
 def test_config_defaults():
@@ -463,7 +456,7 @@ def test_torch_compile_matches_eager():
     """The compiled forward agrees with eager (the design doc warns of compounding error through
     repeated normalizations in compiled code). Tiny model: compilation dominates the time."""
     torch._dynamo.reset()
-    model = tiny("ngpt", n_layers=1, d_model=16, n_heads=2)
+    model = tiny_model("ngpt", n_layers=1, d_model=16, n_heads=2)
     x = ids(2, 8)
     with torch.no_grad():
         eager = model(x)
@@ -526,7 +519,7 @@ OPTIONS = pytest.mark.parametrize(
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 @OPTIONS
 def test_model_options_cache_chunks_and_generation_match_the_full_pass(kind, options):
-    model = tiny(kind, seed=6, **options)
+    model = tiny_model(kind, seed=6, **options)
     c = model.config
     x = ids(2, 11)
     with torch.no_grad():
@@ -544,7 +537,7 @@ def test_model_options_cache_chunks_and_generation_match_the_full_pass(kind, opt
 
 @pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 def test_model_options_parameter_shapes_and_gradients(kind):
-    model = tiny(kind, n_heads=4, n_kv_heads=2, head_dim=6, mlp="relu2", d_mlp=36)
+    model = tiny_model(kind, n_heads=4, n_kv_heads=2, head_dim=6, mlp="relu2", d_mlp=36)
     shapes = {name: tuple(p.shape) for name, p in model.blocks[0].named_parameters()}
     assert shapes["attn.w_q.weight"] == (24, 16) and shapes["attn.w_k.weight"] == shapes["attn.w_v.weight"] == (12, 16)
     assert shapes["attn.w_o.weight"] == ((24, 16) if kind == "ngpt" else (16, 24))
@@ -571,13 +564,13 @@ def test_model_options_count_on_meta_at_the_8b_shape():
 
 def test_saved_models_round_trip_the_options_and_older_configs_load(tmp_path):
     pytest.importorskip("safetensors")
-    model = tiny("ngpt", n_heads=4, n_kv_heads=1, head_dim=6, mlp="relu2", s_uv={"init": 0.5})
+    model = tiny_model("ngpt", n_heads=4, n_kv_heads=1, head_dim=6, mlp="relu2", s_uv={"init": 0.5})
     model.save_pretrained(tmp_path / "options")
     loaded = NGPT.from_pretrained(tmp_path / "options")
     assert loaded.config == model.config
     torch.testing.assert_close(loaded(ids(1, 5)), model(ids(1, 5)), rtol=0, atol=0)
     # config.json written before the options existed: the defaults
-    tiny("gpt").save_pretrained(tmp_path / "old")
+    tiny_model("gpt").save_pretrained(tmp_path / "old")
     config_file = tmp_path / "old" / "config.json"
     values = json.loads(config_file.read_text())
     for key in ("n_kv_heads", "head_dim", "mlp"):

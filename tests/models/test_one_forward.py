@@ -9,18 +9,13 @@ import copy
 
 import pytest
 import torch
+from tiny_models import tiny_model
 
 from spherenet import kernels
 from spherenet.layers import KVCache
-from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig
 
-TINY = dict(vocab_size=32, n_layers=3, d_model=16, n_heads=2, d_mlp=24, max_seq_len=16)
-MODELS = pytest.mark.parametrize("cls", [NGPT, GPT], ids=["ngpt", "gpt"])
-
-
-def tiny(cls):
-    torch.manual_seed(0)
-    return cls((NGPTConfig if cls is NGPT else GPTConfig)(**TINY)).eval()
+# three blocks: the checkpointing and the error messages below count them
+MODELS = pytest.mark.parametrize("kind", ["ngpt", "gpt"])
 
 
 def token_ids(batch=2, length=6):
@@ -28,12 +23,12 @@ def token_ids(batch=2, length=6):
 
 
 @MODELS
-def test_inputs_embeds_hidden_states_and_logits_to_keep(cls):
-    model, ids = tiny(cls), token_ids()
+def test_inputs_embeds_hidden_states_and_logits_to_keep(kind):
+    model, ids = tiny_model(kind, n_layers=3).eval(), token_ids()
     with torch.no_grad():
         hidden = []
         full = model(ids, hidden_states=hidden)
-        assert len(hidden) == TINY["n_layers"] + 1 and torch.equal(hidden[0], model.embed_in(ids))
+        assert len(hidden) == len(model.blocks) + 1 and torch.equal(hidden[0], model.embed_in(ids))
         assert torch.equal(model(inputs_embeds=model.embed_in(ids)), full)
         assert torch.equal(model.logits(hidden[-1]), full)  # the last captured state gives the logits
         # fewer rows in the output matmul: equal up to rounding
@@ -42,8 +37,8 @@ def test_inputs_embeds_hidden_states_and_logits_to_keep(cls):
 
 
 @MODELS
-def test_mask_and_positions_give_a_left_padded_row_its_own_logits(cls):
-    model, ids = tiny(cls), token_ids()
+def test_mask_and_positions_give_a_left_padded_row_its_own_logits(kind):
+    model, ids = tiny_model(kind, n_layers=3).eval(), token_ids()
     padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), ids[:1, :4]], 1)  # two pad tokens, then 4 real
     may_attend = torch.ones(1, 1, 6, 6, dtype=torch.bool)
     may_attend[..., :2] = False
@@ -73,8 +68,8 @@ class _ListCache:
 
 
 @MODELS
-def test_any_cache_with_length_and_append_decodes_as_kv_cache(cls):
-    model, ids = tiny(cls), token_ids()
+def test_any_cache_with_length_and_append_decodes_as_kv_cache(kind):
+    model, ids = tiny_model(kind, n_layers=3).eval(), token_ids()
     with torch.no_grad():
         caches, ours = [KVCache() for _ in model.blocks], [_ListCache() for _ in model.blocks]
         want = torch.cat([model(ids[:, :4], kv_caches=caches), model(ids[:, 4:], kv_caches=caches)], 1)
@@ -84,8 +79,8 @@ def test_any_cache_with_length_and_append_decodes_as_kv_cache(cls):
 
 
 @MODELS
-def test_input_errors_are_named(cls):
-    model, ids = tiny(cls), token_ids()
+def test_input_errors_are_named(kind):
+    model, ids = tiny_model(kind, n_layers=3).eval(), token_ids()
     with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
         model()
     with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
@@ -103,7 +98,7 @@ def test_input_errors_are_named(cls):
 
 
 def test_activation_checkpointing_every_n_blocks(monkeypatch):
-    model, ids = tiny(NGPT).train(), token_ids()
+    model, ids = tiny_model("ngpt", n_layers=3).train(), token_ids()
     calls = []
     checkpoint = kernels.checkpoint
     monkeypatch.setattr(kernels, "checkpoint", lambda *a: calls.append(1) or checkpoint(*a))
@@ -117,10 +112,10 @@ def test_activation_checkpointing_every_n_blocks(monkeypatch):
 
 
 @MODELS
-def test_transformers_class_shares_the_models_modules(cls):
+def test_transformers_class_shares_the_models_modules(kind):
     shf = pytest.importorskip("spherenet.hf")
-    hf_class = shf.SpherenetNGPTForCausalLM if cls is NGPT else shf.SpherenetGPTForCausalLM
-    hf = hf_class.from_spherenet(tiny(cls))
+    hf_class = shf.SpherenetNGPTForCausalLM if kind == "ngpt" else shf.SpherenetGPTForCausalLM
+    hf = hf_class.from_spherenet(tiny_model(kind, n_layers=3).eval())
     own = hf.spherenet_model
     assert list(hf.state_dict()) == list(own.state_dict())
     hf.embed_out = copy.deepcopy(hf.embed_out)  # replaced on the transformers model

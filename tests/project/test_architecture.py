@@ -228,6 +228,59 @@ def test_private_import_check_finds_names_and_modules_and_spares_the_own_package
         test_no_package_imports_another_packages_private_names()
 
 
+# application -> the other applications it may import (besides spherenet's public names): the
+# benchmarks run the recipes' code, the recipes (installed with the library) import neither.
+APPLICATION_MAY_IMPORT: dict[str, set[str]] = {"recipes": set(), "benchmarks": {"recipes"}}
+
+
+def application_import_problems() -> list[str]:
+    """``path:line imports name: why`` for every import in recipes/ and benchmarks/ of a private
+    spherenet name or module (a part after ``spherenet`` starting with ``_``, dunders aside), or of
+    an application that APPLICATION_MAY_IMPORT does not allow: they use the library's public names."""
+    found = []
+    for top in sorted(APPLICATION_MAY_IMPORT):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            for name, line in imported_names(module, path):
+                first, *rest = name.split(".")
+                where = f"{path.relative_to(ROOT).as_posix()}:{line} imports {name}"
+                if first in APPLICATIONS and first != top and first not in APPLICATION_MAY_IMPORT[top]:
+                    found.append(f"{where}: {top}/ does not import {first}/")
+                elif first == "spherenet":
+                    if [p for p in rest if p.startswith("_") and not (p.startswith("__") and p.endswith("__"))]:
+                        found.append(f"{where}: a private name of spherenet (make it public where it belongs)")
+    return found
+
+
+def test_recipes_and_benchmarks_import_only_public_names_of_the_library():
+    found = application_import_problems()
+    assert not found, "imports against the layers of docs/architecture.md:\n" + "\n".join(found)
+
+
+def test_application_import_check_finds_private_names_and_modules_and_other_applications(tmp_path, monkeypatch):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "recipes" / "__init__.py").write_text("")
+    (tmp_path / "recipes" / "train.py").write_text(
+        "from spherenet import __version__\nfrom spherenet.data import prepare_dataset\n"
+        "def f():\n    from spherenet.data._files import file_sha256\n    import benchmarks.bench_step\n"
+    )
+    (tmp_path / "benchmarks" / "bench.py").write_text(
+        "from recipes.train import f\nfrom spherenet.kernels import _triton\nfrom _machine import host\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert application_import_problems() == [
+        "benchmarks/bench.py:2 imports spherenet.kernels._triton: a private name of spherenet (make it public where"
+        " it belongs)",
+        "recipes/train.py:4 imports spherenet.data._files.file_sha256: a private name of spherenet (make it public"
+        " where it belongs)",
+        "recipes/train.py:5 imports benchmarks.bench_step: recipes/ does not import benchmarks/",
+    ]
+    with pytest.raises(AssertionError, match="imports against the layers"):
+        test_recipes_and_benchmarks_import_only_public_names_of_the_library()
+
+
 @pytest.mark.parametrize("module", ["spherenet.models.hub", "spherenet.models.ngpt", "spherenet.models.gpt"])
 def test_each_model_module_imports_alone_and_the_registry_is_full(module):
     """In a fresh interpreter, importing one model module first works, and every model class is
@@ -255,6 +308,47 @@ def test_library_files_stay_short():
             if lines > limit and rel not in LONG_FILES:
                 long[rel] = f"{lines} lines (limit {limit})"
     assert not long, f"files too long (split them by idea): {long}"
+
+
+MAX_TEST_LINES = 600  # a test file; a longer one is split by topic
+# Test files still longer than MAX_TEST_LINES, to be split when nobody else is editing them. The
+# set only shrinks: a listed file that has become short enough (or is gone) fails the test too.
+LONG_TEST_FILES = {
+    "tests/optim/test_optim.py",
+    "tests/optim/test_optim_muon.py",
+    "tests/models/test_nemotron.py",
+}
+
+
+def long_test_files(known_long: set[str]) -> tuple[dict[str, int], list[str]]:
+    """The test files over MAX_TEST_LINES that ``known_long`` does not list (with their lengths),
+    and the listed ones that are no longer over it."""
+    lengths = {
+        path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+    }
+    long = {rel: n for rel, n in lengths.items() if n > MAX_TEST_LINES and rel not in known_long}
+    stale = sorted(rel for rel in known_long if lengths.get(rel, 0) <= MAX_TEST_LINES)
+    return long, stale
+
+
+def test_test_files_stay_short():
+    long, stale = long_test_files(LONG_TEST_FILES)
+    assert not long, f"test files over {MAX_TEST_LINES} lines (split them by topic): {long}"
+    assert not stale, f"no longer over {MAX_TEST_LINES} lines: take them off LONG_TEST_FILES: {stale}"
+
+
+def test_long_test_file_check_names_new_long_files_and_stale_exceptions(tmp_path, monkeypatch):
+    (tmp_path / "tests" / "a").mkdir(parents=True)
+    (tmp_path / "tests" / "a" / "test_long.py").write_text("x = 1\n" * (MAX_TEST_LINES + 1))
+    (tmp_path / "tests" / "a" / "test_split.py").write_text("x = 1\n" * MAX_TEST_LINES)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    known = {"tests/a/test_split.py", "tests/a/test_gone.py"}
+    assert long_test_files(known) == (
+        {"tests/a/test_long.py": MAX_TEST_LINES + 1},
+        ["tests/a/test_gone.py", "tests/a/test_split.py"],
+    )
+    assert long_test_files({"tests/a/test_long.py"}) == ({}, [])
 
 
 # `# fmt: skip` followed by a comment: ruff still honours it (text right after `skip` it does not).

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import fault_runs
 import pytest
-import test_faults
 import torch
-from test_faults import TINY, args, checkpoint_steps, finish, launched, max_step, torchrun_cmd
+from fault_runs import TINY, args, checkpoint_steps, finish, launched, max_step, torchrun_cmd
 
 from recipes.train import cli
 
 # the fault tests' fixtures: the corpus, its data cache, one intra-op thread (autouse)
-text_file, cache, one_thread = test_faults.text_file, test_faults.cache, test_faults.one_thread
+text_file, cache, one_thread = fault_runs.text_file, fault_runs.cache, fault_runs.one_thread
 
 
 def error_lines(text: str) -> list[str]:

@@ -15,10 +15,9 @@ import signal
 import sys
 from pathlib import Path
 
+import fault_runs
 import pytest
-import test_faults
-from gloo import free_port
-from test_faults import (
+from fault_runs import (
     args,
     assert_same_losses,
     checkpoint_steps,
@@ -33,9 +32,10 @@ from test_faults import (
     torchrun_cmd,
     wait_until,
 )
+from gloo import free_port
 
 # the fault tests' fixtures: the corpus, its data cache, one intra-op thread (autouse)
-text_file, cache, one_thread = test_faults.text_file, test_faults.cache, test_faults.one_thread
+text_file, cache, one_thread = fault_runs.text_file, fault_runs.cache, fault_runs.one_thread
 
 STEPS, EVERY = 16, 4
 
