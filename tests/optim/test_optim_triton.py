@@ -264,10 +264,10 @@ def test_normalize_hook_takes_the_triton_kernel_where_the_optimizer_does(monkeyp
     calls = []
     real = triton_kernel.normalize_rows_triton_
     monkeypatch.setattr(triton_kernel, "normalize_rows_triton_", lambda xs, *a: calls.append(len(xs)) or real(xs, *a))
-    monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", "triton")
+    monkeypatch.setattr(kernel_choice, "_setting", "triton")
     assert normalize_(model) == len(model.sphere_weights())
     assert calls == [len(model.sphere_weights())]  # every sphere tensor in the kernel
-    monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", "torch")
+    monkeypatch.setattr(kernel_choice, "_setting", "torch")
     normalize_(reference)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert torch.allclose(p, q, atol=1e-6), name
@@ -307,7 +307,7 @@ def test_spherical_muon_takes_the_triton_tail_under_spherenet_kernels_triton(mon
     from spherenet.optim import SphericalMuon
 
     def trained(environment: str, calls: list):
-        monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", environment)
+        monkeypatch.setattr(kernel_choice, "_setting", environment)
         torch.manual_seed(0)
         model = from_preset("ngpt-tiny", vocab_size=64, n_layers=1, max_seq_len=16).to(DEVICE)
         matrices = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n and "head" not in n]  # fmt: skip  # the blocks' matrices
@@ -381,7 +381,7 @@ def test_auto_leaves_float64_parameters_to_the_float64_foreach_step(monkeypatch)
     from spherenet.manifolds import declare_sphere
     from spherenet.optim.riemannian_adam import RiemannianAdam
 
-    monkeypatch.setattr(kernel_choice, "_ENVIRONMENT", "triton")  # "auto" picks Triton on CPU too
+    monkeypatch.setattr(kernel_choice, "_setting", "triton")  # "auto" picks Triton on CPU too
     layer = torch.nn.Linear(16, 12, bias=False).double()
     declare_sphere(layer, "weight")
     with torch.no_grad():
