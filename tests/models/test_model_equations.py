@@ -14,7 +14,7 @@ from spherenet import kernels
 from spherenet.layers import GPTConfig, NGPTConfig
 from spherenet.manifolds import riemannian_update
 from spherenet.models import GPT, NGPT
-from spherenet.train.loop import lm_loss
+from spherenet.train.step import lm_loss
 
 SIZES = dict(vocab_size=13, n_layers=2, d_model=16, n_heads=2, d_mlp=24, max_seq_len=16)
 
