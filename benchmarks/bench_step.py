@@ -55,7 +55,7 @@ from _machine import (  # benchmarks/ is on sys.path
 from spherenet import kernels
 from spherenet.models import model_from_config, preset_config
 from spherenet.optim import build_optimizer
-from spherenet.train.loop import autocast_context
+from spherenet.train.step import autocast_context
 
 RECIPE = {"nGPT": ("ngpt", "riemannian_adam"), "GPT": ("gpt", "adamw")}
 MODE_LABEL = {

@@ -11,7 +11,7 @@ import scaling
 from budget_report import budgets_of, ledgers, seeds_of
 
 from recipes.run_directory import live_trainer
-from spherenet.train.loop import MetricsLog
+from spherenet.train.metrics import MetricsLog
 
 
 def pending(args: argparse.Namespace) -> list[tuple[str, int, str, float, int]]:

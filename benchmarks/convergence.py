@@ -57,7 +57,7 @@ from recipes import compare, subprocesses  # noqa: E402
 from recipes.config_files import DEFAULT_CONFIG  # noqa: E402
 from spherenet.checkpoint import CheckpointCorruptError, CheckpointManager  # noqa: E402
 from spherenet.train.config import load_config  # noqa: E402
-from spherenet.train.loop import MetricsLog  # noqa: E402
+from spherenet.train.metrics import MetricsLog  # noqa: E402
 
 TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 VARIANTS = ["gpt", "ngpt", "ngpt-slerp", "ngpt-riemannian", "ngpt-adam_normalize"]

@@ -44,8 +44,8 @@ from spherenet.layers import NGPTConfig
 from spherenet.models import NGPT, preset_config
 from spherenet.optim import build_optimizer
 from spherenet.optim.groups import SPHERE
-from spherenet.train.loop import autocast_dtype
 from spherenet.train.memory import estimate_training_memory
+from spherenet.train.step import autocast_dtype
 
 GIB = 1024**3
 

@@ -13,13 +13,14 @@ library's source, byte level) on the CPU for a few minutes, then prints a sample
 Overrides are ``section.key=value`` (sections: model, data, optim, train); an unknown key is
 an error that names it. The recipe assembles library parts: config (spherenet.train.config),
 data (spherenet.data), model (spherenet.models), optimizer (spherenet.optim), parallelism
-(spherenet.train.distributed), the step (spherenet.train.loop), checkpoints
-(spherenet.checkpoint), experiment tracking (spherenet.train.tracking); and the recipe's own:
-config files (recipes.config_files), the data per rank (recipes.run_data), starting weights
-(recipes.init_from), LoRA fine-tuning (recipes.lora), the resume policy (recipes.resume), a clean
-stop on a signal (recipes.stop), the loop itself (recipes.train_loop). The config's sections build
-their parts: ``cfg.model.build(vocab_size)`` the model config, ``cfg.optim.build(model, steps)``
-the optimizer and schedule.
+(spherenet.train.distributed), the step (spherenet.train.step), checkpoints
+(spherenet.checkpoint), the metrics log (spherenet.train.metrics), experiment tracking
+(spherenet.train.tracking); and the recipe's own: config files (recipes.config_files), the data
+per rank (recipes.run_data), starting weights (recipes.init_from), LoRA fine-tuning
+(recipes.lora), the resume policy (recipes.resume), a clean stop on a signal (recipes.stop), the
+run that trains them, built by keyword from the parts (recipes.trainer.Trainer). The config's
+sections build their parts: ``cfg.model.build(vocab_size)`` the model config,
+``cfg.optim.build(model, steps)`` the optimizer and schedule.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from recipes.lora import checkpoint_models, lora_training
 from recipes.resume import QuietRefusal, Resumption, open_run_directory, release_claims
 from recipes.run_data import batch_geometry, check_vocabulary, prepare_data, run_tokenizer, run_windows
 from recipes.stop import StopOnSignal, exit_process
-from recipes.train_loop import TrainingRun, train
+from recipes.trainer import Trainer
 from spherenet.checkpoint import (
     RUN_CHECKPOINTS,
     CheckpointError,
@@ -52,9 +53,10 @@ from spherenet.models import model_from_config
 from spherenet.models.presets import PRESETS
 from spherenet.train.config import ConfigError, RunConfig, load_config, resolved, to_toml
 from spherenet.train.distributed import DistInfo, init_distributed, shutdown, wrap_model
-from spherenet.train.loop import autocast_dtype
 from spherenet.train.memory import check_run_memory, check_training_memory
-from spherenet.train.tracking import check_available
+from spherenet.train.metrics import MetricsLog
+from spherenet.train.step import autocast_dtype
+from spherenet.train.tracking import check_available, open_trackers
 
 
 def _epilog() -> str:
@@ -219,8 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     files = checkpoint_files(model, tokenizer)  # the model config and tokenizer, inside every checkpoint
     start = resume.restore(ckpt, state, model, info.is_main)
     run_dir.commit()  # every input checked: an overwritten run moves aside only now
-    parts = (cfg, info, model, step_model, optimizer, scheduler, data, tokenizer, train_windows, val_windows, ckpt)
-    return train(TrainingRun(*parts, state, files, micro, accum, start, resume.notes, lora))
+    log = MetricsLog(Path(t.out_dir) / "metrics.jsonl", enabled=info.is_main)
+    trackers = open_trackers(
+        t.loggers, t.out_dir, cfg.to_dict(), enabled=info.is_main, start_step=start, wandb_project=t.wandb_project
+    )
+    trainer = Trainer(
+        cfg=cfg, info=info, model=model, step_model=step_model, optimizer=optimizer, scheduler=scheduler,
+        data=data, tokenizer=tokenizer, train_windows=train_windows, val_windows=val_windows, ckpt=ckpt,
+        state=state, files=files, micro=micro, accum=accum, log=log, trackers=trackers,
+        stop_on_signal=StopOnSignal(announce=info.is_main), start=start, resume_notes=resume.notes, lora=lora,
+    )  # fmt: skip  # the run's parts by name, read together
+    return trainer.fit()
 
 
 def cli(argv: list[str] | None = None, *, ending: bool = False) -> int:

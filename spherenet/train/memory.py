@@ -38,7 +38,7 @@ import torch
 
 from spherenet.train.config import ConfigError
 from spherenet.train.config import model_config as run_model_config
-from spherenet.train.loop import autocast_dtype
+from spherenet.train.step import autocast_dtype
 
 __all__ = [
     "MemoryEstimate",

@@ -1,6 +1,6 @@
 """Experiment tracking: the training metrics sent to TensorBoard and Weights & Biases as well.
 
-``metrics.jsonl`` (:class:`~spherenet.train.loop.MetricsLog`) is always written; it is the
+``metrics.jsonl`` (:class:`~spherenet.train.metrics.MetricsLog`) is always written; it is the
 record the other loggers mirror. ``train.loggers`` adds
 
 - ``"tensorboard"``: event files in ``<out_dir>/tensorboard`` (``torch.utils.tensorboard``;

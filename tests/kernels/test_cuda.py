@@ -13,7 +13,7 @@ from kernel_setting import kernels_set_to
 from spherenet.models import from_preset
 from spherenet.optim import RiemannianAdam, build_optimizer
 from spherenet.optim.groups import named_sphere_parameters
-from spherenet.train.loop import lm_loss
+from spherenet.train.step import lm_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

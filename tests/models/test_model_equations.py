@@ -14,7 +14,7 @@ from tiny_models import tiny_gpt, tiny_ngpt
 
 from spherenet import kernels
 from spherenet.manifolds import riemannian_update
-from spherenet.train.loop import lm_loss
+from spherenet.train.step import lm_loss
 
 VOCAB = 13  # the tiny models with a vocabulary of no power of two
 

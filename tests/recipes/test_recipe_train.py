@@ -170,7 +170,7 @@ def test_a_resumed_run_reports_the_last_validation_its_log_has(tmp_path, cache, 
 
 
 def test_the_progress_bar_shows_a_val_loss_once_there_is_one():
-    from recipes.train_loop import report_step
+    from recipes.trainer import report_step
 
     class Bar:
         def set_postfix(self, **postfix):

@@ -1,7 +1,8 @@
 """The components ``recipes.train.main`` assembles a run from, each called through one entry:
 the resume (``Resumption``), the starting weights (``read_starting_weights``), LoRA (``lora_training``,
-``checkpoint_models``) and the stop on a signal (``StopOnSignal.agreed``); and ``main`` itself
-short enough to read as that assembly."""
+``checkpoint_models``) and the stop on a signal (``StopOnSignal.agreed``); ``main`` itself
+short enough to read as that assembly, and the run it builds (``recipes.trainer.Trainer``) taking
+its parts by name, with a loop short enough to read as the steps of a run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import recipes.train
+import recipes.trainer
 from recipes.init_from import read_starting_weights
 from recipes.lora import checkpoint_models, lora_training
 from recipes.resume import Resumption
@@ -24,6 +26,17 @@ from spherenet.train.config import ConfigError, RunConfig, load_config, resolved
 def test_main_reads_as_the_assembly_of_a_run():
     (main,) = [n for n in ast.parse(inspect.getsource(recipes.train)).body if getattr(n, "name", "") == "main"]
     assert main.end_lineno - main.lineno + 1 <= 80
+
+
+def test_the_trainers_loop_reads_as_the_steps_of_a_run():
+    (trainer,) = [n for n in ast.parse(inspect.getsource(recipes.trainer)).body if getattr(n, "name", "") == "Trainer"]
+    (fit,) = [n for n in trainer.body if getattr(n, "name", "") == "fit"]
+    assert fit.end_lineno - fit.lineno + 1 <= 60
+
+
+def test_the_trainer_takes_its_parts_by_name_only():
+    with pytest.raises(TypeError):
+        recipes.trainer.Trainer(RunConfig())  # positional: refused, so no part can land in another's place
 
 
 def test_a_fresh_start_restores_nothing_and_a_restart_says_so(tmp_path, capsys):

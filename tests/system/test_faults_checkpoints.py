@@ -30,8 +30,8 @@ from fault_runs import (
 )
 
 import recipes.train
-import recipes.train_loop
-import spherenet.train.loop as loop
+import recipes.trainer
+import spherenet.train.step as step_module
 from recipes.train import cli
 from spherenet.checkpoint import CheckpointWarning
 
@@ -120,7 +120,7 @@ class _NaNGrad(torch.autograd.Function):
 def poison(monkeypatch, steps, kind: str = "loss") -> None:
     """Make the training loss (``kind="loss"``) or its gradient (``"grad"``) NaN at the given
     optimizer steps (counted from 1 in this process; one micro-batch per step)."""
-    real, calls = loop.lm_loss, [0]
+    real, calls = step_module.lm_loss, [0]
 
     def lm_loss(logits, targets):
         loss = real(logits, targets)
@@ -130,7 +130,7 @@ def poison(monkeypatch, steps, kind: str = "loss") -> None:
                 return loss * float("nan") if kind == "loss" else _NaNGrad.apply(loss)
         return loss
 
-    monkeypatch.setattr(loop, "lm_loss", lm_loss)
+    monkeypatch.setattr(step_module, "lm_loss", lm_loss)
 
 
 def same_tensors(a, b) -> bool:
@@ -212,7 +212,7 @@ def test_too_many_skips_in_a_row_stop_with_exit_3(tmp_path, cache, text_file, mo
 def test_nan_weights_are_never_checkpointed(tmp_path, cache, text_file, monkeypatch, capsys):
     """Weights turned NaN behind the loop's back (finite loss and gradient at that step): the
     next checkpoint refuses them, exit code 3, the previous checkpoint stays the newest."""
-    out, real = tmp_path / "run", recipes.train_loop.train_step
+    out, real = tmp_path / "run", recipes.trainer.train_step
     calls = [0]
 
     def train_step(model, *a, **kw):
@@ -223,7 +223,7 @@ def test_nan_weights_are_never_checkpointed(tmp_path, cache, text_file, monkeypa
                 next(model.parameters()).view(-1)[0] = float("nan")
         return result
 
-    monkeypatch.setattr(recipes.train_loop, "train_step", train_step)
+    monkeypatch.setattr(recipes.trainer, "train_step", train_step)
     rc = cli(args(out, cache, text_file, f"train.steps={STEPS}", f"train.checkpoint_every={EVERY}"))
     err = capsys.readouterr().err
     assert rc == 3, err

@@ -159,7 +159,7 @@ def _saved_for_backward_bytes(model, tokens: torch.Tensor, autocast: bool) -> in
     """Bytes of the distinct storages autograd keeps for the backward pass of the training loss
     (parameters excluded; their bf16 casts under autocast count), plus the logits' gradient the
     backward pass creates. Autocast as recipes.train applies it (``autocast_context``)."""
-    from spherenet.train.loop import autocast_context, lm_loss
+    from spherenet.train.step import autocast_context, lm_loss
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages = {}

@@ -30,7 +30,7 @@ def _micro_batches(rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tenso
 
 def _reference_step(model, batches, optimizer) -> None:
     """Accumulation that reduces after every micro-batch (the gradient of the same mean loss)."""
-    from spherenet.train.loop import lm_loss
+    from spherenet.train.step import lm_loss
 
     for x, y in batches:
         (lm_loss(model(x), y) / len(batches)).backward()
@@ -69,7 +69,7 @@ def _run(rank: int, parallel: str) -> None:
     from spherenet.models import from_preset
     from spherenet.optim import RiemannianAdam
     from spherenet.train.distributed import DistInfo, wrap_model
-    from spherenet.train.loop import train_step
+    from spherenet.train.step import train_step
 
     info = DistInfo(rank, WORLD, rank, torch.device("cpu"))
     torch.manual_seed(0)

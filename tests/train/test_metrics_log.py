@@ -1,11 +1,11 @@
-"""spherenet.train.loop.MetricsLog: one JSON record a line, read back whole, and read beside a
+"""spherenet.train.metrics.MetricsLog: one JSON record a line, read back whole, and read beside a
 live writer without tripping over a line caught mid-append."""
 
 from __future__ import annotations
 
 import pytest
 
-from spherenet.train.loop import MetricsLog
+from spherenet.train.metrics import MetricsLog
 
 
 def test_records_read_back_and_a_line_caught_mid_append_is_left_out(tmp_path):

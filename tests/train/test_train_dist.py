@@ -22,7 +22,7 @@ def _full_params(model) -> list[torch.Tensor]:
 def _run(rank: int, parallel: str) -> None:
     from spherenet.models import from_preset
     from spherenet.optim import RiemannianAdam
-    from spherenet.train import loop
+    from spherenet.train import step as step_module
     from spherenet.train.distributed import DistInfo, wrap_model
 
     torch.manual_seed(0)
@@ -31,7 +31,7 @@ def _run(rank: int, parallel: str) -> None:
     optimizer = RiemannianAdam(model.module if parallel == "ddp" else model, lr=1e-2)
 
     step = {"n": 0}
-    original = loop._local_grads
+    original = step_module._local_grads
 
     def local_grads_rank1_corrupt(m):
         grads = original(m)
@@ -39,17 +39,17 @@ def _run(rank: int, parallel: str) -> None:
             grads[0].view(-1)[0] = float("nan")  # only this rank's copy / shard
         return grads
 
-    loop._local_grads = local_grads_rank1_corrupt
+    step_module._local_grads = local_grads_rank1_corrupt
     try:
         gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
         history = []
         for n in range(1, 5):
             step["n"] = n
             x = torch.randint(0, 32, (2, 16), generator=gen)
-            result = loop.train_step(model, [(x, x.roll(-1, dims=1))], optimizer, sharded=parallel == "fsdp")
+            result = step_module.train_step(model, [(x, x.roll(-1, dims=1))], optimizer, sharded=parallel == "fsdp")
             history.append((result.skipped, _full_params(model)))
     finally:
-        loop._local_grads = original
+        step_module._local_grads = original
 
     skipped = [s for s, _ in history]
     assert skipped == [n == BAD_STEP for n in range(1, 5)], (rank, parallel, skipped)
