@@ -39,7 +39,7 @@ def _make(kind: str, model):
 
 
 def _checks(rank: int) -> None:
-    from test_optim import SPHERE_NAMES, Tiny, loss_of
+    from optim_helpers import SPHERE_NAMES, Tiny, loss_of
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor

@@ -1,5 +1,5 @@
 """The recipes on a directory in the published Normalized-Nemotron layout: a tiny synthetic
-checkpoint written here in that layout (tests/models/test_nemotron.py's writer) with a small
+checkpoint written here in that layout (tests/models/nemotron_checkpoints.py's writer) with a small
 tokenizer.json, fine-tuned by recipes.train (the directory's model and tokenizer), sampled,
 analyzed and evaluated by spherenet-eval; offline."""
 
@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("safetensors")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-test_nemotron = importlib.import_module("test_nemotron")  # the layout's synthetic-checkpoint writer
+nemotron_checkpoints = importlib.import_module("nemotron_checkpoints")  # the layout's synthetic-checkpoint writer
 
 from recipes import analyze, sample, train  # noqa: E402
 from recipes.checkpoints import load_trained, load_weights  # noqa: E402
@@ -66,9 +66,11 @@ def write_tokenizer(directory: Path) -> Path:
 def published(tmp_path_factory) -> Path:
     """A directory in the published layout: config.json, two safetensors shards with their
     index, and tokenizer.json."""
-    config = {**test_nemotron.CONFIG, "vocab_size": VOCAB}
+    config = {**nemotron_checkpoints.CONFIG, "vocab_size": VOCAB}
     directory = tmp_path_factory.mktemp("nemotron") / "model"
-    test_nemotron.write_checkpoint(directory, config, test_nemotron.random_layout_tensors(config, seed=3), shards=2)
+    nemotron_checkpoints.write_checkpoint(
+        directory, config, nemotron_checkpoints.random_layout_tensors(config, seed=3), shards=2
+    )
     write_tokenizer(directory)
     return directory
 
@@ -305,7 +307,7 @@ def written_with_byte_tokenizer(tmp_path_factory) -> Path:
 
     torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("written") / "model"
-    to_normalized_nemotron(test_nemotron.layout_ngpt(vocab_size=256), directory, tokenizer=ByteTokenizer())
+    to_normalized_nemotron(nemotron_checkpoints.layout_ngpt(vocab_size=256), directory, tokenizer=ByteTokenizer())
     return directory
 
 
