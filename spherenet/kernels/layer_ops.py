@@ -72,6 +72,8 @@ def run(op: Op, *args):
     """``op`` on ``args``: the implementation decided for the first argument's device type and
     dtype (and whether a ``torch.func`` transform is active), kept after the first call; a call
     its ``takes`` predicate refuses runs ``"torch"``."""
+    if torch.compiler.is_compiling():  # traced: the resolver itself (keeping a decision is a side effect)
+        return op.implementations[op.implementation_name(*args)](*args)
     x = args[0]
     key = (x.device.type, x.dtype, peek_transform() is not None)
     name, takes = op.decided.get(key) or op.decide(*key)
@@ -217,7 +219,7 @@ def residual_update(update: str | Op, h: torch.Tensor, h_block: torch.Tensor, al
 
 
 #: the updates whose ``"torch"`` forward :func:`normalized_update` runs directly without gradients
-_FORWARD_VALUES = {UPDATES["lerp"]: _lerp_values, UPDATES["riemannian"]: _riemannian_values}
+_FORWARD_VALUES = {"lerp": _lerp_values, "riemannian": _riemannian_values}  # by name: torch.compile hashes no Op
 
 
 def normalized_update(update: str | Op, h: torch.Tensor, block_out: torch.Tensor, alpha) -> torch.Tensor:
@@ -228,7 +230,7 @@ def normalized_update(update: str | Op, h: torch.Tensor, block_out: torch.Tensor
     computed directly (no autograd function): the same values, fewer calls per token in decoding."""
     op = _checked_update("normalized_update", update, h, block_out, alpha)
     try:
-        values = _FORWARD_VALUES.get(op)
+        values = _FORWARD_VALUES.get(op.name)
         if (
             values is not None
             and not torch.is_grad_enabled()

@@ -191,13 +191,11 @@ def test_cuda_triton_layer_kernels_under_bf16_autocast_match_the_default(update)
 
 def test_cuda_spherical_muon_triton_tail_matches_foreach():
     """SphericalMuon's tail (steps 4-6) by Triton, the CUDA default, against the foreach passes."""
-    from spherenet.kernels import resolve as kernel_choice
     from spherenet.optim import SphericalMuon
 
     results = []
     for environment in ("triton", "torch"):
-        previous, kernel_choice._ENVIRONMENT = kernel_choice._ENVIRONMENT, environment
-        try:
+        with kernels_set_to(environment):
             torch.manual_seed(0)
             model = from_preset("ngpt-tiny").cuda()
             matrices = [p for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2]
@@ -207,8 +205,6 @@ def test_cuda_spherical_muon_triton_tail_matches_foreach():
                 opt.zero_grad()
                 lm_loss(model(x), y).backward()
                 opt.step()
-        finally:
-            kernel_choice._ENVIRONMENT = previous
         results.append(model)
     for (name, a), b in zip(results[0].named_parameters(), results[1].parameters()):
         err = (a.detach() - b.detach()).abs().max().item()
