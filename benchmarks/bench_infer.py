@@ -42,8 +42,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import header, pick_device, sync  # noqa: E402
 
-from spherenet.layers import GPTConfig, NGPTConfig  # noqa: E402
-from spherenet.models import GPT, NGPT, fold_for_inference  # noqa: E402
+from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig, fold_for_inference  # noqa: E402  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODELS = ("ngpt", "gpt", "llama", "ngpt-gqa", "ngpt-relu2", "ngpt-unfolded")

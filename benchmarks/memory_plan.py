@@ -40,8 +40,7 @@ import math
 
 import torch
 
-from spherenet.layers import NGPTConfig
-from spherenet.models import NGPT, preset_config
+from spherenet.models import NGPT, NGPTConfig, preset_config
 from spherenet.optim import build_optimizer
 from spherenet.optim.groups import SPHERE
 from spherenet.train.memory import estimate_training_memory

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from spherenet import kernels
-from spherenet.layers import NGPTConfig, SphereClassifier, SphereEmbedding
-from spherenet.models import NGPTBlock
+from spherenet.layers import SphereClassifier, SphereEmbedding
+from spherenet.models import NGPTBlock, NGPTConfig
 from spherenet.optim import RiemannianAdam
 
 VOCAB, LENGTH, TARGET = 16, 12, 1

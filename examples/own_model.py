@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spherenet.layers import NGPTConfig, SphereClassifier, SphereEmbedding
+from spherenet.layers import SphereClassifier, SphereEmbedding
 from spherenet.manifolds import named_sphere_parameters
-from spherenet.models import NGPTBlock
+from spherenet.models import NGPTBlock, NGPTConfig
 from spherenet.optim import RiemannianAdam
 
 CONTEXT = 64

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spherenet.layers import KVCache, NGPTConfig, SphereClassifier, SphereEmbedding
-from spherenet.models import NGPTBlock, NGPTCrossBlock
+from spherenet.layers import KVCache, SphereClassifier, SphereEmbedding
+from spherenet.models import NGPTBlock, NGPTConfig, NGPTCrossBlock
 from spherenet.optim import RiemannianAdam
 
 VOCAB, LENGTH, BOS = 12, 8, 0  # tokens 1 .. VOCAB-1; 0 starts the decoder

@@ -25,8 +25,8 @@ from recipes.run_data import trained_bpe
 from spherenet.checkpoint import CheckpointError
 from spherenet.data import DataError, build_tokenizer
 from spherenet.data.tokenizer import TOKENIZER_JSON
-from spherenet.io import is_published_directory, nemotron_config, read_normalized_nemotron_into
-from spherenet.models import NGPT, PRESETS, model_class_of
+from spherenet.io import is_published_directory, read_normalized_nemotron_into
+from spherenet.models import NGPT, PRESETS, model_class_of, nemotron_config
 from spherenet.train.config import ConfigError, RunConfig, parse_override
 
 if sys.version_info >= (3, 11):

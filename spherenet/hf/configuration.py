@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
 
-from ..io import CONFIG_NAME, exported_model_type, is_published_directory, nemotron_config_of
-from ..layers import GPTConfig, NGPTConfig, ScaleSpec
-from ..models import MODEL_CLASSES, PretrainedFileError
+from ..io import CONFIG_NAME, exported_model_type, is_published_directory
+from ..layers import ScaleSpec
+from ..models import MODEL_CLASSES, GPTConfig, NGPTConfig, PretrainedFileError, nemotron_config_of
 
 __all__ = ["SpherenetNGPTConfig", "SpherenetGPTConfig", "SpherenetConfigBase", "check_is_export"]
 
@@ -70,7 +70,7 @@ class SpherenetConfigBase(PretrainedConfig):
         that is not a spherenet export of this model raises :class:`PretrainedFileError` saying
         what it holds (transformers would only log it and build a config of the other's fields).
         A directory in NVIDIA's Normalized-Nemotron layout gives nGPT's config of it, as
-        :func:`spherenet.io.nemotron_config_of` reads it (GPT's config refuses it)."""
+        :func:`spherenet.models.nemotron_config_of` reads it (GPT's config refuses it)."""
         if is_published_directory(pretrained_model_name_or_path):
             if cls.spherenet_config_class is not NGPTConfig:
                 raise PretrainedFileError(

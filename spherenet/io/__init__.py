@@ -59,13 +59,13 @@ from .nemotron_config_map import (
     is_published_directory,
     layout_config,
     layout_refusals,
-    nemotron_config,
+    nemotron_fields,
 )
 from .nemotron_layout import SPECIAL_TOKENS_MAP, TOKENIZER_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON, layout_tensors
 from .nemotron_read import (
     UNIT_TOLERANCE,
     NemotronDirectory,
-    nemotron_config_of,
+    nemotron_fields_of,
     open_normalized_nemotron,
     read_normalized_nemotron_into,
 )
@@ -126,8 +126,8 @@ __all__ = [
     "LAYOUT_ARCHITECTURE",
     "is_published_config",
     "is_published_directory",
-    "nemotron_config",
-    "nemotron_config_of",
+    "nemotron_fields",
+    "nemotron_fields_of",
     "layout_config",
     "layout_refusals",
     "layout_tensors",

@@ -1,6 +1,6 @@
-"""config.json of the published Normalized-Nemotron layout (model_type "ngpt") and
-:class:`~spherenet.layers.NGPTConfig`, both ways: :func:`nemotron_config` reads one, refusing by
-name every field it cannot map; :func:`layout_config` writes one; :func:`layout_refusals` says
+"""config.json of the published Normalized-Nemotron layout (model_type "ngpt") and the fields of
+:class:`~spherenet.models.NGPTConfig`, both ways: :func:`nemotron_fields` reads one, refusing by
+name every field it cannot map (:func:`spherenet.models.nemotron_config` builds the config); :func:`layout_config` writes one; :func:`layout_refusals` says
 what of an NGPT the layout cannot express; :func:`is_published_directory` tells a directory in
 the layout from spherenet's own exports. The tensors are :mod:`spherenet.io.nemotron_read`'s.
 
@@ -19,14 +19,15 @@ from typing import Any
 
 from torch import nn
 
-from ..layers import NGPTConfig, ScaleSpec
+from ..layers import ScaleSpec
+from ..layers.config import MAX_SEQ_LEN, MAX_SIZE
 from .hf_layout import CONFIG_NAME
 from .hf_weights import PretrainedFileError
 
 __all__ = [
     "LAYOUT_MODEL_TYPE",
     "LAYOUT_ARCHITECTURE",
-    "nemotron_config",
+    "nemotron_fields",
     "layout_config",
     "layout_refusals",
     "is_published_config",
@@ -86,6 +87,9 @@ def _positive_int(values: dict, name: str, where: str) -> int:
     value = values[name]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise PretrainedFileError(f"{where}: {name} must be a positive integer, got {value!r}")
+    at_most = MAX_SEQ_LEN if name == "max_position_embeddings" else MAX_SIZE  # NGPTConfig's bounds
+    if value > at_most:
+        raise PretrainedFileError(f"{where}: {name}={value} is larger than any model built here ({at_most:,})")
     return value
 
 
@@ -130,10 +134,10 @@ def _rope_theta(values: dict, where: str) -> float:
     return _positive_number(values, "rope_theta", where)
 
 
-def nemotron_config(values: dict, where: str = CONFIG_NAME) -> NGPTConfig:
-    """The :class:`NGPTConfig` of a config.json in the layout (a dict); a
-    :class:`PretrainedFileError` naming ``where`` and the field for any field or value it cannot
-    map: a model_type but "ngpt", biases, partial rotary, rotary scaling, dropout, tied
+def nemotron_fields(values: dict, where: str = CONFIG_NAME) -> dict[str, Any]:
+    """The :class:`~spherenet.models.NGPTConfig` fields (keyword arguments: every field the layout fixes) of a
+    config.json in the layout (a dict); a :class:`PretrainedFileError` naming ``where`` and the
+    field for any field or value it cannot map: a model_type but "ngpt", biases, partial rotary, rotary scaling, dropout, tied
     embeddings, an activation but "relu2", an odd head_dim, heads not a multiple of the key/value
     heads, or an unknown field."""
     if not isinstance(values, dict):
@@ -184,7 +188,7 @@ def nemotron_config(values: dict, where: str = CONFIG_NAME) -> NGPTConfig:
         )
     scale = _positive_number(values, "initializer_range", where)
     init = {name: _finite_number(values, name, where) for name in _REQUIRED[8:]}
-    return NGPTConfig(
+    return dict(
         vocab_size=sizes["vocab_size"],
         n_layers=sizes["num_hidden_layers"],
         d_model=d,
@@ -195,6 +199,7 @@ def nemotron_config(values: dict, where: str = CONFIG_NAME) -> NGPTConfig:
         mlp="relu2",
         max_seq_len=sizes["max_position_embeddings"],
         rope_base=rope_base,
+        causal=True,
         update="lerp",
         qk_norm=True,
         alpha_attn=ScaleSpec(init=init["attn_alpha_init_value"], scale=scale, absolute=True),
@@ -207,7 +212,7 @@ def nemotron_config(values: dict, where: str = CONFIG_NAME) -> NGPTConfig:
 
 def layout_refusals(model: nn.Module) -> list[str]:
     """What of ``model`` the layout cannot express, by field."""
-    if not isinstance(getattr(model, "config", None), NGPTConfig):  # an NGPT
+    if getattr(model, "model_type", None) != LAYOUT_MODEL_TYPE:  # an NGPT (its class's model_type)
         return [f"the layout holds an NGPT, not a {type(model).__name__}"]
     c = model.config
     problems = [f"mlp={c.mlp!r} (the layout's MLP is 'relu2')"] if c.mlp != "relu2" else []

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from ..layers import NGPTConfig
-
 __all__ = [
     "INDEX_NAME",
     "SPECIAL_TOKENS_MAP",
@@ -30,8 +28,9 @@ TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)
 
 # how a layout tensor sits in NGPT's parameter: "same" (same shape), "transposed" (the layout's
 # (d, n) is stored (n, d): unit columns become unit rows), "vector" (Linear(1, n) weight (n, 1) <-> (n,))
-def layout_tensors(config: NGPTConfig) -> list[tuple[str, str, str, tuple[int, ...]]]:
-    """``(layout name, NGPT parameter name, how, layout shape)`` of every tensor, in the layout's order."""
+def layout_tensors(config) -> list[tuple[str, str, str, tuple[int, ...]]]:
+    """``(layout name, NGPT parameter name, how, layout shape)`` of every tensor, in the layout's
+    order, for ``config``: an NGPTConfig, or anything with its size fields as attributes."""
     c = config
     q, kv, d, mlp = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.d_model, c.d_mlp
     table = [("model.embed_tokens.weight", "embed_in.weight", "same", (c.vocab_size, d))]

@@ -35,16 +35,17 @@ import json
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..checkpoint import CheckpointCorruptError, verify_files_manifest
-from ..layers import NGPTConfig
 from ..manifolds import named_sphere_parameters
 from .hf_layout import CONFIG_NAME, MANIFEST_NAME
 from .hf_weights import WEIGHTS_NAME, PretrainedFileError
-from .nemotron_config_map import nemotron_config
+from .nemotron_config_map import nemotron_fields
 from .nemotron_layout import INDEX_NAME, TOKENIZER_FILES, layout_tensors, layout_view
 from .safetensors_stream import StoredTensor, TensorFileError, read_header, read_into
 
@@ -52,7 +53,7 @@ __all__ = [
     "NemotronDirectory",
     "open_normalized_nemotron",
     "read_normalized_nemotron_into",
-    "nemotron_config_of",
+    "nemotron_fields_of",
     "UNIT_TOLERANCE",
 ]
 
@@ -133,7 +134,7 @@ def _check_unit(name: str, parameter: torch.Tensor, how: str, rows_per_check: in
         )
 
 
-def _read_config(directory: Path) -> NGPTConfig:
+def _read_fields(directory: Path) -> dict[str, Any]:
     if not directory.is_dir():
         raise PretrainedFileError(f"{directory} is not a directory")
     config_file = directory / CONFIG_NAME
@@ -143,12 +144,7 @@ def _read_config(directory: Path) -> NGPTConfig:
         raise PretrainedFileError(f"{directory} has no {CONFIG_NAME}") from None
     except (OSError, ValueError) as exc:
         raise PretrainedFileError(f"cannot read {config_file}: {exc}") from None
-    try:
-        return nemotron_config(values, str(config_file))
-    except ValueError as exc:  # NGPTConfig's own checks
-        if isinstance(exc, PretrainedFileError):
-            raise
-        raise PretrainedFileError(f"{config_file}: {exc}") from None
+    return nemotron_fields(values, str(config_file))
 
 
 def _verify_manifest(directory: Path) -> None:
@@ -200,10 +196,11 @@ def _read_tensors(model: nn.Module, table, stored: dict) -> None:
 @dataclasses.dataclass(frozen=True)
 class NemotronDirectory:
     """A directory in the Normalized-Nemotron layout, checked (:func:`open_normalized_nemotron`):
-    its config, the tensors its files hold (their headers) and the layout's table of them."""
+    its config's NGPTConfig fields, the tensors its files hold (their headers) and the layout's
+    table of them."""
 
     directory: Path
-    config: NGPTConfig
+    fields: dict[str, Any]
     stored: dict[str, StoredTensor]
     table: list[tuple[str, str, str, tuple[int, ...]]]
 
@@ -216,42 +213,43 @@ class NemotronDirectory:
 
     def read_into(self, model: nn.Module) -> None:
         """Read every tensor from the files straight into the parameters of ``model`` (an NGPT of
-        :attr:`config`, in its own dtype and on its own device), checking values as they pass."""
+        :attr:`fields`, in its own dtype and on its own device), checking values as they pass."""
         _read_tensors(model, self.table, self.stored)
 
 
 def open_normalized_nemotron(path: str | os.PathLike) -> NemotronDirectory:
     """The directory ``path`` in the Normalized-Nemotron layout, checked: its files against
-    their manifest when it has one, its config.json mapped to an :class:`NGPTConfig`, and the
+    their manifest when it has one, its config.json mapped to NGPTConfig's fields, and the
     names, shapes and dtypes of its tensors against the layout's. Raises
     :class:`PretrainedFileError` naming the path, the field or the tensor."""
     directory = Path(path).expanduser()
     _verify_manifest(directory)
-    config = _read_config(directory)
+    fields = _read_fields(directory)
     stored = _stored_tensors(directory)
-    table = layout_tensors(config)
+    table = layout_tensors(SimpleNamespace(**fields))
     _check_names_and_shapes(table, stored, directory)
-    return NemotronDirectory(directory, config, stored, table)
+    return NemotronDirectory(directory, fields, stored, table)
 
 
 def read_normalized_nemotron_into(model: nn.Module, path: str | os.PathLike) -> None:
     """Fill an already built ``model`` (an NGPT, in its own dtype and on its own device) with the
     weights saved at ``path`` in the Normalized-Nemotron layout, one tensor at a time, so that no
     second copy of the model is made (a fine-tuning run builds its model first). The model's
-    config must be the directory's (:func:`nemotron_config_of`); the same checks as
+    config must be the directory's (:func:`spherenet.models.nemotron_config_of`); the same checks as
     :func:`spherenet.models.from_normalized_nemotron`."""
     directory = Path(path).expanduser()
     _verify_manifest(directory)
-    config = _read_config(directory)
-    if dataclasses.asdict(config) != dataclasses.asdict(model.config):
-        raise ValueError(f"{directory}: the model's config is not the directory's ({config})")
+    fields = _read_fields(directory)
+    differ = {name: value for name, value in fields.items() if getattr(model.config, name, None) != value}
+    if differ:
+        raise ValueError(f"{directory}: the model's config is not the directory's, which has {differ}")
     stored = _stored_tensors(directory)
-    table = layout_tensors(config)
+    table = layout_tensors(model.config)
     _check_names_and_shapes(table, stored, directory)
     _read_tensors(model, table, stored)
 
 
-def nemotron_config_of(path: str | os.PathLike) -> NGPTConfig:
-    """The :class:`NGPTConfig` of a directory in the Normalized-Nemotron layout (refusals as in
-    :func:`open_normalized_nemotron`)."""
-    return _read_config(Path(path).expanduser())
+def nemotron_fields_of(path: str | os.PathLike) -> dict[str, Any]:
+    """The NGPTConfig fields of a directory in the Normalized-Nemotron layout (refusals as in
+    :func:`open_normalized_nemotron`); :func:`spherenet.models.nemotron_config_of` builds the config."""
+    return _read_fields(Path(path).expanduser())

@@ -1,26 +1,15 @@
 """The ``"torch"`` implementations of nGPT's layer ops (:mod:`spherenet.kernels.layer_ops` names
 them): one ``torch.autograd.Function`` each, keeping fewer tensors for the backward pass than plain
-autograd and recomputing the rest; without gradients, the forward values alone (no autograd
-function: fewer calls per token, as in decoding). SLERP's is in :mod:`spherenet.kernels.slerp_fused`.
-
-- ``Norm(x)`` (Table 1) and ``Norm(x) * s_qk`` (eq. 15, 16): keep the normalized output (which the
-  next layer keeps anyway) and one norm per row instead of ``x``, with the backward of
-  ``y = x / ‖x‖`` in terms of the output: ``grad_x = (g - y (y · g)) / ‖x‖``.
-- LERP ``Norm(h + alpha (h_block - h))`` (eq. 10, 11) and the Riemannian update
-  ``Norm(h - alpha (h (h · h_block) - h_block))`` (eq. 24-26): keep ``h``, ``h_block`` (both kept
-  by their neighbours already), ``alpha``, the output and one norm per row, and recompute the
-  small differences.
-- SwiGLU ``u * SiLU(v)`` (eq. 19) keeps ``u`` and ``v`` and recomputes ``SiLU(v)``; the squared
-  ReLU keeps ``x`` alone (its gradient is ``2 relu(x)``).
-- The scaled linear ``(x W^T) * s`` (eq. 3, 20, 21) folds the scale into the weight's rows.
+autograd and recomputing the rest (each function's docstring says what it keeps); without
+gradients, the forward values alone (no autograd function: fewer calls per token, as in decoding).
+SLERP's is in :mod:`spherenet.kernels.slerp_fused`. The backward of ``y = x / ‖x‖`` is taken in
+terms of the output: ``grad_x = (g - y (y · g)) / ‖x‖``.
 
 They follow :mod:`spherenet.manifolds` exactly: the same smallest norm (``‖x‖`` clamped at 1e-30
 in float32, 1e-300 in float64; below it no gradient flows through the norm, as with
 ``clamp_min``), computation in at least float32 (bf16/fp16 inputs upcast, the saved output in the
 output's dtype) and the same output dtypes, so bf16 autocast needs no ``custom_fwd``. They are not
-twice differentiable.
-
-Equation numbers are those of Loshchilov et al., "nGPT: Normalized Transformer with
+twice differentiable. Equation numbers: Loshchilov et al., "nGPT: Normalized Transformer with
 Representation Learning on the Hypersphere" (2024).
 """
 

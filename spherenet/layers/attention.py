@@ -5,10 +5,9 @@ KV cache, masks, heads and the SDPA call (:class:`Attention`).
 Conventions of every attention built on :class:`Attention`:
 
 - ``forward(x, cache=None, causal=None, attn_mask=None, positions=None)``, ``x`` of shape
-  ``(B, T, d_model)``: queries, keys and values come from ``x``; RoPE is applied to q and k at
-  positions ``offset .. offset + T - 1``, where ``offset`` is the number of tokens already held
-  in ``cache``, or at ``positions`` (``(B, T)``, per row: a padded batch) when given.
-  ``causal`` (default: the module's) masks the future.
+  ``(B, T, d_model)``, ``causal`` (default: the module's) masking the future: RoPE turns q and k
+  by positions ``offset .. offset + T - 1`` (``offset``: the tokens held in ``cache``), or by
+  ``positions`` (``(B, T)``: a padded batch) when given.
 - ``attn_mask``: SDPA's convention, a bool tensor (True: may attend) or an additive float
   tensor, broadcastable to ``(B, H, T, keys)`` (``keys``: the cached ones included), e.g.
   ``(B, 1, 1, keys)`` for padding. It is combined with the causal mask.
@@ -88,13 +87,12 @@ class RotaryEmbedding(nn.Module):
         # {(device, dtype): (cos, sin)}, each (length, head_dim/2). Plain attributes, not buffers.
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _angles(self, start: int, stop: int, device: torch.device) -> torch.Tensor:
-        """``positions x inverse frequencies``, shape ``(stop - start, head_dim/2)``."""
-        work = torch.float32 if device.type == "mps" else torch.float64
-        half = self.head_dim // 2
-        inv_freq = self.base ** (-torch.arange(half, dtype=work, device=device) * 2 / self.head_dim)
-        positions = torch.arange(start, stop, dtype=work, device=device)
-        return torch.outer(positions, inv_freq)
+    def _angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """``positions x inverse frequencies`` for an integer tensor of positions: shape
+        ``(*positions.shape, head_dim/2)``."""
+        work = torch.float32 if positions.device.type == "mps" else torch.float64
+        pair = torch.arange(self.head_dim // 2, dtype=work, device=positions.device)
+        return positions.to(work)[..., None] * self.base ** (-pair * 2 / self.head_dim)
 
     def cos_sin(
         self, length: int, offset: int = 0, device=None, dtype=torch.float32
@@ -106,7 +104,7 @@ class RotaryEmbedding(nn.Module):
         device = torch.device("cpu") if device is None else torch.device(device)
         stop = offset + length
         if torch.compiler.is_compiling():
-            angles = self._angles(offset, stop, device)
+            angles = self._angles(torch.arange(offset, stop, device=device))
             return angles.cos().to(dtype), angles.sin().to(dtype)
         key = (device, dtype)
         table = self._tables.get(key)
@@ -115,7 +113,7 @@ class RotaryEmbedding(nn.Module):
             # one token at a time (generation) rebuilds the table only O(log T) times.
             old = 0 if table is None else table[0].shape[0]
             new_length = max(stop, 2 * old, self.initial_length)
-            angles = self._angles(0, new_length, device)
+            angles = self._angles(torch.arange(new_length, device=device))
             table = (angles.cos().to(dtype), angles.sin().to(dtype))
             self._tables[key] = table
         cos, sin = table
@@ -136,34 +134,23 @@ class RotaryEmbedding(nn.Module):
                     f"RotaryEmbedding: positions of shape {tuple(positions.shape)} do not match x of shape "
                     f"{tuple(x.shape)}; expected (batch, {x.shape[-2]})"
                 )
-            if torch.compiler.is_compiling():
-                cos, sin = self._position_cos_sin(positions, work)
-            else:  # every layer, for q and k, gets the same positions: computed once for all
-                cos, sin = self._memo_cos_sin(positions, work)
+            cos, sin = self._position_cos_sin(positions, work)
         return apply_rotary(x, cos, sin)
 
-    def _memo_cos_sin(self, positions: torch.Tensor, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_position_cos_sin` of the same ``positions`` tensor as the last call, unchanged
-        (same object, storage and version counter), reused: the layers of one forward share it."""
-        key = (positions._version, positions.data_ptr(), positions.shape, work)
-        memo = self.__dict__.get("_positions_memo")
-        if memo is None or memo[0]() is not positions or memo[1] != key:
-            memo = (weakref.ref(positions), key, self._position_cos_sin(positions, work))
-            self.__dict__["_positions_memo"] = memo
-        return memo[2]
-
     def _position_cos_sin(self, positions: torch.Tensor, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the angles at ``positions`` ``(B, T)``, each ``(B, 1, T, head_dim/2)``."""
-        angles = self._position_angles(positions)[:, None]  # one set per row
-        return angles.cos().to(work), angles.sin().to(work)
-
-    def _position_angles(self, positions: torch.Tensor) -> torch.Tensor:
-        """``positions x inverse frequencies`` for any integer tensor of positions: shape
-        ``(*positions.shape, head_dim/2)``, the same values as the table's rows."""
-        work = torch.float32 if positions.device.type == "mps" else torch.float64
-        half = self.head_dim // 2
-        inv_freq = self.base ** (-torch.arange(half, dtype=work, device=positions.device) * 2 / self.head_dim)
-        return positions.to(work)[..., None] * inv_freq
+        """cos and sin of the angles at ``positions`` ``(B, T)``, each ``(B, 1, T, head_dim/2)``.
+        Every layer rotates q and k at the same positions: outside ``torch.compile`` the result
+        for the same tensor as the last call, unchanged (object, storage, version), is reused."""
+        traced = torch.compiler.is_compiling()  # no tensor identity to key on
+        key = None if traced else (positions._version, positions.data_ptr(), positions.shape, work)
+        memo = self.__dict__.get("_positions_memo")
+        if key is not None and memo is not None and memo[0]() is positions and memo[1] == key:
+            return memo[2]
+        angles = self._angles(positions)[:, None]  # one set per row
+        cos_sin = angles.cos().to(work), angles.sin().to(work)
+        if key is not None:
+            self.__dict__["_positions_memo"] = (weakref.ref(positions), key, cos_sin)
+        return cos_sin
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base:g}"

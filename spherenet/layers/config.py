@@ -1,9 +1,11 @@
-"""The two models' configs, the paper's constants they default to, and :class:`ScaleSpec`, the
-value that describes one learnable scaling (Section 2.5).
+"""What the models' configs are made of: :class:`ScaleSpec`, the value that describes one
+learnable scaling (Section 2.5), the paper's constants the configs default to, and the field
+checks they share. The configs themselves sit beside their models
+(:class:`spherenet.models.ngpt.NGPTConfig`, :class:`spherenet.models.gpt.GPTConfig`).
 
 Every constant of the nGPT paper (Loshchilov et al. 2024) that the layers use is stated here
 once: the learnable scalings' initial values and stored scales (Section 2.5, 2.6) and the
-softmax scales. A block takes the whole config (``NGPTBlock(config)``), as the models do.
+softmax scales.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from typing import Any, Literal
 __all__ = [
     "ScaleSpec",
     "SCALE_MODES",
-    "NGPTConfig",
-    "GPTConfig",
     "ALPHA",
     "S_QK",
     "S_U",
@@ -27,6 +27,11 @@ __all__ = [
     "S_Z",
     "RESIDUAL_UPDATES",
     "MLP_KINDS",
+    "check_transformer_shape",
+    "check_ngpt_config",
+    "check_choice",
+    "check_bool",
+    "check_positive_field",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -217,76 +222,15 @@ def check_transformer_shape(config) -> None:
     check_bool(config, "causal")
 
 
-# ---------------------------------------------------------------------------------------------
-# The configs
-
-
-@dataclass
-class NGPTConfig:
-    """Sizes and nGPT's choices. Defaults are the paper's (Section 2.6, Table 1).
-
-    Each learnable scaling is one :class:`~spherenet.layers.ScaleSpec` (``init``, ``scale``,
-    ``mode``, ``absolute``; Section 2.5), named as in the paper; its default is the constant
-    above. A field may also be given as a dict of some of the spec's fields (TOML
-    ``alpha_attn = {init = 0.1}``): the others keep their defaults.
-    """
-
-    vocab_size: int
-    n_layers: int
-    d_model: int
-    n_heads: int
-    d_mlp: int | None = None  # None -> 4 * d_model
-    max_seq_len: int = 1024
-    rope_base: float = 10000.0
-    causal: bool = True
-    # grouped-query attention: key/value heads, each shared by n_heads / n_kv_heads query heads;
-    # s_qk then applies squared to the queries only. None -> n_heads (the paper's).
-    n_kv_heads: int | None = None
-    head_dim: int | None = None  # None -> d_model // n_heads
-    mlp: str = "swiglu"  # "swiglu" (eq. 20, 21) | "relu2" (squared ReLU, scaled by s_uv)
-    # residual update (eq. 10, 11 / eq. 6 / eq. 25, 26) and its eigen learning rates
-    update: str = "lerp"
-    alpha_attn: ScaleSpec = ALPHA  # alpha_A, eq. 10
-    alpha_mlp: ScaleSpec = ALPHA  # alpha_M, eq. 11
-    # attention: q, k normalization (eq. 15, 16; Table 6) and s_qk
-    qk_norm: bool = True
-    s_qk: ScaleSpec = S_QK  # eq. 15, 16
-    # MLP (eq. 20, 21) and logits (eq. 3)
-    s_u: ScaleSpec = S_U
-    s_v: ScaleSpec = S_V
-    s_uv: ScaleSpec = S_UV  # mlp = "relu2"
-    s_z: ScaleSpec = S_Z
-
-    def __post_init__(self):
-        check_transformer_shape(self)
-        check_choice(self, "update", RESIDUAL_UPDATES)
-        check_bool(self, "qk_norm")
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(f.default, ScaleSpec) and not isinstance(value, ScaleSpec):
-                setattr(self, f.name, ScaleSpec.from_dict(value, base=f.default, where=f"NGPTConfig.{f.name}"))
-
-
-@dataclass
-class GPTConfig:
-    """Sizes of the baseline. Init: normal ``init_std`` for every matrix, and
-    ``init_std / sqrt(2 n_layers)`` for the output projections W_o and W_o_mlp (A.5)."""
-
-    vocab_size: int
-    n_layers: int
-    d_model: int
-    n_heads: int
-    d_mlp: int | None = None  # None -> 4 * d_model
-    max_seq_len: int = 1024
-    rope_base: float = 10000.0
-    causal: bool = True
-    n_kv_heads: int | None = None  # grouped-query attention; None -> n_heads
-    head_dim: int | None = None  # None -> d_model // n_heads
-    mlp: str = "swiglu"  # "swiglu" (eq. 17-19) | "relu2" (squared ReLU, no gate)
-    init_std: float = 0.02
-    norm_eps: float = 1e-5
-
-    def __post_init__(self):
-        check_transformer_shape(self)
-        check_positive_field(self, "init_std")
-        check_positive_field(self, "norm_eps")
+def check_ngpt_config(config) -> None:
+    """:func:`check_transformer_shape`, ``update`` one of :data:`RESIDUAL_UPDATES`, ``qk_norm`` a
+    bool, and each scaling a :class:`ScaleSpec`: one given as a dict of some of its fields is
+    completed from the field's default (errors name ``NGPTConfig.<field>``)."""
+    check_transformer_shape(config)
+    check_choice(config, "update", RESIDUAL_UPDATES)
+    check_bool(config, "qk_norm")
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(f.default, ScaleSpec) and not isinstance(value, ScaleSpec):
+            where = f"{type(config).__name__}.{f.name}"
+            setattr(config, f.name, ScaleSpec.from_dict(value, base=f.default, where=where))

@@ -28,7 +28,7 @@ from ..manifolds import UNIT_SPHERE, declare_sphere
 from ..manifolds.sphere import geoopt
 from .config import SCALE_MODES, ScaleSpec
 
-__all__ = ["Scale", "SphereLinear", "SphereEmbedding", "scaled", "is_plain"]
+__all__ = ["Scale", "SphereLinear", "SphereEmbedding", "scaled"]
 
 # ---------------------------------------------------------------- scalings (Section 2.5)
 
@@ -84,13 +84,10 @@ class Scale(nn.Module):
         """The tensor the effective value is computed from: the parameter, or the constant."""
         return self.value if self.param is None else self.param
 
-    def effective(self) -> torch.Tensor:
-        """The effective value, computed from the stored one (what ``forward`` returns)."""
+    def forward(self) -> torch.Tensor:
+        """The effective value, computed from the stored one."""
         value = self.value if self.param is None else self.param * (self.init / self.scale)
         return value.abs() if self.absolute else value
-
-    def forward(self) -> torch.Tensor:
-        return self.effective()
 
     def extra_repr(self) -> str:
         absolute = ", absolute=True" if self.absolute else ""
@@ -108,6 +105,11 @@ def _check_size(name: str, value) -> None:
 def _sphere_parameter(shape: tuple[int, ...]) -> geoopt.ManifoldParameter:
     # Normal init then Norm (Section A.5: the std does not matter once normalized).
     return geoopt.ManifoldParameter(UNIT_SPHERE.random_point(*shape), manifold=UNIT_SPHERE)
+
+
+@torch.no_grad()
+def _reset_sphere(weight: torch.Tensor) -> None:
+    weight.copy_(UNIT_SPHERE.random_point(*weight.shape, dtype=weight.dtype, device=weight.device))
 
 
 class SphereLinear(nn.Module):
@@ -136,10 +138,7 @@ class SphereLinear(nn.Module):
         declare_sphere(self, "weight")
 
     def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.weight.copy_(
-                UNIT_SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device)
-            )
+        _reset_sphere(self.weight)
 
     def matrix(self) -> torch.Tensor:
         """The weight in torch's ``(out_features, in_features)`` convention."""
@@ -167,12 +166,6 @@ class SphereLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, sphere={self.sphere}"
 
 
-def is_plain(linear: nn.Module) -> bool:
-    """Whether ``linear`` computes ``x W`` from its own ``weight`` alone: a :class:`SphereLinear`
-    not wrapped (a LoRA wrapper adds its update to the weight) and not re-defined."""
-    return isinstance(linear, SphereLinear) and type(linear).forward is SphereLinear.forward
-
-
 def scaled(linear: nn.Module, x: torch.Tensor, scale, factor: float = 1.0) -> torch.Tensor:
     """``(x W) * (scale() * factor)`` through ``linear``'s ``forward(x, out_scale=...)`` (a
     :class:`SphereLinear`, or a LoRA wrapper of one) for a :class:`~spherenet.layers.Scale`
@@ -192,10 +185,7 @@ class SphereEmbedding(nn.Module):
         declare_sphere(self, "weight")
 
     def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.weight.copy_(
-                UNIT_SPHERE.random_point(*self.weight.shape, dtype=self.weight.dtype, device=self.weight.device)
-            )
+        _reset_sphere(self.weight)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):

@@ -18,7 +18,7 @@ from .generation import GenerationMixin, generate, sample_next_token
 from .gpt import GPT, GPTMLP, GPTAttention, GPTBlock, GPTConfig, GPTReLU2MLP, gpt_mlp
 from .hub import MODEL_CLASSES, HubMixin, model_class, model_class_of
 from .inference import fold_for_inference, is_folded
-from .loading import from_normalized_nemotron, load_pretrained, load_saved
+from .loading import from_normalized_nemotron, load_pretrained, load_saved, nemotron_config, nemotron_config_of
 from .ngpt import NGPT, NGPTMLP, NGPTAttention, NGPTBlock, NGPTConfig, NGPTReLU2MLP, ngpt_mlp, residual_alpha
 from .presets import PRESETS, from_preset, model_from_config, preset_config
 
@@ -59,6 +59,8 @@ __all__ = [
     "is_folded",
     "load_pretrained",
     "from_normalized_nemotron",
+    "nemotron_config",
+    "nemotron_config_of",
     "load_saved",
     "PretrainedFileError",
 ]

@@ -25,9 +25,9 @@ from torch import nn
 from .. import kernels
 from ..kernels.layer_ops import update_op
 from ..layers import KVCache, RMSNorm, RotaryEmbedding, ScaleSpec
-from ..layers.config import ALPHA, GPTConfig, NGPTConfig
-from .gpt import GPTAttention, gpt_attention, gpt_mlp
-from .ngpt import NGPTAttention, ngpt_attention, ngpt_mlp, residual_alpha
+from ..layers.config import ALPHA
+from .gpt import GPTAttention, GPTConfig, gpt_attention, gpt_mlp
+from .ngpt import NGPTAttention, NGPTConfig, ngpt_attention, ngpt_mlp, residual_alpha
 
 __all__ = ["NGPTCrossAttention", "GPTCrossAttention", "NGPTCrossBlock", "GPTCrossBlock"]
 

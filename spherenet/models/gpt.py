@@ -11,25 +11,55 @@ Kept deliberately plain, since it is half of every comparison:
 - :class:`GPT`: ``E_in[ids]``, the blocks (:class:`spherenet.models.common.LanguageModel`), a
   final RMSNorm, logits ``E_out h`` with untied input/output embeddings.
 
-The config is :class:`spherenet.layers.config.GPTConfig`.
+The config is :class:`GPTConfig`, first below.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
-from ..layers import GPTConfig, KVCache, RMSNorm, RotaryEmbedding
+from ..layers import KVCache, RMSNorm, RotaryEmbedding
 from ..layers.attention import Attention
-from ..layers.config import gpt_softmax_scale
+from ..layers.config import check_positive_field, check_transformer_shape, gpt_softmax_scale
 from .common import LanguageModel
 from .generation import GenerationMixin
 
 __all__ = ["GPTConfig", "GPTAttention", "GPTMLP", "GPTReLU2MLP", "gpt_mlp", "gpt_attention", "GPTBlock", "GPT"]
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclass
+class GPTConfig:
+    """Sizes of the baseline. Init: normal ``init_std`` for every matrix, and
+    ``init_std / sqrt(2 n_layers)`` for the output projections W_o and W_o_mlp (A.5)."""
+
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_mlp: int | None = None  # None -> 4 * d_model
+    max_seq_len: int = 1024
+    rope_base: float = 10000.0
+    causal: bool = True
+    n_kv_heads: int | None = None  # grouped-query attention; None -> n_heads
+    head_dim: int | None = None  # None -> d_model // n_heads
+    mlp: str = "swiglu"  # "swiglu" (eq. 17-19) | "relu2" (squared ReLU, no gate)
+    init_std: float = 0.02
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        check_transformer_shape(self)
+        check_positive_field(self, "init_std")
+        check_positive_field(self, "norm_eps")
+
 
 # ---------------------------------------------------------------------------------------------
 # Attention (eq. 12-14)

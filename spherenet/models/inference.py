@@ -34,14 +34,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
-from ..layers import Scale
+from ..layers import Scale, SphereLinear
 from ..layers.attention import Attention
-from ..layers.sphere import is_plain
 from .ngpt import NGPTMLP, NGPTAttention, NGPTReLU2MLP
 
 __all__ = ["fold_for_inference", "is_folded", "FrozenScale", "FoldedNGPTAttention", "FoldedSwiGLU", "FoldedReLU2"]
 
 FOLDED = "folded_for_inference"  # the attribute that marks a folded model
+
+
+def is_plain(linear: nn.Module) -> bool:
+    """Whether ``linear`` computes ``x W`` from its own ``weight`` alone, so that folding may
+    read the weight: a :class:`SphereLinear` not wrapped (a LoRA wrapper adds its update to the
+    weight) and not re-defined."""
+    return isinstance(linear, SphereLinear) and type(linear).forward is SphereLinear.forward
 
 
 class FrozenScale(nn.Module):
@@ -51,7 +57,7 @@ class FrozenScale(nn.Module):
     def __init__(self, scale: Scale):
         super().__init__()
         with torch.no_grad():
-            self.register_buffer("value", scale.effective().detach().clone())
+            self.register_buffer("value", scale().detach().clone())
 
     @property
     def source(self) -> torch.Tensor:

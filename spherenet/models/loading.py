@@ -1,8 +1,9 @@
 """The model a saved directory holds, built: :func:`load_pretrained` (spherenet's export, of the
 class its config.json names in :data:`~spherenet.models.hub.MODEL_CLASSES`),
 :func:`from_normalized_nemotron` (NVIDIA's published Normalized-Nemotron layout: an NGPT) and
-:func:`load_saved` (either), which every recipe that loads a saved model goes through. Reading
-and checking the files is :mod:`spherenet.io`'s.
+:func:`load_saved` (either), which every recipe that loads a saved model goes through; and the
+:class:`NGPTConfig` of the published layout's config.json (:func:`nemotron_config`,
+:func:`nemotron_config_of`). Reading and checking the files is :mod:`spherenet.io`'s.
 """
 
 from __future__ import annotations
@@ -13,11 +14,41 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..io import is_published_directory, open_normalized_nemotron, pick_device, pick_dtype, saved_model_type
+from ..io import (
+    CONFIG_NAME,
+    PretrainedFileError,
+    is_published_directory,
+    nemotron_fields,
+    nemotron_fields_of,
+    open_normalized_nemotron,
+    pick_device,
+    pick_dtype,
+    saved_model_type,
+)
 from .hub import exported_classes
-from .ngpt import NGPT
+from .ngpt import NGPT, NGPTConfig
 
-__all__ = ["load_pretrained", "from_normalized_nemotron", "load_saved"]
+__all__ = ["load_pretrained", "from_normalized_nemotron", "load_saved", "nemotron_config", "nemotron_config_of"]
+
+
+def _config(fields: dict, where: str) -> NGPTConfig:
+    try:
+        return NGPTConfig(**fields)
+    except ValueError as exc:  # NGPTConfig's own checks, past the layout's
+        raise PretrainedFileError(f"{where}: {exc}") from None
+
+
+def nemotron_config(values: dict, where: str = CONFIG_NAME) -> NGPTConfig:
+    """The :class:`NGPTConfig` of a config.json in the Normalized-Nemotron layout (a dict); a
+    :class:`~spherenet.io.PretrainedFileError` naming ``where`` and the field for any field or
+    value it cannot map (:func:`spherenet.io.nemotron_fields`)."""
+    return _config(nemotron_fields(values, where), where)
+
+
+def nemotron_config_of(path: str | os.PathLike) -> NGPTConfig:
+    """The :class:`NGPTConfig` of a directory in the Normalized-Nemotron layout (refusals as in
+    :func:`from_normalized_nemotron`)."""
+    return _config(nemotron_fields_of(path), str(Path(path).expanduser() / CONFIG_NAME))
 
 
 def load_pretrained(pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> nn.Module:
@@ -47,11 +78,12 @@ def from_normalized_nemotron(
     from it (:mod:`spherenet.io.nemotron_read`).
     """
     saved = open_normalized_nemotron(path)
+    config = _config(saved.fields, str(saved.directory / CONFIG_NAME))
     dtype = pick_dtype(dtype=dtype, torch_dtype=None)
     if dtype is None:
         dtype = saved.stored_dtype()
     with torch.device("meta"):
-        model = NGPT(saved.config)
+        model = NGPT(config)
     model = model.to(dtype).to_empty(device=torch.device("cpu" if device is None else device))
     saved.read_into(model)
     return model.eval()

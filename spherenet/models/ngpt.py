@@ -15,14 +15,14 @@ every block (Table 1):
 - :class:`NGPT`: ``E_in[ids]``, the blocks (the stack and its forward pass are
   :class:`spherenet.models.common.LanguageModel`'s), logits ``(E_out h) * s_z`` (eq. 1, 3).
 
-The config, with the paper's defaults, is :class:`spherenet.layers.config.NGPTConfig`. Every
-mode computes these equations as written; faster decoding is a transform applied to a trained
+The config, with the paper's defaults, is :class:`NGPTConfig`, first below. Every mode computes these equations as written; faster decoding is a transform applied to a trained
 model (:func:`spherenet.models.inference.fold_for_inference`), not a branch in here.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from einops import rearrange
@@ -30,9 +30,9 @@ from torch import nn
 
 from .. import kernels
 from ..kernels.layer_ops import normalized_update, update_op
-from ..layers import KVCache, NGPTConfig, RotaryEmbedding, Scale, ScaleSpec, SphereEmbedding, SphereLinear
+from ..layers import KVCache, RotaryEmbedding, Scale, ScaleSpec, SphereEmbedding, SphereLinear
 from ..layers.attention import Attention
-from ..layers.config import S_QK, S_U, S_UV, S_V, ngpt_softmax_scale
+from ..layers.config import ALPHA, S_QK, S_U, S_UV, S_V, S_Z, check_ngpt_config, ngpt_softmax_scale
 from ..layers.sphere import scaled
 from .common import LanguageModel
 from .generation import GenerationMixin
@@ -48,6 +48,47 @@ __all__ = [
     "NGPTBlock",
     "NGPT",
 ]
+
+# ---------------------------------------------------------------------------------------------
+# Config (Section 2.6)
+
+
+@dataclass
+class NGPTConfig:
+    """Sizes and nGPT's choices; the defaults are the paper's (Section 2.6, Table 1). Each
+    learnable scaling is one :class:`~spherenet.layers.ScaleSpec` named as in the paper, its
+    default the constant of :mod:`spherenet.layers.config`; a dict of some of its fields (TOML
+    ``alpha_attn = {init = 0.1}``) keeps the others' defaults."""
+
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_mlp: int | None = None  # None -> 4 * d_model
+    max_seq_len: int = 1024
+    rope_base: float = 10000.0
+    causal: bool = True
+    # grouped-query attention: key/value heads, each shared by n_heads / n_kv_heads query heads;
+    # s_qk then applies squared to the queries only. None -> n_heads (the paper's).
+    n_kv_heads: int | None = None
+    head_dim: int | None = None  # None -> d_model // n_heads
+    mlp: str = "swiglu"  # "swiglu" (eq. 20, 21) | "relu2" (squared ReLU, scaled by s_uv)
+    # residual update (eq. 10, 11 / eq. 6 / eq. 25, 26) and its eigen learning rates
+    update: str = "lerp"
+    alpha_attn: ScaleSpec = ALPHA  # alpha_A, eq. 10
+    alpha_mlp: ScaleSpec = ALPHA  # alpha_M, eq. 11
+    # attention: q, k normalization (eq. 15, 16; Table 6) and s_qk
+    qk_norm: bool = True
+    s_qk: ScaleSpec = S_QK  # eq. 15, 16
+    # MLP (eq. 20, 21) and logits (eq. 3)
+    s_u: ScaleSpec = S_U
+    s_v: ScaleSpec = S_V
+    s_uv: ScaleSpec = S_UV  # mlp = "relu2"
+    s_z: ScaleSpec = S_Z
+
+    def __post_init__(self):
+        check_ngpt_config(self)  # each error names the field and the value; dict scalings become ScaleSpecs
+
 
 # ---------------------------------------------------------------------------------------------
 # Attention (Section 2.3.2)
@@ -103,17 +144,12 @@ class NGPTAttention(Attention):
         self.w_o = SphereLinear(inner, d_model, sphere="out")
         self.s_qk = Scale.from_spec(inner, s_qk, d_model)
 
-    def _s_qk(self) -> torch.Tensor:
-        """``s_qk`` per head: shape ``(H, 1, d_k)``, or ``(1,)`` for a scalar one."""
+    def _qk_scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The queries' and the keys' factors, per head (``(H, 1, d_k)``, or ``(1,)`` for a scalar
+        ``s_qk``): ``s_qk`` and ``s_qk``, or ``s_qk**2`` and None with grouped key/value heads."""
         s_qk = self.s_qk()
         if s_qk.numel() > 1:
             s_qk = rearrange(s_qk, "(h d) -> h 1 d", h=self.n_heads)
-        return s_qk
-
-    def _qk_scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The queries' and the keys' factors: ``s_qk`` and ``s_qk`` per head, or ``s_qk**2`` and
-        None with grouped key/value heads."""
-        s_qk = self._s_qk()
         return (s_qk * s_qk, None) if self.grouped else (s_qk, s_qk)
 
     def _scale_q(self, x: torch.Tensor) -> torch.Tensor:

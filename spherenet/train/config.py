@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from ..layers.config import GPTConfig, NGPTConfig
+from ..models import GPTConfig, NGPTConfig
 from ..models.presets import preset_config
 from ..optim import METHOD_DEFAULTS, SphereAdamOptions, build_optimizer
 from . import config_rules

@@ -12,9 +12,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spherenet.layers import GPTConfig, KVCache, NGPTConfig, SphereClassifier
+from spherenet.layers import KVCache, SphereClassifier
 from spherenet.manifolds import named_sphere_parameters, normalize
-from spherenet.models import GPTAttention, GPTBlock, GPTCrossBlock, NGPTAttention, NGPTBlock, NGPTCrossBlock
+from spherenet.models import (
+    GPTAttention,
+    GPTBlock,
+    GPTConfig,
+    GPTCrossBlock,
+    NGPTAttention,
+    NGPTBlock,
+    NGPTConfig,
+    NGPTCrossBlock,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 D, HEADS = 16, 2

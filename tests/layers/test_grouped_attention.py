@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from spherenet.layers import GPTConfig, KVCache, NGPTConfig
+from spherenet.layers import KVCache
 from spherenet.manifolds import normalize
-from spherenet.models import GPTAttention, NGPTAttention
+from spherenet.models import GPTAttention, GPTConfig, NGPTAttention, NGPTConfig
 
 D, HEADS = 16, 4
 

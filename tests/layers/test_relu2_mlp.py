@@ -10,9 +10,9 @@ import torch
 from kernel_setting import kernels_set_to
 from tiny_models import tiny_config
 
-from spherenet.layers import NGPTConfig, ScaleSpec
+from spherenet.layers import ScaleSpec
 from spherenet.manifolds import normalize
-from spherenet.models import GPTBlock, GPTReLU2MLP, NGPTBlock, NGPTReLU2MLP, gpt_mlp, ngpt_mlp
+from spherenet.models import GPTBlock, GPTReLU2MLP, NGPTBlock, NGPTConfig, NGPTReLU2MLP, gpt_mlp, ngpt_mlp
 
 
 def _gen(seed: int) -> torch.Generator:

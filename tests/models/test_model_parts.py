@@ -12,13 +12,14 @@ import torch
 from model_references import randomize_scales, rotation_matrix, unit
 from tiny_models import layer_config
 
-from spherenet.layers import GPTConfig, KVCache, ScaleSpec
+from spherenet.layers import KVCache, ScaleSpec
 from spherenet.manifolds import normalize
 from spherenet.models import (
     GPTMLP,
     NGPTMLP,
     GPTAttention,
     GPTBlock,
+    GPTConfig,
     GPTCrossAttention,
     NGPTAttention,
     NGPTBlock,

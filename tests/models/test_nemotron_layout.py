@@ -17,8 +17,8 @@ import pytest
 import torch
 from nemotron_checkpoints import CONFIG, layout_ngpt, safetensors_torch, token_ids
 
-from spherenet.io import nemotron_config_of, read_header, read_into, to_normalized_nemotron
-from spherenet.models import PretrainedFileError, from_normalized_nemotron
+from spherenet.io import read_header, read_into, to_normalized_nemotron
+from spherenet.models import PretrainedFileError, from_normalized_nemotron, nemotron_config_of
 
 # the layout's fixture: a synthetic checkpoint and its tensors
 checkpoint = nemotron_checkpoints.checkpoint
@@ -183,3 +183,15 @@ def test_transformers_classes_load_a_layout_directory_or_name_the_converter(tmp_
     flip_byte(tmp_path / "written" / "model.safetensors")
     with pytest.raises(PretrainedFileError, match=r"model\.safetensors has sha256"):
         hf.SpherenetNGPTForCausalLM.from_pretrained(tmp_path / "written")
+
+
+def test_reading_into_a_model_of_another_config_names_the_fields_that_differ(tmp_path):
+    from spherenet.io import read_normalized_nemotron_into
+
+    to_normalized_nemotron(layout_ngpt(), tmp_path)
+    read_normalized_nemotron_into(layout_ngpt(), tmp_path)  # the directory's config: reads
+    other = layout_ngpt(d_mlp=32)
+    before = {name: p.detach().clone() for name, p in other.named_parameters()}
+    with pytest.raises(ValueError, match=r"the model's config is not the directory's, which has \{'d_mlp': 24\}"):
+        read_normalized_nemotron_into(other, tmp_path)
+    assert all(torch.equal(p, before[name]) for name, p in other.named_parameters()), "nothing was read"

@@ -41,6 +41,9 @@ checkpoint = nemotron_checkpoints.checkpoint
         ({"sliding_window": 128}, "'sliding_window'"),
         ({"initializer_range": 0}, "initializer_range must be"),
         ({"rope_theta": None, "rope_parameters": {"rope_type": "default"}}, "rope_theta is missing"),
+        # past NGPTConfig's bounds: refused by the map, before a table of 2**40 layers is built
+        ({"num_hidden_layers": 2**40}, "num_hidden_layers=1099511627776 is larger than any model built here"),
+        ({"max_position_embeddings": 2**25}, "max_position_embeddings=33554432 is larger than any model"),
     ],
 )
 def test_unsupported_config_fields_are_refused_by_name(tmp_path, changes, named):

@@ -21,8 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spherenet.layers import GPTConfig, NGPTConfig
-from spherenet.models import GPT, NGPT
+from spherenet.models import GPT, NGPT, GPTConfig, NGPTConfig
 from spherenet.optim import build_optimizer
 
 RECORDED = Path(__file__).with_name("recorded_values.json")

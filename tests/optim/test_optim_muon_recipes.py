@@ -15,9 +15,9 @@ from gloo import WORLD, spawn, step_beside_reference
 from torch import nn
 
 from spherenet.checkpoint import CheckpointManager
-from spherenet.layers import NGPTConfig, SphereClassifier, SphereEmbedding
+from spherenet.layers import SphereClassifier, SphereEmbedding
 from spherenet.manifolds import declare_sphere
-from spherenet.models import NGPTBlock
+from spherenet.models import NGPTBlock, NGPTConfig
 from spherenet.models.presets import from_preset
 from spherenet.optim import (
     CombinedOptimizer,

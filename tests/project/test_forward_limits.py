@@ -36,3 +36,11 @@ def test_one_forward_opens_at_most_six_files_and_1600_lines(forward_path, update
 def test_the_update_rule_is_looked_up_when_a_block_is_built_not_per_call(forward_path, one_thread):
     path = forward_path.forward_path("ngpt-tiny", "riemannian")
     assert ("kernels/layer_ops.py", "update_op") not in path["functions"]
+
+
+def test_each_config_is_defined_in_its_model_file():
+    from spherenet.models import GPTConfig, NGPTConfig, gpt, ngpt
+
+    assert NGPTConfig.__module__ == ngpt.__name__ and GPTConfig.__module__ == gpt.__name__
+    source = Path(ngpt.__file__).read_text(encoding="utf-8")
+    assert source.index("class NGPTConfig") < source.index("class NGPTAttention"), "the config opens the file"

@@ -25,8 +25,7 @@ from recipes import analyze, sample, train  # noqa: E402
 from recipes.checkpoints import load_trained, load_weights  # noqa: E402
 from spherenet.analysis import sphere_norm_error  # noqa: E402
 from spherenet.data import build_tokenizer  # noqa: E402
-from spherenet.io import nemotron_config  # noqa: E402
-from spherenet.models import NGPT, load_pretrained  # noqa: E402
+from spherenet.models import NGPT, load_pretrained, nemotron_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -279,8 +278,7 @@ def test_init_from_streams_the_directory_into_the_runs_model(published, monkeypa
     """The run's model is filled tensor by tensor from the files: no whole second model is
     loaded (the general loader is never called), and the weights are the directory's."""
     from recipes import init_from
-    from spherenet.io import nemotron_config_of
-    from spherenet.models import from_normalized_nemotron
+    from spherenet.models import from_normalized_nemotron, nemotron_config_of
     from spherenet.train.config import load_config
 
     def whole_model_loader(*args, **kwargs):

@@ -8,8 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from spherenet.layers.config import GPTConfig, NGPTConfig
-from spherenet.models import model_from_config
+from spherenet.models import GPTConfig, NGPTConfig, model_from_config
 from spherenet.optim import GRADIENTS, METHODS, SECOND_MOMENTS, SPHERE_KERNELS, build_optimizer
 from spherenet.train.config import ConfigError, load_config, model_config, resolved
 from spherenet.train.config_rules import CHOICES
