@@ -32,7 +32,7 @@ import torch
 
 from spherenet.kernels import resolve
 
-__all__ = ["sphere_adam_op", "native_status", "NATIVE_DTYPES"]
+__all__ = ["sphere_adam_op", "native_status", "cpu_build_flags", "NATIVE_DTYPES"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,12 @@ def _isa_flags(capability: str) -> list[str]:
     if capability not in _ISA_FLAGS:
         return ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"]
     return [*_ISA_FLAGS[capability], f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}"]
+
+
+def cpu_build_flags() -> list[str]:
+    """The compiler flags the kernel is built with on this CPU: optimization, OpenMP and the
+    vector instructions of torch's CPU capability (as ATen's own kernels are built)."""
+    return ["-O3", "-fopenmp", "-fno-math-errno", *_isa_flags(_cpu_capability())]
 
 
 _lock = threading.Lock()
@@ -92,7 +98,7 @@ def _build():
         from torch.utils.cpp_extension import _get_build_directory, load
 
         capability = _cpu_capability()
-        flags = ["-O3", "-fopenmp", "-fno-math-errno", *_isa_flags(capability)]
+        flags = cpu_build_flags()
         # The source's hash in the name: checkouts of different versions (and the ISA flags, and
         # torch versions) build into their own folders of torch's extension cache, never over
         # each other's library.

@@ -120,7 +120,7 @@ inline T sphere_adam_row(
       const Vec yj = at::vec::fnmadd(coef, mj, Vec::loadu(x + j, lanes));
       yj.store(x + j, lanes);
       yy = at::vec::fmadd(yj, yj, yy);
-      ym = at::vec::fmadd(yj, mj, ym);
+      if constexpr (transport) ym = at::vec::fmadd(yj, mj, ym);  // <y, m> only for the transport
     });
   }
 
