@@ -1,5 +1,5 @@
-"""transformers configs of nGPT and GPT: the fields of :class:`spherenet.layers.NGPTConfig` /
-:class:`spherenet.layers.GPTConfig` under the same names, as in an export's config.json.
+"""transformers configs of nGPT and GPT: the fields of :class:`spherenet.models.NGPTConfig` /
+:class:`spherenet.models.GPTConfig` under the same names, as in an export's config.json.
 
 A field left at ``None`` takes spherenet's default. transformers' generic names
 (``hidden_size``, ``num_hidden_layers``, ...) are aliases of spherenet's (``attribute_map``).
@@ -107,7 +107,7 @@ class SpherenetConfigBase(PretrainedConfig):
 
 
 class SpherenetNGPTConfig(SpherenetConfigBase):
-    """nGPT's fields (:class:`spherenet.layers.NGPTConfig`); a scaling is a dict of
+    """nGPT's fields (:class:`spherenet.models.NGPTConfig`); a scaling is a dict of
     :class:`~spherenet.layers.ScaleSpec`'s fields."""
 
     model_type = "spherenet-ngpt"
@@ -125,7 +125,7 @@ class SpherenetNGPTConfig(SpherenetConfigBase):
 
 
 class SpherenetGPTConfig(SpherenetConfigBase):
-    """The baseline GPT's fields (:class:`spherenet.layers.GPTConfig`)."""
+    """The baseline GPT's fields (:class:`spherenet.models.GPTConfig`)."""
 
     model_type = "spherenet-gpt"
     spherenet_config_class: ClassVar[type] = GPTConfig
