@@ -1,7 +1,9 @@
 """The update rules against LERP at equal tokens, paired by seed: per point, budget and rule the
 differences ``rule - LERP`` of the final validation loss on each seed both ran, their mean, its
 standard error and a 95% interval (Student's t with n - 1 degrees of freedom), and whether the
-interval excludes 0. A section of a budget study's ``budget.md`` (:mod:`budget_report`)."""
+interval excludes 0. And every arm whose gap to GPT, paired by seed the same way, lies within two
+standard deviations of 0: the multipliers that rest on such a gap. Sections of a budget study's
+``budget.md`` (:mod:`budget_report`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import math
 import statistics
 
 LERP = "ngpt"  # the paper's update, the reference every other rule is paired with
+GPT = "gpt"  # the baseline every multiplier is read against
 RULES = ("ngpt-slerp", "ngpt-riemannian", "ngpt-tangent")
 
 # Student's t at 0.975 for 1-30 degrees of freedom (two-sided 95%); past 30 the normal's 1.96
@@ -74,5 +77,52 @@ def paired_section(rows: list[dict], corpus: str, tokens_per_param) -> str:
         lines.append(
             f"| {p['point']} | {p['budget']} | {tokens_per_param(p['point'], p['budget']):.1f} | {p['rule']} | "
             f"{p['n']} | {per_seed} | {p['mean']:+.3f} | {se} | {ci} | {verdict} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def close_gaps(rows: list[dict]) -> list[dict]:
+    """The (point, budget, arm) rows, GPT's own left out, whose mean gap to GPT (``row["gaps"]``:
+    the arm's final loss minus GPT's on the same seed) is within two standard deviations of the
+    per-seed gaps from 0: with ``n`` seeds, a sign the seeds may not hold. Two seeds or more."""
+    out = []
+    for row in rows:
+        gaps = [g for g in row.get("gaps", []) if math.isfinite(g)]
+        if row["arm"] == GPT or len(gaps) < 2:
+            continue
+        mean, std = statistics.fmean(gaps), statistics.stdev(gaps)
+        if abs(mean) <= 2 * std:
+            out.append(
+                {
+                    "point": str(row["point"]),
+                    "budget": row["budget"],
+                    "arm": row["arm"],
+                    "gaps": gaps,
+                    "mean": mean,
+                    "std": std,
+                }
+            )
+    return out
+
+
+def close_gaps_section(rows: list[dict], corpus: str, tokens_per_param) -> str:
+    """The section of ``budget.md`` listing :func:`close_gaps`: the multipliers a few more seeds
+    could move. Empty when there are none."""
+    close = close_gaps(rows)
+    if not close:
+        return ""
+    lines = [
+        "\n## Gaps to GPT within two standard deviations\n",
+        f"The arms whose final loss minus GPT's, paired by seed, has a mean within two standard deviations "
+        f"(std of the per-seed gaps) of 0; {corpus} only. A multiplier read at these points rests on a gap "
+        "the seeds run so far may not hold: these are the points that need more seeds first.\n",
+        "| point | budget (steps) | tokens / param | arm | seeds | gap to GPT per seed | mean ± std |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in close:
+        per_seed = ", ".join(f"{g:+.3f}" for g in c["gaps"])
+        lines.append(
+            f"| {c['point']} | {c['budget']} | {tokens_per_param(c['point'], c['budget']):.1f} | {c['arm']} | "
+            f"{len(c['gaps'])} | {per_seed} | {c['mean']:+.3f} ± {c['std']:.3f} |"
         )
     return "\n".join(lines) + "\n"

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from _machine import cpu_name
-from budget_pairs import paired_section
+from budget_pairs import close_gaps_section, paired_section
 from scaling_ledger import BASELINE, TIE_MARGIN, Ledger, Point, chosen, decide, final_loss, sweep_finals
 from scaling_report import fmt_values, mean_std
 
@@ -384,6 +384,7 @@ def write_results(args: argparse.Namespace, plots: bool = True) -> None:
         )
         + "\n"
         + paired_section(rows, args.corpus_label, lambda point, budget: tokens_per_param(args, point, budget))
+        + close_gaps_section(rows, args.corpus_label, lambda point, budget: tokens_per_param(args, point, budget))
     )
     if plots:
         plot(args, rows)

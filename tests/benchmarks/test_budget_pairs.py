@@ -50,3 +50,26 @@ def test_the_section_says_where_the_interval_excludes_0(budget_pairs):
     assert lines["ngpt-tangent"].endswith("| yes: ahead |")
     assert "a corpus only" in text
     assert budget_pairs.paired_section([row("ngpt", [0], [2.0])], "a corpus", lambda p, b: 1.0) == ""
+
+
+def test_gaps_to_gpt_within_two_standard_deviations_are_listed(budget_pairs):
+    def gapped(arm: str, gaps: list[float]) -> dict:
+        return {**row(arm, list(range(len(gaps))), [1.0] * len(gaps)), "gaps": gaps}
+
+    rows = [
+        gapped("gpt", [0.0, 0.0, 0.0]),  # the baseline itself: never listed
+        gapped("ngpt", [-0.010, -0.060, -0.040]),  # mean -0.037, std 0.025: within 2 std
+        gapped("gpt-muon", [-0.30, -0.32, -0.28]),  # far outside
+        gapped("ngpt-slerp", [-0.05]),  # one seed: no std
+        gapped("ngpt-riemannian", [0.02, float("nan"), 0.02]),  # zero spread, the nan left out: outside
+    ]
+    close = budget_pairs.close_gaps(rows)
+    assert [c["arm"] for c in close] == ["ngpt"]
+    assert close[0]["mean"] == pytest.approx(-0.11 / 3) and close[0]["std"] == pytest.approx(
+        statistics.stdev([-0.01, -0.06, -0.04])
+    )
+    text = budget_pairs.close_gaps_section(rows, "a corpus", lambda point, budget: 39.6)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("| tiny@1024")]
+    assert line == "| tiny@1024 | 400 | 39.6 | ngpt | 3 | -0.010, -0.060, -0.040 | -0.037 ± 0.025 |"
+    assert "a corpus only" in text
+    assert budget_pairs.close_gaps_section(rows[2:], "a corpus", lambda p, b: 1.0) == ""
