@@ -3,8 +3,10 @@
 Builds ``spherenet/kernels/native/sphere_adam.cpp`` of the working tree and of ``--against`` (a
 git revision) as two libraries in one process (each op under its own namespace), then times one
 call of each, interleaved round by round, on the same shapes: float32 rows of ``--d`` elements,
-``--elements`` in all, the Euclidean gradient, per-row and per-element second moments. Prints the
+``--elements`` in all, the ``--gradient`` (Euclidean by default), per-row and per-element second moments. Prints the
 median and minimum of each and the median of the per-round ratios (this tree / the revision).
+Both start from the same tensors and take the same steps, so the last line says whether the two
+kernels computed the same values, bit for bit.
 
     python benchmarks/native_ab.py --against HEAD~1 --rounds 40
 """
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--elements", type=int, default=2**26, help="elements in all (default 2**26, about 67M)")
     p.add_argument("--d", type=int, default=512, help="row length (default 512)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--gradient", choices=("euclidean", "riemannian"), default="euclidean")
     args = p.parse_args(argv)
     try:
         old = subprocess.run(
@@ -73,17 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(rows, args.d)] * 8
     print(
         f"{8 * rows * args.d / 1e6:.1f}M float32 elements in rows of {args.d}, {args.threads} thread(s), "
-        f"{args.rounds} interleaved rounds; this tree against {args.against}"
+        f"{args.rounds} interleaved rounds, the {args.gradient} gradient; this tree against {args.against}"
     )
+    project = args.gradient == "riemannian"
+    same = True
     for row_v in (True, False):
-        tensors = {name: state(shapes, row_v) for name in ("spherenet_ab_old", "spherenet_ab_new")}
+        start_state = state(shapes, row_v)
+        tensors = {
+            name: tuple([t.clone() for t in ts] for ts in start_state)
+            for name in ("spherenet_ab_old", "spherenet_ab_new")
+        }
         times: dict[str, list[float]] = {name: [] for name in tensors}
         for r in range(args.rounds + 2):  # two warm-up rounds
             for name in sorted(tensors, reverse=bool(r % 2)):
                 xs, gs, ms, vs = tensors[name]
                 op = getattr(torch.ops, name).sphere_adam_
                 start = time.perf_counter()
-                op(xs, gs, ms, vs, [1e-3] * 8, [1.0] * 8, 0.9, 0.95, 1e-8, 1e-30, row_v, False)
+                op(xs, gs, ms, vs, [1e-3] * 8, [1.0] * 8, 0.9, 0.95, 1e-8, 1e-30, row_v, project)
                 if r >= 2:
                     times[name].append(time.perf_counter() - start)
         old_t, new_t = times["spherenet_ab_old"], times["spherenet_ab_new"]
@@ -93,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             f"(min {min(old_t) * 1e3:.1f}), this tree {statistics.median(new_t) * 1e3:.1f} ms "
             f"(min {min(new_t) * 1e3:.1f}); median per-round ratio {ratio:.3f}"
         )
+        old_s, new_s = tensors["spherenet_ab_old"], tensors["spherenet_ab_new"]
+        same &= all(torch.equal(a, b) for olds, news in zip(old_s, new_s) for a, b in zip(olds, news))
+    print(f"the same values, bit for bit, after {args.rounds + 2} steps: {'yes' if same else 'NO'}")
     return 0
 
 

@@ -40,6 +40,13 @@ struct Hyper {
   bool project;  // the riemannian gradient: u = g - <x, g> x (else u = g)
 };
 
+// Asks for the cache line holding p (a hint: no fault, no wait, nothing returned).
+inline void prefetch(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p);
+#endif
+}
+
 template <typename T>
 inline T sum_lanes(const Vectorized<T>& a) {
   __at_align__ T lanes[Vectorized<T>::size()];
@@ -76,7 +83,8 @@ inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t d) {
 // for the euclidean gradient (u = g - 0 x is g exactly).
 // The last pass also takes <x, g> of the next row (`next_x`, `next_g`; null for none) and
 // returns it: that pass then streams the next row in while it finishes this one, instead of
-// a pass that only computes and a pass that only loads.
+// a pass that only computes and a pass that only loads. The euclidean gradient needs no sum
+// (0 is returned): that pass asks for the next row's cache lines instead, with no chain of adds.
 template <typename T, bool kRowV, bool kProject>
 inline T sphere_adam_row(
     T* __restrict__ x, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v, int64_t d, const Hyper& h,
@@ -128,13 +136,19 @@ inline T sphere_adam_row(
   const T inv_norm_scalar = T(1) / std::max(std::sqrt(sum_lanes<T>(yy)), T(h.tiny));
   const Vec inv_norm(inv_norm_scalar), xm(sum_lanes<T>(ym) * inv_norm_scalar);
   Vec next_xg = zero;  // summed as dot() sums; stays 0 without a next row
+  constexpr int64_t kLineElements = 64 / sizeof(T);
   for_chunks<T>(d, [&](int64_t j, int64_t lanes) {
     const Vec xj = Vec::loadu(x + j, lanes) * inv_norm;
     xj.store(x + j, lanes);
     if constexpr (transport)
       at::vec::fnmadd(xm, xj, Vec::loadu(m + j, lanes)).store(m + j, lanes);
-    if (next_x != nullptr)  // loop-invariant: the compiler unswitches it
+    if (next_x == nullptr) return;  // loop-invariant: the compiler unswitches it
+    if constexpr (kProject) {
       next_xg = at::vec::fmadd(Vec::loadu(next_x + j, lanes), Vec::loadu(next_g + j, lanes), next_xg);
+    } else if (j % kLineElements == 0) {  // no sum to take: a prefetch per cache line, no chain of adds
+      prefetch(next_x + j);
+      prefetch(next_g + j);
+    }
   });
   return sum_lanes<T>(next_xg);
 }
@@ -158,8 +172,8 @@ void step_rows(const Operand& op, int64_t begin, int64_t end, std::vector<float>
   const int64_t d = op.d, vd = kRowV ? 1 : d;
   if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
     // The euclidean gradient needs no <x, g> (u is g itself: kProject false), but its last pass
-    // still streams the next row's x and g in: the first pass of that row then finds them in
-    // cache, as the riemannian gradient's does. The sum it returns is dropped.
+    // still asks for the next row's x and g: the first pass of that row then finds them in
+    // cache, as the riemannian gradient's does.
     scalar_t xg = kProject ? dot(x + begin * d, g + begin * d, d) : scalar_t(0);
     for (int64_t r = begin; r < end; ++r) {
       const bool more = r + 1 < end;
