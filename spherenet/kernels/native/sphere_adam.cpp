@@ -84,7 +84,9 @@ inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t d) {
 // The last pass also takes <x, g> of the next row (`next_x`, `next_g`; null for none) and
 // returns it: that pass then streams the next row in while it finishes this one, instead of
 // a pass that only computes and a pass that only loads. The euclidean gradient needs no sum
-// (0 is returned): that pass asks for the next row's cache lines instead, with no chain of adds.
+// (0 is returned): that pass asks for the next row's cache lines instead, with no chain of adds,
+// and with a per-row v the middle pass asks for the next row's m (a next row follows this one in
+// memory: its m is at m + d), so that each pass has a share of the next row's loads.
 template <typename T, bool kRowV, bool kProject>
 inline T sphere_adam_row(
     T* __restrict__ x, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v, int64_t d, const Hyper& h,
@@ -94,6 +96,7 @@ inline T sphere_adam_row(
   const Vec zero(T(0)), b1(T(h.beta1)), b2(T(h.beta2)), one_b1(T(1) - T(h.beta1)), one_b2(T(1) - T(h.beta2));
   const Vec x_dot_g(xg);  // u = g - <x, g> x, the tangent projection (eq. 24); u = g without it
   constexpr bool transport = kRowV && kProject;
+  constexpr int64_t kLineElements = 64 / sizeof(T);
 
   // <y, m> is gathered with ||y||^2: the transport below needs <x_new, m> = <y, m> / ||y||.
   Vec yy = zero, ym = zero;
@@ -129,6 +132,8 @@ inline T sphere_adam_row(
       yj.store(x + j, lanes);
       yy = at::vec::fmadd(yj, yj, yy);
       if constexpr (transport) ym = at::vec::fmadd(yj, mj, ym);  // <y, m> only for the transport
+      if constexpr (!kProject)
+        if (next_x != nullptr && j % kLineElements == 0) prefetch(m + d + j);  // the next row's m
     });
   }
 
@@ -136,7 +141,6 @@ inline T sphere_adam_row(
   const T inv_norm_scalar = T(1) / std::max(std::sqrt(sum_lanes<T>(yy)), T(h.tiny));
   const Vec inv_norm(inv_norm_scalar), xm(sum_lanes<T>(ym) * inv_norm_scalar);
   Vec next_xg = zero;  // summed as dot() sums; stays 0 without a next row
-  constexpr int64_t kLineElements = 64 / sizeof(T);
   for_chunks<T>(d, [&](int64_t j, int64_t lanes) {
     const Vec xj = Vec::loadu(x + j, lanes) * inv_norm;
     xj.store(x + j, lanes);
