@@ -409,6 +409,7 @@ def test_a_later_start_with_more_seeds_runs_them_at_the_picks_it_plans_only(budg
     assert budget.main(["--results", str(results), "--out", str(tmp_path / "out"), "--report-only"]) == 0
     table = (results / "budget.md").read_text()
     assert "Seeds 0, 1, 2; seeds 0-4 at tiny@32 (40, 160 steps): gpt, ngpt." in table
-    rows = {line.split(" | ")[1:4:2][0] + line.split(" | ")[3]: line for line in table.splitlines()
+    main_table = table.split("\n## ")[0]  # the sections after it list rows of their own
+    rows = {line.split(" | ")[1:4:2][0] + line.split(" | ")[3]: line for line in main_table.splitlines()
             if line.startswith("| tiny@32 |")}  # fmt: skip  # budget + arm -> row
     assert "| 5 |" in rows["40ngpt"] and "| 3 |" in rows["40gpt"] and "| 3 |" in rows["160ngpt"]
