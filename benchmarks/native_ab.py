@@ -40,7 +40,17 @@ def build(source: str, namespace: str, directory: Path) -> None:
         raise SystemExit(f"{SOURCE}: expected one TORCH_LIBRARY and one TORCH_LIBRARY_IMPL of 'spherenet'")
     path = directory / f"{namespace}.cpp"
     path.write_text(renamed, encoding="utf-8")
-    load(name=f"{namespace}_ab", sources=[str(path)], extra_cflags=cpu_build_flags(), is_python_module=False)
+    # A build directory of its own, not torch's shared cache: a run killed mid-build there leaves
+    # a lock file on which every later load() would wait forever.
+    build_directory = directory / f"{namespace}_build"
+    build_directory.mkdir()
+    load(
+        name=f"{namespace}_ab",
+        sources=[str(path)],
+        extra_cflags=cpu_build_flags(),
+        build_directory=str(build_directory),
+        is_python_module=False,
+    )
 
 
 def state(shapes, row_v: bool):

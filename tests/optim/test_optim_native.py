@@ -401,3 +401,16 @@ def test_a_library_built_before_is_loaded_without_torchs_builder():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "(True, None)"
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    # torch's builder waits forever on a lock left by a killed build; the kernel's loader removes
+    # one older than any build takes, and leaves a younger one to the build that holds it
+    lock_file = tmp_path / "lock"
+    lock_file.write_text("")
+    written = lock_file.stat().st_mtime
+    assert not _native._remove_stale_lock(tmp_path, now=written + 60)
+    assert lock_file.exists()
+    assert _native._remove_stale_lock(tmp_path, now=written + _native._STALE_LOCK_S + 1)
+    assert not lock_file.exists()
+    assert not _native._remove_stale_lock(tmp_path)  # no lock: nothing to do

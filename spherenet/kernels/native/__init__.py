@@ -15,7 +15,8 @@ one cache directory shared by different machines never loads code built for anot
 hash of the source, the flags and the torch version, so a library found there under that name
 is this build's: it is loaded directly, without torch's builder. (The builder holds a lock file
 in the build folder while it checks the build; a process killed meanwhile leaves the file behind,
-and every later builder waits on it forever.)
+and every later builder would wait on it forever: a lock older than ``_STALE_LOCK_S`` is removed,
+with a warning, before building.)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -58,6 +60,27 @@ def cpu_build_flags() -> list[str]:
     """The compiler flags the kernel is built with on this CPU: optimization, OpenMP and the
     vector instructions of torch's CPU capability (as ATen's own kernels are built)."""
     return ["-O3", "-fopenmp", "-fno-math-errno", *_isa_flags(_cpu_capability())]
+
+
+# A build takes a minute or two; a lock this old was left by a killed process.
+_STALE_LOCK_S = 15 * 60
+
+
+def _remove_stale_lock(build_directory: Path, now: float | None = None) -> bool:
+    """Remove torch's builder lock in ``build_directory`` if it is older than ``_STALE_LOCK_S``
+    (its holder was killed); a younger one is left to the build that holds it."""
+    lock_file = build_directory / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock_file.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < _STALE_LOCK_S:
+        return False
+    log.warning(
+        "spherenet: removing %s, a build lock left %.0f minutes ago by a process that ended", lock_file, age / 60
+    )
+    lock_file.unlink(missing_ok=True)
+    return True
 
 
 _lock = threading.Lock()
@@ -104,13 +127,15 @@ def _build():
         # each other's library.
         key = _SOURCE.read_bytes() + " ".join(flags + [torch.__version__]).encode()
         name = f"spherenet_sphere_adam_{capability.lower()}_{hashlib.sha256(key).hexdigest()[:12]}"
-        built = Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
+        build_directory = Path(_get_build_directory(name, verbose=False))
+        built = build_directory / f"{name}.so"
         if built.is_file():
             try:
                 torch.ops.load_library(str(built))
                 return torch.ops.spherenet.sphere_adam_, None
             except (OSError, RuntimeError, AttributeError) as exc:  # a truncated file: build again
                 log.warning("spherenet: could not load %s (%s); building it again", built, exc)
+        _remove_stale_lock(build_directory)
         log.info("spherenet: building the native sphere-Adam kernel %s (once per machine)", name)
         path = os.environ.get("PATH", "")
         if ninja_folder:  # torch runs `ninja` from PATH: extend it for the build only
