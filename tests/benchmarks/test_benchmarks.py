@@ -144,7 +144,11 @@ def test_bench_optimizer_quick_markdown(tmp_path):
     text = run_bench("bench_optimizer.py", tmp_path / "optimizer.md")
     check_preamble(text, "Optimizer step: cpu fp32, 1 thread")
     assert "native kernel not run: disabled by SPHERENET_KERNELS=torch" in text
-    rows = table(text, "| contender | cpu fp32, 1 thread: ms | x fused Adam | geoopt / this |")
+    rows = table(
+        text,
+        "| contender | cpu fp32, 1 thread: ms | x fused Adam | x fused Adam, per round: median (quartiles) "
+        "| geoopt / this |",
+    )
     names = [r[0] for r in rows]
     assert names[0] == "torch Adam fused" and "geoopt RiemannianAdam" in names
     for moment in ("element", "row"):  # every row names the gradient it timed
@@ -152,9 +156,11 @@ def test_bench_optimizer_quick_markdown(tmp_path):
             assert f"spherenet RiemannianAdam, {moment}, {gradient} gradient, torch" in names
     assert "spherenet RiemannianAdam, element, euclidean gradient, torch, wave_bytes unlimited" in names
     assert not any("native" in name or "triton" in name for name in names)  # Triton: CUDA only
-    for name, ms, vs_adam, vs_geoopt in rows:
+    for name, ms, vs_adam, per_round, vs_geoopt in rows:
         assert re.fullmatch(TIMING, ms) and re.fullmatch(NUMBER, vs_adam) and re.fullmatch(NUMBER, vs_geoopt), name
-    assert rows[0][2] == "1.00"
+        median, q1, q3 = map(float, re.fullmatch(r"(\S+) \((\S+)–(\S+)\)", per_round).groups())
+        assert 0 < q1 <= median <= q3, name
+    assert rows[0][2] == "1.00" and rows[0][3] == "1.00 (1.00–1.00)"
 
 
 @pytest.mark.slow
