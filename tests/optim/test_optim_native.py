@@ -414,3 +414,33 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     assert _native._remove_stale_lock(tmp_path, now=written + _native._STALE_LOCK_S + 1)
     assert not lock_file.exists()
     assert not _native._remove_stale_lock(tmp_path)  # no lock: nothing to do
+
+
+_STALE_LOCK_BUILD = """
+import os, time
+import torch.utils.cpp_extension as builder
+from pathlib import Path
+from spherenet.kernels import native as _native
+build_directory = Path(builder._get_build_directory(_native._module_name(), verbose=False))
+build_directory.mkdir(parents=True, exist_ok=True)
+lock_file = build_directory / "lock"
+lock_file.write_text("")
+an_hour_ago = time.time() - 3600
+os.utime(lock_file, (an_hour_ago, an_hour_ago))
+def build(*args, **kwargs):  # stands in for the compiler: report whether the lock is still there
+    raise RuntimeError(f"lock present: {lock_file.exists()}")
+builder.load = build
+print(_native.native_status())
+"""
+
+
+def test_the_build_removes_a_stale_lock_before_calling_torchs_builder(tmp_path):
+    # a fresh extension cache, so no library built before is found and the build path is taken
+    env = {k: v for k, v in os.environ.items() if k != "SPHERENET_KERNELS"}
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _STALE_LOCK_BUILD], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "lock present: False" in done.stdout, done.stdout
+    assert "removing" in done.stderr and "build lock left 60 minutes ago" in done.stderr, done.stderr[-2000:]

@@ -94,6 +94,15 @@ def _cpu_capability() -> str:
         return "DEFAULT"
 
 
+def _module_name() -> str:
+    """The kernel's module name on this CPU: its capability, and a hash of the source, the flags
+    and the torch version, so checkouts of different versions (and ISA flags, and torch versions)
+    build into their own folders of torch's extension cache, never over each other's library."""
+    flags = cpu_build_flags()
+    key = _SOURCE.read_bytes() + " ".join(flags + [torch.__version__]).encode()
+    return f"spherenet_sphere_adam_{_cpu_capability().lower()}_{hashlib.sha256(key).hexdigest()[:12]}"
+
+
 def _ninja_folder() -> str | None:
     """Where torch's builder can find ``ninja``: ``""`` when it is on PATH already, else the
     folder next to this Python (an unactivated venv) or the ``ninja`` package's, else ``None``."""
@@ -120,13 +129,7 @@ def _build():
             return None, f"kernel source {_SOURCE} is missing from the installation"
         from torch.utils.cpp_extension import _get_build_directory, load
 
-        capability = _cpu_capability()
-        flags = cpu_build_flags()
-        # The source's hash in the name: checkouts of different versions (and the ISA flags, and
-        # torch versions) build into their own folders of torch's extension cache, never over
-        # each other's library.
-        key = _SOURCE.read_bytes() + " ".join(flags + [torch.__version__]).encode()
-        name = f"spherenet_sphere_adam_{capability.lower()}_{hashlib.sha256(key).hexdigest()[:12]}"
+        name = _module_name()
         build_directory = Path(_get_build_directory(name, verbose=False))
         built = build_directory / f"{name}.so"
         if built.is_file():
@@ -141,7 +144,9 @@ def _build():
         if ninja_folder:  # torch runs `ninja` from PATH: extend it for the build only
             os.environ["PATH"] = ninja_folder + os.pathsep + path
         try:
-            load(name=name, sources=[str(_SOURCE)], extra_cflags=flags, is_python_module=False, verbose=False)
+            load(
+                name=name, sources=[str(_SOURCE)], extra_cflags=cpu_build_flags(), is_python_module=False, verbose=False
+            )
         except Exception as exc:  # a compiler error, a missing compiler, a read-only cache ...
             lines = str(exc).strip().splitlines()
             return None, f"building {name} failed: {lines[-1] if lines else type(exc).__name__}"
