@@ -421,7 +421,7 @@ import os, time
 import torch.utils.cpp_extension as builder
 from pathlib import Path
 from spherenet.kernels import native as _native
-build_directory = Path(builder._get_build_directory(_native._module_name(), verbose=False))
+build_directory = Path(builder._get_build_directory(_native._module_name(_native.cpu_build_flags()), verbose=False))
 build_directory.mkdir(parents=True, exist_ok=True)
 lock_file = build_directory / "lock"
 lock_file.write_text("")

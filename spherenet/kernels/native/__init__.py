@@ -94,11 +94,11 @@ def _cpu_capability() -> str:
         return "DEFAULT"
 
 
-def _module_name() -> str:
-    """The kernel's module name on this CPU: its capability, and a hash of the source, the flags
-    and the torch version, so checkouts of different versions (and ISA flags, and torch versions)
-    build into their own folders of torch's extension cache, never over each other's library."""
-    flags = cpu_build_flags()
+def _module_name(flags: list[str]) -> str:
+    """The kernel's module name on this CPU: its capability, and a hash of the source, the
+    compiler ``flags`` and the torch version, so checkouts of different versions (and ISA flags,
+    and torch versions) build into their own folders of torch's extension cache, never over each
+    other's library."""
     key = _SOURCE.read_bytes() + " ".join(flags + [torch.__version__]).encode()
     return f"spherenet_sphere_adam_{_cpu_capability().lower()}_{hashlib.sha256(key).hexdigest()[:12]}"
 
@@ -129,7 +129,8 @@ def _build():
             return None, f"kernel source {_SOURCE} is missing from the installation"
         from torch.utils.cpp_extension import _get_build_directory, load
 
-        name = _module_name()
+        flags = cpu_build_flags()  # one list for the name's hash and the compiler
+        name = _module_name(flags)
         build_directory = Path(_get_build_directory(name, verbose=False))
         built = build_directory / f"{name}.so"
         if built.is_file():
@@ -144,9 +145,7 @@ def _build():
         if ninja_folder:  # torch runs `ninja` from PATH: extend it for the build only
             os.environ["PATH"] = ninja_folder + os.pathsep + path
         try:
-            load(
-                name=name, sources=[str(_SOURCE)], extra_cflags=cpu_build_flags(), is_python_module=False, verbose=False
-            )
+            load(name=name, sources=[str(_SOURCE)], extra_cflags=flags, is_python_module=False, verbose=False)
         except Exception as exc:  # a compiler error, a missing compiler, a read-only cache ...
             lines = str(exc).strip().splitlines()
             return None, f"building {name} failed: {lines[-1] if lines else type(exc).__name__}"
