@@ -327,6 +327,11 @@ def planned_at(args: argparse.Namespace, pt: scaling.Point) -> set[tuple[str, in
     return {(str(pt), b, arm) for b in budgets_of(args, pt) for arm in args.arms}
 
 
+def planned_runs(args: argparse.Namespace) -> set[tuple[str, int, str, int]]:
+    """The (point, budget, arm, seed) runs a command plans."""
+    return {(*key, seed) for key in planned(args) for seed in args.seeds}
+
+
 def recorded_starts(results: Path) -> list[argparse.Namespace]:
     """The study's starts recorded in ``results/study.json``, parsed: the first, then each later
     one that planned more (none when the study has no record yet)."""
@@ -359,8 +364,10 @@ def remember_start(args: argparse.Namespace, trains: bool) -> None:
         return
     record = json.loads(meta.read_text())
     starts = recorded_starts(args.results)
-    more_runs = not planned(args) <= set().union(*map(planned, starts))
-    if trains and (more_runs or not set(args.seeds) <= {s for start in starts for s in start.seeds}):
+    # per run, not per seed list: seeds 0-7 at one point are new runs even where another start
+    # already named seeds 0-7 at another point
+    more_runs = not planned_runs(args) <= set().union(*map(planned_runs, starts))
+    if trains and more_runs:
         record["later"] = [*record.get("later", []), args.command]
         meta.write_text(json.dumps(record, indent=1) + "\n")
     args.date, args.command = record["started"], portable_command(record["command"])

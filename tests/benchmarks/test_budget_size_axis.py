@@ -413,3 +413,21 @@ def test_a_later_start_with_more_seeds_runs_them_at_the_picks_it_plans_only(budg
     rows = {line.split(" | ")[1:4:2][0] + line.split(" | ")[3]: line for line in main_table.splitlines()
             if line.startswith("| tiny@32 |")}  # fmt: skip  # budget + arm -> row
     assert "| 5 |" in rows["40ngpt"] and "| 3 |" in rows["40gpt"] and "| 3 |" in rows["160ngpt"]
+
+
+def test_more_seeds_at_a_second_point_are_recorded_though_another_start_named_the_same_seeds(budget, tmp_path):
+    # the first start planned seeds 0-2 at two points; a later one seeds 0-4 at the first point
+    results = tmp_path / "r"
+    first = "python benchmarks/budget.py --points tiny@32 tiny@64 --arms gpt ngpt --budgets 40 160 --seeds 0 1 2"
+    write_study(results, first, {("tiny@32", 40, "gpt", 0.01, 0): 3.0})
+    common = ["--arms", "gpt", "ngpt", "--budgets", "40", "160", "--seeds", *"01234", "--results", str(results),
+              "--out", str(tmp_path / "out")]  # fmt: skip  # a command line
+    budget.remember_start(budget.parse(["--points", "tiny@64", *common]), trains=True)
+    # the same seeds at the other point are other runs: recorded too, once
+    for _ in range(2):
+        budget.remember_start(budget.parse(["--points", "tiny@32", *common]), trains=True)
+    later = json.loads((results / "study.json").read_text())["later"]
+    assert len(later) == 2 and "--points tiny@64" in later[0] and "--points tiny@32" in later[1]
+    # so a report of the whole study reads seeds 0-4 at both points
+    shown = budget.reported(budget.parse(["--results", str(results), "--out", str(tmp_path / "out")]))
+    assert shown.plan_seeds[("tiny@32", 40, "gpt")] == shown.plan_seeds[("tiny@64", 40, "ngpt")] == [0, 1, 2, 3, 4]
